@@ -1,0 +1,406 @@
+//! The one interface between the agent and whatever grants leases.
+//!
+//! Every lease authority (lease protocol v1 over HTTP, the embedded SQLite
+//! engine, etcd) is an [`Authority`]. The supervisor never knows which one it
+//! talks to: it only sees the three outcomes the protocol defines for an
+//! answer — a grant or renewal, a **refusal** (the lease is gone for good:
+//! stop the command), or a **transient** failure (the lease may still be
+//! valid: retry until the local deadline).
+//!
+//! Invariants every implementation keeps:
+//! - Every call returns within the `timeout` it is given. The heartbeat thread
+//!   picks timeouts below the time the lease has left, so a hung authority can
+//!   never hold a renewal past the local deadline.
+//! - Anything that is not a well-formed answer of the expected shape is
+//!   [`RenewError::Transient`], never a success: a malformed `200` must not
+//!   extend the lease.
+//! - Implementations are `Send` and owned by one thread at a time; a thread
+//!   that needs its own connection calls [`Authority::clone_box`]. Nothing is
+//!   shared between threads.
+
+pub mod embedded;
+pub mod etcd;
+pub mod http;
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What the authority does once a lease expires (sent with acquire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiryPolicy {
+    Redispatch,
+    Grace,
+    Hold,
+}
+
+impl ExpiryPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpiryPolicy::Redispatch => "redispatch",
+            ExpiryPolicy::Grace => "grace",
+            ExpiryPolicy::Hold => "hold",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "redispatch" => Some(ExpiryPolicy::Redispatch),
+            "grace" => Some(ExpiryPolicy::Grace),
+            "hold" => Some(ExpiryPolicy::Hold),
+            _ => None,
+        }
+    }
+}
+
+/// How a run ended, as reported on release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Cancelled,
+    Lost,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Lost => "lost",
+        }
+    }
+}
+
+/// An acquire request, as the agent sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireRequest {
+    pub task: String,
+    pub holder: String,
+    pub ttl: Duration,
+    pub on_expiry: ExpiryPolicy,
+    /// Only meaningful with [`ExpiryPolicy::Grace`].
+    pub grace: Duration,
+}
+
+/// A granted lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub lease_id: String,
+    pub task: String,
+    /// The fencing token: strictly greater than every token issued before for
+    /// this task.
+    pub token: u64,
+    /// The ttl the authority granted (it may clamp what was asked).
+    pub ttl: Duration,
+}
+
+impl Grant {
+    pub fn lease_ref(&self) -> LeaseRef {
+        LeaseRef {
+            lease_id: self.lease_id.clone(),
+            token: self.token,
+            task: self.task.clone(),
+        }
+    }
+}
+
+/// What renew and release need to name a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub lease_id: String,
+    pub token: u64,
+    pub task: String,
+}
+
+/// Why an authority refused a renewal: the lease is gone for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalReason {
+    Expired,
+    Superseded,
+    Revoked,
+    UnknownLease,
+}
+
+impl RefusalReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Expired => "expired",
+            RefusalReason::Superseded => "superseded",
+            RefusalReason::Revoked => "revoked",
+            RefusalReason::UnknownLease => "unknown_lease",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "expired" => Some(RefusalReason::Expired),
+            "superseded" => Some(RefusalReason::Superseded),
+            "revoked" => Some(RefusalReason::Revoked),
+            "unknown_lease" => Some(RefusalReason::UnknownLease),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A successful renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    /// The ttl now in force, counted from when the authority received the
+    /// renewal (the agent counts it from when it *sent* it).
+    pub ttl: Duration,
+}
+
+/// Why an acquire did not give a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// Another holder's lease is live (or in its grace period).
+    Held {
+        holder: String,
+        retry_after: Option<Duration>,
+    },
+    /// The previous lease expired under policy `hold`: nobody gets the task
+    /// until an operator clears it.
+    HeldForOperator { holder: String, lease_id: String },
+    /// The authority said the request itself is wrong (400): retrying the
+    /// same request cannot help.
+    Rejected(String),
+    /// Unreachable, timed out, 5xx, malformed answer.
+    Transient(String),
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::Held {
+                holder,
+                retry_after,
+            } => {
+                write!(f, "held by {holder}")?;
+                if let Some(r) = retry_after {
+                    write!(f, " (free in about {})", crate::duration::format(*r))?;
+                }
+                Ok(())
+            }
+            AcquireError::HeldForOperator { holder, lease_id } => write!(
+                f,
+                "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
+            ),
+            AcquireError::Rejected(m) => write!(f, "authority rejected the request: {m}"),
+            AcquireError::Transient(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// Why a renewal or release did not succeed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RenewError {
+    /// The lease is gone for good; the command must stop.
+    Refused {
+        reason: RefusalReason,
+        message: String,
+    },
+    /// The lease may still be valid; retry until the local deadline.
+    Transient(String),
+}
+
+impl fmt::Display for RenewError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RenewError::Refused { reason, message } if message.is_empty() => {
+                write!(f, "refused ({reason})")
+            }
+            RenewError::Refused { reason, message } => write!(f, "refused ({reason}): {message}"),
+            RenewError::Transient(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// One row of the operator view of an authority.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub task: String,
+    pub lease_id: String,
+    pub token: u64,
+    pub holder: String,
+    /// `active`, `grace` or `held_for_operator`.
+    pub state: String,
+    /// Milliseconds until expiry (for `grace`: until the task is free again;
+    /// absent for `held_for_operator`).
+    pub expires_in_ms: Option<u64>,
+}
+
+/// Errors of the operator calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OperatorError {
+    /// This kind of authority has no such operation.
+    Unsupported(String),
+    /// There is nothing to act on (no lease for the task, not held for an operator).
+    NotFound(String),
+    Failed(String),
+}
+
+impl fmt::Display for OperatorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OperatorError::Unsupported(m)
+            | OperatorError::NotFound(m)
+            | OperatorError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A lease authority, as the agent sees it.
+pub trait Authority: Send {
+    /// The URL given to the job as `LEASE_AUTHORITY`.
+    fn url(&self) -> String;
+
+    /// Another handle on the same authority, for another thread.
+    fn clone_box(&self) -> Box<dyn Authority>;
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError>;
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
+
+    fn release(
+        &mut self,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), RenewError>;
+
+    /// Operator view: every lease on record.
+    fn leases(&mut self, _timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        Err(OperatorError::Unsupported(format!(
+            "{} has no lease listing",
+            self.url()
+        )))
+    }
+
+    /// Operator: refuse the task's current lease at its next renewal.
+    fn revoke(
+        &mut self,
+        _task: &str,
+        _force: bool,
+        _timeout: Duration,
+    ) -> Result<(), OperatorError> {
+        Err(OperatorError::Unsupported(format!(
+            "{} has no revoke",
+            self.url()
+        )))
+    }
+
+    /// Operator: end a `held_for_operator` state.
+    fn clear(&mut self, _task: &str, _timeout: Duration) -> Result<(), OperatorError> {
+        Err(OperatorError::Unsupported(format!(
+            "{} has no clear",
+            self.url()
+        )))
+    }
+}
+
+/// Which authority a URL names; see [`open`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AuthoritySpec {
+    /// `http://…` or `https://…`: lease protocol v1. Holds the base URL
+    /// without a trailing slash.
+    Http(String),
+    /// `etcd://host:port[,host:port…]`.
+    Etcd(Vec<String>),
+    /// `sqlite:PATH`, or the embedded default (the path under the state dir).
+    Sqlite(std::path::PathBuf),
+}
+
+impl AuthoritySpec {
+    /// Parses an `--authority` value. The error names what is wrong.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if let Some(rest) = s
+            .strip_prefix("http://")
+            .or_else(|| s.strip_prefix("https://"))
+        {
+            if rest.is_empty() || rest.starts_with('/') {
+                return Err(format!("`{s}` has no host"));
+            }
+            return Ok(AuthoritySpec::Http(s.trim_end_matches('/').to_string()));
+        }
+        if let Some(rest) = s.strip_prefix("etcd://") {
+            let endpoints: Vec<String> = rest
+                .trim_end_matches('/')
+                .split(',')
+                .map(|e| e.trim().to_string())
+                .collect();
+            if endpoints.iter().any(|e| e.is_empty()) {
+                return Err(format!("`{s}`: expected etcd://host:port[,host:port…]"));
+            }
+            for e in &endpoints {
+                if !e.contains(':') {
+                    return Err(format!("`{s}`: endpoint `{e}` has no port"));
+                }
+            }
+            return Ok(AuthoritySpec::Etcd(endpoints));
+        }
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(format!("`{s}`: expected sqlite:PATH"));
+            }
+            return Ok(AuthoritySpec::Sqlite(path.into()));
+        }
+        Err(format!(
+            "`{s}` is not an authority URL: expected http://…, https://…, etcd://host:port[,…] or sqlite:PATH"
+        ))
+    }
+
+    /// The default authority: the embedded SQLite database under the state
+    /// directory the contract names.
+    pub fn default_local() -> Result<Self, String> {
+        Ok(AuthoritySpec::Sqlite(
+            crate::statedir::state_dir()?.join("leases.sqlite3"),
+        ))
+    }
+}
+
+/// Opens the authority a spec names.
+pub fn open(spec: &AuthoritySpec) -> Result<Box<dyn Authority>, String> {
+    match spec {
+        AuthoritySpec::Http(base) => Ok(Box::new(http::HttpAuthority::new(base))),
+        AuthoritySpec::Etcd(endpoints) => Ok(Box::new(etcd::EtcdAuthority::new(endpoints.clone()))),
+        AuthoritySpec::Sqlite(path) => Ok(Box::new(embedded::EmbeddedAuthority::new(path.clone()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme() {
+        assert_eq!(
+            AuthoritySpec::parse("http://127.0.0.1:80/").unwrap(),
+            AuthoritySpec::Http("http://127.0.0.1:80".into())
+        );
+        assert_eq!(
+            AuthoritySpec::parse("etcd://a:1,b:2").unwrap(),
+            AuthoritySpec::Etcd(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            AuthoritySpec::parse("sqlite:/tmp/x.db").unwrap(),
+            AuthoritySpec::Sqlite("/tmp/x.db".into())
+        );
+        assert!(AuthoritySpec::parse("ftp://x").is_err());
+        assert!(AuthoritySpec::parse("etcd://a").is_err());
+        assert!(AuthoritySpec::parse("http://").is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Fenced writes at the sink: the token check and the write in one transaction (issue #4).

@@ -1,0 +1,666 @@
+//! The supervisor's decisions as a pure state machine: `(state, event, now)
+//! -> actions`.
+//!
+//! Nothing here touches a process, a socket or a clock; the supervisor loop
+//! feeds it events stamped with the boot clock and carries out the actions it
+//! returns. That is what lets the property tests throw every order and timing
+//! of events at it.
+//!
+//! The rules it enforces (the contract's guarantees 2, 3, 5 and 6):
+//! - **Deadline** = the latest `send time + granted ttl` over the grant and
+//!   every successful renewal. The agent counts from when it *sent* the
+//!   request, the authority from when it *received* it, so the local deadline
+//!   is never later than the authority's expiry.
+//! - SIGTERM to the job's group at `deadline - grace`, SIGKILL at `deadline`,
+//!   whatever the network is doing. The loop wakes up for both
+//!   ([`Machine::next_wake`]), and a late wake-up (the agent was paused) kills
+//!   at once, before any other event is looked at.
+//! - **Refusal**: SIGTERM at once, SIGKILL `grace` later (never after the
+//!   deadline).
+//! - **Cancel** (SIGTERM/SIGINT/SIGQUIT to the agent): the signal is relayed,
+//!   SIGKILL follows `grace` later; the lease is released as `cancelled`.
+//! - Once lost, always lost: a renewal answer that arrives after the lease
+//!   was given up (refused, expired, or the job already told to stop for the
+//!   deadline) changes nothing.
+//! - The job is finished only when its whole process tree is gone (the
+//!   keeper's `TreeGone`): leftovers in the group get SIGTERM when the leader
+//!   exits, and SIGKILL after grace, before the lease is released.
+
+use std::time::Duration;
+
+use crate::authority::{Outcome, RefusalReason};
+use crate::clock::BootInstant;
+use crate::exit::{self, ChildStatus};
+use crate::lease_state::LeaseView;
+
+pub const SIGTERM: i32 = 15;
+pub const SIGKILL: i32 = 9;
+const SIGINT: i32 = 2;
+const SIGQUIT: i32 = 3;
+
+/// After SIGKILL, how long to wait for the keeper's "tree gone" before
+/// finishing anyway (descendants that left the process group survive
+/// SIGKILL to the group; they are reported, not waited for forever).
+pub const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Something that happened, as the supervisor loop saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Nothing but the passing of time.
+    Tick,
+    /// A renewal sent at `sent_at` was accepted with this ttl.
+    Renewed { sent_at: BootInstant, ttl: Duration },
+    /// A renewal failed in a way that leaves the lease possibly valid.
+    RenewFailed { error: String },
+    /// The authority refused a renewal: the lease is gone for good.
+    Refused {
+        reason: RefusalReason,
+        message: String,
+    },
+    /// A signal was delivered to the agent.
+    Signal(i32),
+    /// The keeper started the job; its process group id is `pid`.
+    ChildStarted { pid: i32 },
+    /// The command could not be started.
+    SpawnFailed { not_found: bool, message: String },
+    /// The job's leader ended (at `at`, on the boot clock, as the keeper saw it).
+    ChildExited {
+        status: ChildStatus,
+        at: BootInstant,
+    },
+    /// Every process of the job's tree has been reaped.
+    TreeGone,
+    /// The keeper died without saying the tree was gone.
+    KeeperLost,
+}
+
+/// What the supervisor must do, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send this signal to the job's process group.
+    SignalGroup(i32),
+    Log(log::Level, String),
+    /// Publish the lease view (state file, systemd STATUS).
+    Publish(LeaseView, String),
+    /// The job is running: tell systemd READY.
+    Ready(String),
+    /// Stopping the job: tell systemd STOPPING.
+    Stopping(String),
+    /// No more renewals.
+    StopHeartbeat,
+    /// Release the lease with this outcome, then exit.
+    Release {
+        outcome: Outcome,
+        exit_code: Option<i32>,
+    },
+    /// Exit with this status (after any release).
+    Exit(u8),
+}
+
+/// Why the job is being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// `deadline - grace` reached without a renewal.
+    DeadlineNear,
+    Refused(RefusalReason),
+    /// A signal asked the agent to stop.
+    Cancelled(i32),
+    /// The leader exited; leftovers of its group are being stopped.
+    Drain,
+    /// The keeper vanished; the group is killed.
+    KeeperLost,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stop {
+    reason: StopReason,
+    kill_at: BootInstant,
+    killed_at: Option<BootInstant>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Job {
+    Starting,
+    Running {
+        pid: i32,
+    },
+    /// The leader exited; the tree may still have members.
+    Exited {
+        status: ChildStatus,
+        at: BootInstant,
+    },
+    Finished,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    Valid,
+    Failing {
+        since: BootInstant,
+    },
+    Refused(RefusalReason),
+    /// The deadline passed, or the job was told to stop for it.
+    Expired,
+}
+
+/// The supervisor's whole state.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    grace: Duration,
+    deadline: BootInstant,
+    lease: Lease,
+    job: Job,
+    stop: Option<Stop>,
+    cancel: Option<i32>,
+    keeper_lost: bool,
+    task: String,
+    token: u64,
+}
+
+impl Machine {
+    /// A machine for a lease granted to a request sent at `acquire_sent`.
+    pub fn new(
+        task: &str,
+        token: u64,
+        acquire_sent: BootInstant,
+        ttl: Duration,
+        grace: Duration,
+    ) -> Self {
+        Machine {
+            grace,
+            deadline: acquire_sent + ttl,
+            lease: Lease::Valid,
+            job: Job::Starting,
+            stop: None,
+            cancel: None,
+            keeper_lost: false,
+            task: task.to_string(),
+            token,
+        }
+    }
+
+    /// The local deadline: SIGKILL is due at this instant at the latest.
+    pub fn deadline(&self) -> BootInstant {
+        self.deadline
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.job == Job::Finished
+    }
+
+    fn lease_lost(&self) -> bool {
+        matches!(self.lease, Lease::Refused(_) | Lease::Expired)
+    }
+
+    fn job_alive(&self) -> bool {
+        matches!(
+            self.job,
+            Job::Starting | Job::Running { .. } | Job::Exited { .. }
+        )
+    }
+
+    fn group_known(&self) -> bool {
+        matches!(self.job, Job::Running { .. } | Job::Exited { .. })
+    }
+
+    fn killed(&self) -> bool {
+        self.stop.is_some_and(|s| s.killed_at.is_some())
+    }
+
+    fn left(&self, now: BootInstant) -> String {
+        crate::duration::format(now.until(self.deadline))
+    }
+
+    /// When the loop must wake up next, even if nothing happens.
+    pub fn next_wake(&self) -> Option<BootInstant> {
+        if !self.job_alive() {
+            return None;
+        }
+        let mut wake = self.deadline;
+        match self.stop {
+            None => wake = wake.min(self.deadline - self.grace),
+            Some(Stop {
+                kill_at,
+                killed_at: None,
+                ..
+            }) => wake = wake.min(kill_at),
+            Some(Stop {
+                killed_at: Some(k), ..
+            }) => wake = k + TREE_GONE_TIMEOUT,
+        }
+        Some(wake)
+    }
+
+    /// Applies one event at `now`; returns what to do.
+    pub fn step(&mut self, event: Event, now: BootInstant) -> Vec<Action> {
+        let mut out = Vec::new();
+        // Time first: a wake-up past the deadline (the agent was paused) kills
+        // before anything the event says is considered.
+        self.check_time(now, &mut out);
+        match event {
+            Event::Tick => {}
+            Event::Renewed { sent_at, ttl } => self.on_renewed(sent_at, ttl, now, &mut out),
+            Event::RenewFailed { error } => self.on_renew_failed(error, now, &mut out),
+            Event::Refused { reason, message } => self.on_refused(reason, message, now, &mut out),
+            Event::Signal(sig) => self.on_signal(sig, now, &mut out),
+            Event::ChildStarted { pid } => self.on_started(pid, now, &mut out),
+            Event::SpawnFailed { not_found, message } => {
+                out.push(Action::Log(
+                    log::Level::Error,
+                    format!("cannot run the command: {message}"),
+                ));
+                out.push(Action::StopHeartbeat);
+                self.job = Job::Finished;
+                let code = if not_found {
+                    exit::NOT_FOUND
+                } else {
+                    exit::CANNOT_EXECUTE
+                };
+                out.push(Action::Release {
+                    outcome: Outcome::Failed,
+                    exit_code: Some(code as i32),
+                });
+                out.push(Action::Exit(code));
+            }
+            Event::ChildExited { status, at } => self.on_exited(status, at, now, &mut out),
+            Event::TreeGone => self.on_tree_gone(now, &mut out),
+            Event::KeeperLost => {
+                if self.job_alive() {
+                    self.keeper_lost = true;
+                    out.push(Action::Log(
+                        log::Level::Error,
+                        "the keeper process died; killing the job's process group".into(),
+                    ));
+                    self.begin_stop(StopReason::KeeperLost, SIGKILL, now, now, &mut out);
+                    self.kill(now, &mut out);
+                }
+                if let Job::Exited { .. } | Job::Running { .. } | Job::Starting = self.job {
+                    self.finish(now, &mut out);
+                }
+            }
+        }
+        // The event may have moved the deadline or started a stop.
+        self.check_time(now, &mut out);
+        out
+    }
+
+    /// Deadline rules; called before and after every event.
+    fn check_time(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        if !self.job_alive() {
+            return;
+        }
+        if now >= self.deadline && !self.killed() {
+            if !self.lease_lost() {
+                self.lease = Lease::Expired;
+                out.push(Action::Log(
+                    log::Level::Error,
+                    format!(
+                        "lease lost: task {} token {}: deadline passed without a renewal",
+                        self.task, self.token
+                    ),
+                ));
+                out.push(Action::Publish(
+                    LeaseView::Lost,
+                    format!("lease lost (expired), token {}", self.token),
+                ));
+            }
+            if self.stop.is_none() {
+                self.begin_stop(StopReason::DeadlineNear, SIGTERM, self.deadline, now, out);
+            }
+            self.kill(now, out);
+            return;
+        }
+        if self.stop.is_none() && now >= self.deadline - self.grace {
+            self.lease = Lease::Expired;
+            out.push(Action::Log(
+                log::Level::Error,
+                format!(
+                    "lease lost: task {} token {}: no renewal for too long; stopping the command, SIGKILL in {}",
+                    self.task,
+                    self.token,
+                    self.left(now)
+                ),
+            ));
+            out.push(Action::Publish(
+                LeaseView::Lost,
+                format!("lease lost (renewals failed), token {}", self.token),
+            ));
+            self.begin_stop(StopReason::DeadlineNear, SIGTERM, self.deadline, now, out);
+            return;
+        }
+        if let Some(stop) = self.stop {
+            if stop.killed_at.is_none() && now >= stop.kill_at {
+                self.kill(now, out);
+            }
+            if let (Some(k), Job::Exited { .. }) = (stop.killed_at, &self.job) {
+                if now >= k + TREE_GONE_TIMEOUT {
+                    out.push(Action::Log(
+                        log::Level::Warn,
+                        "processes the command started are still running outside its process group; not waiting for them".into(),
+                    ));
+                    self.finish(now, out);
+                }
+            }
+        }
+    }
+
+    fn begin_stop(
+        &mut self,
+        reason: StopReason,
+        sig: i32,
+        kill_at: BootInstant,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
+        let kill_at = kill_at.min(self.deadline);
+        self.stop = Some(Stop {
+            reason,
+            kill_at,
+            killed_at: None,
+        });
+        if reason != StopReason::Drain {
+            out.push(Action::Stopping(format!(
+                "stopping the command (token {})",
+                self.token
+            )));
+        }
+        if self.group_known() {
+            out.push(Action::SignalGroup(sig));
+        }
+        if reason != StopReason::Drain && reason != StopReason::KeeperLost {
+            out.push(Action::Log(
+                log::Level::Warn,
+                format!(
+                    "stopping: task {} token {}: signal {sig} sent, SIGKILL in {}",
+                    self.task,
+                    self.token,
+                    crate::duration::format(now.until(kill_at))
+                ),
+            ));
+        }
+    }
+
+    fn kill(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        if let Some(stop) = self.stop.as_mut() {
+            if stop.killed_at.is_none() {
+                stop.killed_at = Some(now);
+                if self.group_known() {
+                    out.push(Action::SignalGroup(SIGKILL));
+                }
+            }
+        }
+    }
+
+    fn on_renewed(
+        &mut self,
+        sent_at: BootInstant,
+        ttl: Duration,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
+        if self.lease_lost()
+            || self
+                .stop
+                .is_some_and(|s| s.reason == StopReason::DeadlineNear)
+        {
+            return;
+        }
+        let new_deadline = sent_at + ttl;
+        if new_deadline > self.deadline {
+            self.deadline = new_deadline;
+        }
+        if let Lease::Failing { since } = self.lease {
+            out.push(Action::Log(
+                log::Level::Info,
+                format!(
+                    "renewals recovered after {}: task {} token {}, {} left",
+                    crate::duration::format(now.saturating_since(since)),
+                    self.task,
+                    self.token,
+                    self.left(now)
+                ),
+            ));
+        }
+        self.lease = Lease::Valid;
+        out.push(Action::Publish(
+            LeaseView::Valid,
+            format!("holding token {}", self.token),
+        ));
+    }
+
+    fn on_renew_failed(&mut self, error: String, now: BootInstant, out: &mut Vec<Action>) {
+        if self.lease_lost() {
+            return;
+        }
+        match self.lease {
+            Lease::Valid => {
+                self.lease = Lease::Failing { since: now };
+                out.push(Action::Log(
+                    log::Level::Warn,
+                    format!(
+                        "renewal failing: task {} token {}: {error}; lease valid for {} more at most",
+                        self.task,
+                        self.token,
+                        self.left(now)
+                    ),
+                ));
+                out.push(Action::Publish(
+                    LeaseView::Renewing,
+                    format!("holding token {}, renewals failing", self.token),
+                ));
+            }
+            Lease::Failing { since } => {
+                out.push(Action::Log(
+                    log::Level::Debug,
+                    format!(
+                        "renewal still failing after {}: {error}",
+                        crate::duration::format(now.saturating_since(since))
+                    ),
+                ));
+                out.push(Action::Publish(
+                    LeaseView::Renewing,
+                    format!(
+                        "holding token {}, renewals failing for {}",
+                        self.token,
+                        crate::duration::format(now.saturating_since(since))
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_refused(
+        &mut self,
+        reason: RefusalReason,
+        message: String,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
+        out.push(Action::StopHeartbeat);
+        if matches!(self.lease, Lease::Refused(_)) {
+            return;
+        }
+        let was_lost = self.lease_lost();
+        self.lease = Lease::Refused(reason);
+        if !was_lost {
+            out.push(Action::Log(
+                log::Level::Error,
+                format!(
+                    "lease lost: task {} token {}: renewal refused ({reason}) {message}",
+                    self.task, self.token
+                ),
+            ));
+            out.push(Action::Publish(
+                LeaseView::Lost,
+                format!("lease lost ({reason}), token {}", self.token),
+            ));
+        }
+        if self.job_alive() && !self.killed() {
+            match self.stop {
+                // Already stopping for another reason: only bring SIGKILL forward.
+                Some(ref mut s) => s.kill_at = s.kill_at.min(now + self.grace),
+                None => self.begin_stop(
+                    StopReason::Refused(reason),
+                    SIGTERM,
+                    now + self.grace,
+                    now,
+                    out,
+                ),
+            }
+        }
+    }
+
+    fn on_signal(&mut self, sig: i32, now: BootInstant, out: &mut Vec<Action>) {
+        if !self.job_alive() {
+            return;
+        }
+        if self.group_known() {
+            out.push(Action::SignalGroup(sig));
+        }
+        if matches!(sig, SIGTERM | SIGINT | SIGQUIT) && self.cancel.is_none() {
+            self.cancel = Some(sig);
+            out.push(Action::Log(
+                log::Level::Warn,
+                format!(
+                    "signal {sig} received: stopping the command and releasing task {} token {}",
+                    self.task, self.token
+                ),
+            ));
+            match self.stop {
+                Some(ref mut s) => s.kill_at = s.kill_at.min(now + self.grace),
+                None => {
+                    // The relayed signal is the stop signal; SIGKILL follows.
+                    self.stop = Some(Stop {
+                        reason: StopReason::Cancelled(sig),
+                        kill_at: (now + self.grace).min(self.deadline),
+                        killed_at: None,
+                    });
+                    out.push(Action::Stopping(format!(
+                        "stopping the command (signal {sig})"
+                    )));
+                    out.push(Action::Publish(
+                        LeaseView::Stopping,
+                        format!("stopping (signal {sig}), token {}", self.token),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn on_started(&mut self, pid: i32, now: BootInstant, out: &mut Vec<Action>) {
+        if self.job != Job::Starting {
+            return;
+        }
+        self.job = Job::Running { pid };
+        out.push(Action::Log(
+            log::Level::Debug,
+            format!("command started, process group {pid}"),
+        ));
+        match self.stop {
+            // A stop decided before the group existed is carried out now.
+            Some(stop) => {
+                let sig = match stop.reason {
+                    StopReason::Cancelled(sig) => sig,
+                    _ => SIGTERM,
+                };
+                out.push(Action::SignalGroup(sig));
+                if stop.killed_at.is_some() {
+                    out.push(Action::SignalGroup(SIGKILL));
+                }
+            }
+            None => {
+                out.push(Action::Ready(format!(
+                    "holding token {}, command running",
+                    self.token
+                )));
+                out.push(Action::Publish(
+                    LeaseView::Valid,
+                    format!("holding token {}", self.token),
+                ));
+            }
+        }
+        let _ = now;
+    }
+
+    fn on_exited(
+        &mut self,
+        status: ChildStatus,
+        at: BootInstant,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
+        if !matches!(self.job, Job::Running { .. } | Job::Starting) {
+            return;
+        }
+        // The keeper stamps the exit; a paused agent learns of it late.
+        let at = at.min(now);
+        self.job = Job::Exited { status, at };
+        out.push(Action::Log(
+            log::Level::Info,
+            format!("command ended with {status}"),
+        ));
+        if self.stop.is_none() {
+            // Leftovers of the group must be gone before the lease is released.
+            self.begin_stop(StopReason::Drain, SIGTERM, now + self.grace, now, out);
+        }
+    }
+
+    fn on_tree_gone(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        match self.job {
+            Job::Exited { .. } => self.finish(now, out),
+            Job::Running { .. } | Job::Starting => {
+                // The keeper saw no child left before reporting an exit: treat
+                // as a lost keeper (cannot happen with a sound keeper).
+                self.keeper_lost = true;
+                self.finish(now, out);
+            }
+            Job::Finished => {}
+        }
+    }
+
+    /// The tree is gone (or given up on): decide the exit status and release.
+    fn finish(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        let exited = match self.job {
+            Job::Exited { status, at } => Some((status, at)),
+            _ => None,
+        };
+        self.job = Job::Finished;
+        out.push(Action::StopHeartbeat);
+        let ended_after_deadline = exited.is_some_and(|(_, at)| at >= self.deadline);
+        let (outcome, code, exit_status) = if self.lease_lost() || ended_after_deadline {
+            let code = exited.and_then(|(s, _)| s.exit_code());
+            (Outcome::Lost, code, exit::LEASE_LOST)
+        } else if self.keeper_lost {
+            (Outcome::Failed, None, exit::AGENT_FAILED)
+        } else if let Some((status, _)) = exited {
+            let outcome = if self.cancel.is_some() {
+                Outcome::Cancelled
+            } else if status.success() {
+                Outcome::Succeeded
+            } else {
+                Outcome::Failed
+            };
+            (outcome, status.exit_code(), status.passthrough())
+        } else {
+            (Outcome::Failed, None, exit::AGENT_FAILED)
+        };
+        if ended_after_deadline && !self.lease_lost() {
+            out.push(Action::Log(
+                log::Level::Error,
+                format!("lease lost: task {} token {}: the command ended after the lease's deadline (was the agent paused?)", self.task, self.token),
+            ));
+        }
+        if let Lease::Refused(_) = self.lease {
+            // The authority already dropped the lease; releasing would only be refused.
+            out.push(Action::Exit(exit_status));
+        } else {
+            out.push(Action::Release {
+                outcome,
+                exit_code: code,
+            });
+            out.push(Action::Exit(exit_status));
+        }
+        let _ = now;
+    }
+}
