@@ -944,7 +944,7 @@ mod tests {
             let mut stopping = false;
             m.step(Event::ChildStarted { pid: 10 }, now);
 
-            let mut check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<i32>,
+            let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<i32>,
                              killed: &mut bool, stopping: &mut bool, justified: bool, proven: BootInstant, leader_running: bool| {
                 for s in signals(actions) {
                     if Some(s) == relay { continue; }
