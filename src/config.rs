@@ -150,7 +150,9 @@ impl RawRun {
 }
 
 /// Heartbeat and grace that fit a ttl the authority clamped below what was
-/// asked: both shrink in the same proportion as the ttl did.
+/// asked. Each keeps its value when it still fits the default proportions of
+/// the granted ttl (heartbeat at most a third, grace at most a sixth), and
+/// otherwise shrinks no further than in proportion to the ttl.
 pub fn fit_to_granted(
     cfg_ttl: Duration,
     heartbeat: Duration,
@@ -164,7 +166,9 @@ pub fn fit_to_granted(
         let ns = d.as_nanos() * granted.as_nanos() / cfg_ttl.as_nanos().max(1);
         Duration::from_nanos(ns as u64)
     };
-    (scale(heartbeat).max(Duration::from_millis(1)), scale(grace))
+    let heartbeat = scale(heartbeat).max(heartbeat.min(granted / 3));
+    let grace = scale(grace).max(grace.min(granted / 6));
+    (heartbeat.max(Duration::from_millis(1)), grace)
 }
 
 #[cfg(test)]
@@ -224,5 +228,16 @@ mod tests {
             Duration::from_secs(3),
         );
         assert_eq!((h, g), (Duration::from_secs(1), Duration::from_millis(500)));
+        // Values that still fit are kept.
+        let (h, g) = fit_to_granted(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            Duration::from_millis(100),
+            Duration::from_secs(3),
+        );
+        assert_eq!(
+            (h, g),
+            (Duration::from_millis(200), Duration::from_millis(100))
+        );
     }
 }

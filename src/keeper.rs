@@ -98,6 +98,13 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         // Handled, not ignored: the disposition resets to default in the job.
         let _ = signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false)));
     }
+    // A session of our own (and so, with CONFIG_SCHED_AUTOGROUP, a CPU
+    // scheduling group of our own): the job and everything it starts compete
+    // for CPU as one entity against the agent, so a job that forks a hundred
+    // busy processes cannot starve the heartbeat thread. It also takes the
+    // job off the agent's controlling terminal: terminal signals reach it
+    // only through the agent's relay, and it never gets SIGTTIN/SIGTTOU.
+    let _ = rustix::process::setsid();
     // Orphaned descendants of the job are re-parented to us, so we reap them
     // and know when the whole tree is gone.
     let _ = set_child_subreaper(Some(rustix::process::getpid()));

@@ -192,7 +192,7 @@ fn run(cfg: RunConfig) -> u8 {
     };
     let (heartbeat, grace) =
         crate::config::fit_to_granted(cfg.ttl, cfg.heartbeat, cfg.grace, grant.ttl);
-    if grant.ttl < cfg.ttl {
+    if grant.ttl < cfg.ttl && (heartbeat, grace) != (cfg.heartbeat, cfg.grace) {
         log::warn!(
             "authority granted a ttl of {} (asked {}); heartbeat {} and grace {} scaled to fit",
             crate::duration::format(grant.ttl),

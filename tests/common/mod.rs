@@ -12,6 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// CLOCK_MONOTONIC now, in ns.
+pub fn mono_ns() -> u128 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
 }
@@ -120,6 +126,9 @@ pub enum Reply {
 #[derive(Clone, Debug)]
 pub struct Request {
     pub at: Instant,
+    /// CLOCK_MONOTONIC in ns when the request was read (comparable with
+    /// other processes' monotonic clocks, e.g. Python's time.monotonic_ns).
+    pub mono_ns: u128,
     pub path: String,
     pub body: serde_json::Value,
 }
@@ -272,6 +281,7 @@ fn serve_conn(conn: TcpStream, state: Arc<Mutex<FakeState>>) {
             let mut s = state.lock().unwrap();
             s.requests.push(Request {
                 at: Instant::now(),
+                mono_ns: mono_ns(),
                 path: path.clone(),
                 body: json.clone(),
             });
