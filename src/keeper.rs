@@ -100,7 +100,7 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     }
     // Orphaned descendants of the job are re-parented to us, so we reap them
     // and know when the whole tree is gone.
-    let _ = set_child_subreaper(None);
+    let _ = set_child_subreaper(Some(rustix::process::getpid()));
 
     let Some((program, rest)) = command.split_first() else {
         let _ = writeln!(report, "E other no command");

@@ -134,6 +134,7 @@ struct FakeState {
     token: u64,
     held_by: Option<String>,
     ttl_ms: u64,
+    granted_ttl: u64,
 }
 
 /// An in-process fake lease authority on 127.0.0.1.
@@ -343,13 +344,19 @@ fn normal(
             }
             let holder = req["holder"].as_str().unwrap_or("?").to_string();
             s.held_by = Some(holder);
+            s.granted_ttl = ttl;
             (
                 200,
                 serde_json::json!({"lease_id": format!("L{}", s.token), "task": req["task"], "token": s.token, "ttl_ms": ttl}),
             )
         }
         "/v1/renew" => {
-            let ttl = if s.ttl_ms > 0 { s.ttl_ms } else { 30000 };
+            // Renewals give the ttl of the grant.
+            let ttl = if s.granted_ttl > 0 {
+                s.granted_ttl
+            } else {
+                30000
+            };
             (200, serde_json::json!({"ttl_ms": ttl}))
         }
         "/v1/release" => {
