@@ -1,0 +1,639 @@
+//! The directory store: fenced, atomic publication of files and directories
+//! (what `leaseagent publish` runs).
+//!
+//! A *partition* is one entry `NAME` of a parent directory `ROOT`. Next to
+//! it live two hidden files:
+//!
+//! | file | what |
+//! |---|---|
+//! | `ROOT/.NAME.leaseagent-fence` | the highest token ever published to `NAME`: decimal digits and a newline |
+//! | `ROOT/.NAME.leaseagent-fence.lock` | an empty file that publishers `flock`; never deleted |
+//!
+//! One publication, all under an exclusive `flock` of the lock file:
+//! 1. read the record; refuse with [`Superseded`] when `token < highest`
+//!    (DEST untouched, record unchanged);
+//! 2. write the record: temp file, `fsync`, `rename` over the record,
+//!    `fsync` of ROOT, so the new highest token is on disk *before* the
+//!    data moves;
+//! 3. move SRC into place: a plain `rename` when DEST is absent
+//!    (`RENAME_NOREPLACE`) or when both are files; otherwise
+//!    `renameat2(RENAME_EXCHANGE)`, which swaps the two entries in one step,
+//!    so a reader sees the whole old tree or the whole new one, never a mix;
+//! 4. `fsync` ROOT (and SRC's parent), so the move is durable;
+//! 5. after an exchange, delete the old tree, now at SRC's path.
+//!
+//! Races and failures guarded against:
+//! - Two publishers: the lock serializes check-record-move; a lower token
+//!   that waited for the lock is refused after the higher one moved.
+//! - Crash after step 2, before step 3: the record holds the new token but
+//!   DEST is old. The same attempt (equal token) may publish again; a lower
+//!   one is refused; nothing was lost but the move.
+//! - Crash after step 3, before 5: the old tree stays at SRC's path
+//!   (the job's own temp location); DEST is already the new content.
+//! - A publisher paused while holding the lock blocks the others; they wait
+//!   at most [`DirStore::lock_timeout`] and fail with [`Error::LockTimeout`].
+//!   It cannot make a lower token win: whatever it moves in, a later higher
+//!   token replaces.
+//! - SRC on another filesystem: a rename cannot be atomic there; refused
+//!   before anything is recorded ([`Error::CrossDevice`]).
+//! - A corrupt record is never guessed at: [`Error::CorruptRecord`].
+//!
+//! The lock is advisory and local: every writer of DEST must go through this
+//! store, on a filesystem with working `flock` and `renameat2` (ext4, xfs,
+//! btrfs, tmpfs). Not NFS.
+
+use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{FlockOperation, RenameFlags};
+
+use super::{FenceError, FencedStore, Superseded, admit};
+
+/// Suffix of the record file (after `.NAME`).
+pub const RECORD_SUFFIX: &str = ".leaseagent-fence";
+/// Suffix of the lock file (after `.NAME`).
+pub const LOCK_SUFFIX: &str = ".leaseagent-fence.lock";
+const TMP_SUFFIX: &str = ".leaseagent-fence.tmp";
+const STAGING_INFIX: &str = ".leaseagent-staging-";
+
+/// Default longest wait for another publisher's lock.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Errors of the directory store.
+#[derive(Debug)]
+pub enum Error {
+    /// A higher token was already published: nothing changed.
+    Superseded(Superseded),
+    /// SRC does not exist.
+    MissingSource(PathBuf),
+    /// SRC could not be examined.
+    Source(PathBuf, std::io::Error),
+    /// SRC and DEST's directory are on different filesystems.
+    CrossDevice { src: PathBuf, dest_dir: PathBuf },
+    /// The partition name is unusable (empty, `.`, `..`, has a `/`, or is
+    /// one of this store's own files).
+    BadName(OsString),
+    /// DEST's parent directory is missing or not a directory.
+    DestDir(PathBuf, std::io::Error),
+    /// The record holds something that is not a token.
+    CorruptRecord { path: PathBuf, content: String },
+    /// The lock file could not be opened or locked.
+    Lock(PathBuf, std::io::Error),
+    /// Another publisher held the lock for longer than the timeout.
+    LockTimeout(PathBuf, Duration),
+    /// Reading or writing the record failed (DEST untouched).
+    Record(PathBuf, std::io::Error),
+    /// The rename failed (DEST untouched).
+    Move {
+        src: PathBuf,
+        dest: PathBuf,
+        source: std::io::Error,
+    },
+    /// The move happened but could not be made durable (fsync failed).
+    Sync(PathBuf, std::io::Error),
+    /// Staging for [`FencedStore::write`] failed.
+    Staging(PathBuf, std::io::Error),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Superseded(s) => write!(f, "{s}"),
+            Error::MissingSource(p) => write!(f, "{}: no such file or directory", p.display()),
+            Error::Source(p, e) => write!(f, "{}: {e}", p.display()),
+            Error::CrossDevice { src, dest_dir } => write!(
+                f,
+                "{} and {} are on different filesystems; an atomic move needs both on one: \
+                 write the temporary output next to DEST",
+                src.display(),
+                dest_dir.display()
+            ),
+            Error::BadName(n) => write!(f, "`{}` cannot be published to", n.to_string_lossy()),
+            Error::DestDir(p, e) => write!(f, "destination directory {}: {e}", p.display()),
+            Error::CorruptRecord { path, content } => write!(
+                f,
+                "fence record {} holds `{}`, not a token; refusing to guess \
+                 (write the highest token ever published there, or remove it if none was)",
+                path.display(),
+                content.escape_debug()
+            ),
+            Error::Lock(p, e) => write!(f, "lock {}: {e}", p.display()),
+            Error::LockTimeout(p, d) => write!(
+                f,
+                "lock {} still held by another publisher after {}",
+                p.display(),
+                crate::duration::format(*d)
+            ),
+            Error::Record(p, e) => write!(f, "fence record {}: {e}", p.display()),
+            Error::Move { src, dest, source } => {
+                write!(
+                    f,
+                    "moving {} to {}: {source}",
+                    src.display(),
+                    dest.display()
+                )
+            }
+            Error::Sync(p, e) => write!(
+                f,
+                "published, but syncing {} failed ({e}): the move may not survive a crash",
+                p.display()
+            ),
+            Error::Staging(p, e) => write!(f, "staging {}: {e}", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl FenceError for Error {
+    fn superseded(&self) -> Option<Superseded> {
+        match self {
+            Error::Superseded(s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+impl From<Superseded> for Error {
+    fn from(s: Superseded) -> Self {
+        Error::Superseded(s)
+    }
+}
+
+/// What a successful publication did.
+#[derive(Debug)]
+pub struct Published {
+    /// The highest token before this publication.
+    pub previous: Option<u64>,
+    /// DEST existed and was replaced.
+    pub replaced: bool,
+    /// The old content could not be deleted from SRC's path after the
+    /// exchange (the publication itself succeeded).
+    pub leftover: Option<(PathBuf, std::io::Error)>,
+}
+
+/// Fenced publication into one directory. See the module docs.
+#[derive(Clone, Debug)]
+pub struct DirStore {
+    root: PathBuf,
+    lock_timeout: Duration,
+    crash_after_record: bool,
+}
+
+impl DirStore {
+    /// A store for the entries of `root` (which must exist).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        DirStore {
+            root: root.into(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            crash_after_record: false,
+        }
+    }
+
+    /// The longest wait for the lock held by another publisher.
+    pub fn lock_timeout(mut self, d: Duration) -> Self {
+        self.lock_timeout = d;
+        self
+    }
+
+    /// Fault injection for tests: abort the process right after the record
+    /// is durable, before the move (what a crash there leaves behind).
+    #[doc(hidden)]
+    pub fn crash_after_record(mut self, yes: bool) -> Self {
+        self.crash_after_record = yes;
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The record file of `name`.
+    pub fn record_path(&self, name: &OsStr) -> PathBuf {
+        self.root.join(hidden(name, RECORD_SUFFIX))
+    }
+
+    /// The lock file of `name`.
+    pub fn lock_path(&self, name: &OsStr) -> PathBuf {
+        self.root.join(hidden(name, LOCK_SUFFIX))
+    }
+
+    /// The highest token published to `name`, read without the lock.
+    pub fn highest_of(&self, name: &OsStr) -> Result<Option<u64>, Error> {
+        check_name(name)?;
+        read_record(&self.record_path(name))
+    }
+
+    /// Moves `src` (file, directory or symlink) to `ROOT/name` if `token` is
+    /// at least the highest token published there, recording `token` durably
+    /// first. See the module docs for the steps.
+    pub fn publish(&self, src: &Path, name: &OsStr, token: u64) -> Result<Published, Error> {
+        check_name(name)?;
+        let dest = self.root.join(name);
+        let src_meta = match std::fs::symlink_metadata(src) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::MissingSource(src.to_path_buf()));
+            }
+            Err(e) => return Err(Error::Source(src.to_path_buf(), e)),
+        };
+        let root_meta =
+            std::fs::metadata(&self.root).map_err(|e| Error::DestDir(self.root.clone(), e))?;
+        if !root_meta.is_dir() {
+            return Err(Error::DestDir(
+                self.root.clone(),
+                std::io::Error::from(std::io::ErrorKind::NotADirectory),
+            ));
+        }
+        if src_meta.dev() != root_meta.dev() {
+            return Err(Error::CrossDevice {
+                src: src.to_path_buf(),
+                dest_dir: self.root.clone(),
+            });
+        }
+
+        let _lock = self.lock(name)?;
+        let record = self.record_path(name);
+        let previous = read_record(&record)?;
+        admit(token, previous)?;
+        self.write_record(name, &record, token)?;
+        if self.crash_after_record {
+            std::process::abort();
+        }
+
+        let moved = move_into_place(src, &src_meta, &dest)?;
+        sync_dir(&self.root).map_err(|e| Error::Sync(self.root.clone(), e))?;
+        let src_parent = parent_of(src);
+        if std::fs::canonicalize(&src_parent).ok() != std::fs::canonicalize(&self.root).ok() {
+            sync_dir(&src_parent).map_err(|e| Error::Sync(src_parent.clone(), e))?;
+        }
+        let leftover = match moved {
+            Moved::Exchanged { old_is_dir } => {
+                let removed = if old_is_dir {
+                    std::fs::remove_dir_all(src)
+                } else {
+                    std::fs::remove_file(src)
+                };
+                removed.err().map(|e| (src.to_path_buf(), e))
+            }
+            Moved::Renamed { .. } => None,
+        };
+        Ok(Published {
+            previous,
+            replaced: matches!(
+                moved,
+                Moved::Exchanged { .. } | Moved::Renamed { replaced: true }
+            ),
+            leftover,
+        })
+    }
+
+    /// Takes the exclusive lock of `name`, waiting at most the lock timeout.
+    fn lock(&self, name: &OsStr) -> Result<std::fs::File, Error> {
+        let path = self.lock_path(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::Lock(path.clone(), e))?;
+        let deadline = Instant::now() + self.lock_timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(file),
+                Err(rustix::io::Errno::WOULDBLOCK) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::Lock(path, e.into())),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::LockTimeout(path, self.lock_timeout));
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Replaces the record with `token`: temp file, fsync, rename, fsync dir.
+    fn write_record(&self, name: &OsStr, record: &Path, token: u64) -> Result<(), Error> {
+        let tmp = self.root.join(hidden(name, TMP_SUFFIX));
+        let err = |e| Error::Record(record.to_path_buf(), e);
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(format!("{token}\n").as_bytes()).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        std::fs::rename(&tmp, record).map_err(err)?;
+        sync_dir(&self.root).map_err(err)
+    }
+}
+
+/// How the move went.
+#[derive(Clone, Copy, Debug)]
+enum Moved {
+    Renamed { replaced: bool },
+    Exchanged { old_is_dir: bool },
+}
+
+fn move_into_place(src: &Path, src_meta: &std::fs::Metadata, dest: &Path) -> Result<Moved, Error> {
+    let move_err = |e: std::io::Error| Error::Move {
+        src: src.to_path_buf(),
+        dest: dest.to_path_buf(),
+        source: e,
+    };
+    let cwd = rustix::fs::CWD;
+    match rustix::fs::renameat_with(cwd, src, cwd, dest, RenameFlags::NOREPLACE) {
+        Ok(()) => return Ok(Moved::Renamed { replaced: false }),
+        Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(move_err(e.into())),
+    }
+    let dest_meta = std::fs::symlink_metadata(dest).map_err(move_err)?;
+    if !src_meta.is_dir() && !dest_meta.is_dir() {
+        // rename(2) replaces a non-directory atomically.
+        std::fs::rename(src, dest).map_err(move_err)?;
+        return Ok(Moved::Renamed { replaced: true });
+    }
+    rustix::fs::renameat_with(cwd, src, cwd, dest, RenameFlags::EXCHANGE)
+        .map_err(|e| move_err(e.into()))?;
+    Ok(Moved::Exchanged {
+        old_is_dir: dest_meta.is_dir(),
+    })
+}
+
+/// `.NAME` + suffix.
+fn hidden(name: &OsStr, suffix: &str) -> OsString {
+    let mut s = OsString::from(".");
+    s.push(name);
+    s.push(suffix);
+    s
+}
+
+fn check_name(name: &OsStr) -> Result<(), Error> {
+    let bytes = name.as_encoded_bytes();
+    let own = name.to_str().is_some_and(|n| {
+        n.starts_with('.')
+            && (n.ends_with(RECORD_SUFFIX)
+                || n.ends_with(LOCK_SUFFIX)
+                || n.ends_with(TMP_SUFFIX)
+                || n.contains(STAGING_INFIX))
+    });
+    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') || own {
+        return Err(Error::BadName(name.to_os_string()));
+    }
+    Ok(())
+}
+
+fn read_record(path: &Path) -> Result<Option<u64>, Error> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let digits = text.strip_suffix('\n').unwrap_or(&text);
+            super::parse_token(digits)
+                .map(Some)
+                .ok_or_else(|| Error::CorruptRecord {
+                    path: path.to_path_buf(),
+                    content: text.into_owned(),
+                })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Record(path.to_path_buf(), e)),
+    }
+}
+
+fn parent_of(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Makes a directory's entries durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Splits a DEST path into its store root and entry name.
+pub fn split_dest(dest: &Path) -> Result<(PathBuf, OsString), Error> {
+    let name = dest
+        .file_name()
+        .ok_or_else(|| Error::BadName(dest.as_os_str().to_os_string()))?;
+    check_name(name)?;
+    Ok((parent_of(dest), name.to_os_string()))
+}
+
+/// Where [`FencedStore::write`] lets the caller build the new content: a
+/// path in ROOT (so the final move stays on one filesystem) at which the
+/// caller creates a file or a directory.
+#[derive(Debug)]
+pub struct Staging {
+    path: PathBuf,
+}
+
+impl Staging {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl FencedStore for DirStore {
+    type Txn<'a> = Staging;
+    type Error = Error;
+
+    fn highest(&mut self, partition: &str) -> Result<Option<u64>, Error> {
+        self.highest_of(OsStr::new(partition))
+    }
+
+    /// Checks the fence early (to skip useless work), lets `f` build the
+    /// content at [`Staging::path`], then [`DirStore::publish`]es it, which
+    /// checks again under the lock. The staged content is removed when `f`
+    /// fails or the publication is refused.
+    fn write<R, E>(
+        &mut self,
+        partition: &str,
+        token: u64,
+        f: impl FnOnce(&mut Staging) -> Result<R, E>,
+    ) -> Result<R, E>
+    where
+        E: From<Error>,
+    {
+        let name = OsStr::new(partition);
+        admit(token, self.highest_of(name)?).map_err(Error::from)?;
+        let staged = format!(".{partition}{STAGING_INFIX}{}-{token}", std::process::id());
+        let mut staging = Staging {
+            path: self.root.join(staged),
+        };
+        let cleanup = |p: &Path| {
+            let _ = std::fs::remove_dir_all(p);
+            let _ = std::fs::remove_file(p);
+        };
+        cleanup(&staging.path);
+        let out = match f(&mut staging) {
+            Ok(r) => r,
+            Err(e) => {
+                cleanup(&staging.path);
+                return Err(e);
+            }
+        };
+        match self.publish(&staging.path, name, token) {
+            Ok(_) => Ok(out),
+            Err(Error::MissingSource(p)) => Err(Error::Staging(
+                p,
+                std::io::Error::other("the write created nothing at the staging path"),
+            )
+            .into()),
+            Err(e) => {
+                cleanup(&staging.path);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(p: &Path, s: &str) {
+        std::fs::write(p, s).unwrap();
+    }
+
+    #[test]
+    fn file_publish_equal_lower_higher() {
+        let d = tempfile::tempdir().unwrap();
+        let store = DirStore::new(d.path());
+        let name = OsStr::new("out");
+        let src = d.path().join("src");
+        put(&src, "five");
+        let p = store.publish(&src, name, 5).unwrap();
+        assert_eq!(p.previous, None);
+        assert!(!p.replaced);
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("out")).unwrap(),
+            "five"
+        );
+        assert_eq!(store.highest_of(name).unwrap(), Some(5));
+
+        put(&src, "five again");
+        assert!(store.publish(&src, name, 5).unwrap().replaced);
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("out")).unwrap(),
+            "five again"
+        );
+
+        put(&src, "four");
+        let e = store.publish(&src, name, 4).unwrap_err();
+        assert_eq!(
+            e.superseded(),
+            Some(Superseded {
+                token: 4,
+                highest: 5
+            })
+        );
+        assert!(e.to_string().contains("token 4 superseded by 5"));
+        assert!(src.exists(), "a refused SRC stays where it was");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("out")).unwrap(),
+            "five again"
+        );
+
+        put(&src, "nine");
+        store.publish(&src, name, 9).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("out")).unwrap(),
+            "nine"
+        );
+        assert_eq!(store.highest_of(name).unwrap(), Some(9));
+        assert_eq!(
+            std::fs::read_to_string(store.record_path(name)).unwrap(),
+            "9\n"
+        );
+    }
+
+    #[test]
+    fn directory_is_exchanged_and_old_tree_removed() {
+        let d = tempfile::tempdir().unwrap();
+        let store = DirStore::new(d.path());
+        let name = OsStr::new("tree");
+        let mk = |tag: &str| {
+            let p = d.path().join(format!("tmp-{tag}"));
+            std::fs::create_dir(&p).unwrap();
+            put(&p.join("a"), tag);
+            std::fs::create_dir(p.join("sub")).unwrap();
+            put(&p.join("sub/b"), tag);
+            p
+        };
+        let one = mk("one");
+        store.publish(&one, name, 1).unwrap();
+        assert!(!one.exists());
+        let two = mk("two");
+        let p = store.publish(&two, name, 2).unwrap();
+        assert!(p.replaced);
+        assert!(p.leftover.is_none());
+        assert!(!two.exists(), "the old tree is removed from SRC's path");
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("tree/sub/b")).unwrap(),
+            "two"
+        );
+        // A file may replace a directory and the other way round.
+        let f = d.path().join("file");
+        put(&f, "flat");
+        store.publish(&f, name, 3).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("tree")).unwrap(),
+            "flat"
+        );
+        let back = mk("three");
+        store.publish(&back, name, 3).unwrap();
+        assert!(d.path().join("tree/sub/b").exists());
+        assert!(!back.exists());
+    }
+
+    #[test]
+    fn clear_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let store = DirStore::new(d.path());
+        let e = store
+            .publish(&d.path().join("nope"), OsStr::new("out"), 1)
+            .unwrap_err();
+        assert!(matches!(e, Error::MissingSource(_)), "{e}");
+        assert!(e.to_string().contains("no such file"));
+        assert!(!store.record_path(OsStr::new("out")).exists());
+        for bad in ["", ".", "..", ".x.leaseagent-fence"] {
+            assert!(matches!(
+                store.highest_of(OsStr::new(bad)),
+                Err(Error::BadName(_))
+            ));
+        }
+        put(&store.record_path(OsStr::new("out")), "garbage");
+        put(&d.path().join("s"), "x");
+        let e = store
+            .publish(&d.path().join("s"), OsStr::new("out"), 1)
+            .unwrap_err();
+        assert!(matches!(e, Error::CorruptRecord { .. }), "{e}");
+        assert!(!d.path().join("out").exists());
+    }
+
+    #[test]
+    fn fenced_store_write_stages_and_cleans_up() {
+        let d = tempfile::tempdir().unwrap();
+        let mut store = DirStore::new(d.path());
+        let r: Result<u32, Error> = store.write("o", 3, |s| {
+            std::fs::create_dir(s.path()).map_err(|e| Error::Staging(s.path().into(), e))?;
+            put(&s.path().join("x"), "3");
+            Ok(7)
+        });
+        assert_eq!(r.unwrap(), 7);
+        assert_eq!(std::fs::read_to_string(d.path().join("o/x")).unwrap(), "3");
+        let r: Result<(), Error> = store.write("o", 2, |_| panic!("not called when refused"));
+        assert_eq!(r.unwrap_err().superseded().map(|s| s.highest), Some(3));
+        assert_eq!(store.highest("o").unwrap(), Some(3));
+        let left: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains("staging"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
