@@ -147,10 +147,11 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             Ok(Some((pid, status))) => {
                 if pid.as_raw_nonzero().get() == job_pid && !job_done {
                     job_done = true;
+                    let at = crate::clock::BootInstant::now().since_boot().as_millis();
                     let line = match (status.exit_status(), status.terminating_signal()) {
-                        (Some(code), _) => format!("X exit {code}"),
-                        (None, Some(sig)) => format!("X signal {sig}"),
-                        (None, None) => "X exit 255".to_string(),
+                        (Some(code), _) => format!("X exit {code} {at}"),
+                        (None, Some(sig)) => format!("X signal {sig} {at}"),
+                        (None, None) => format!("X exit 255 {at}"),
                     };
                     let _ = writeln!(report, "{line}");
                 }
