@@ -4,14 +4,13 @@
 mod support_etcd;
 
 use std::io::Read;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use leaseagent::authority::etcd::EtcdAuthority;
 use leaseagent::authority::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
-use support_etcd::{Etcd, poll};
+use support_etcd::{Etcd, etcdctl_lock, poll, read_rev};
 
 const T: Duration = Duration::from_secs(3);
 
@@ -234,27 +233,6 @@ fn waiters_keep_their_place_in_the_queue() {
     a.release(&ga.lease_ref(), Outcome::Succeeded, None, T)
         .unwrap();
     assert!(etcd.leases().is_empty());
-}
-
-/// Starts `etcdctl lock NAME sh -c ...` that writes ETCD_LOCK_REV to a file
-/// and holds the lock until `release` exists.
-fn etcdctl_lock(etcd: &Etcd, name: &str, dir: &std::path::Path) -> std::process::Child {
-    let rev = dir.join("rev");
-    let release = dir.join("release");
-    let script = format!(
-        "echo $ETCD_LOCK_REV > {rev}.tmp && mv {rev}.tmp {rev}; while [ ! -e {release} ]; do sleep 0.05; done",
-        rev = rev.display(),
-        release = release.display()
-    );
-    let mut cmd = etcd.etcdctl_cmd(&["lock", name, "--", "sh", "-c", &script]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.spawn().expect("etcdctl lock")
-}
-
-fn read_rev(dir: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(dir.join("rev"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
 }
 
 #[test]

@@ -294,3 +294,24 @@ pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) 
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Starts `etcdctl lock NAME sh -c ...` that writes ETCD_LOCK_REV to a file
+/// and holds the lock until `release` exists.
+pub fn etcdctl_lock(etcd: &Etcd, name: &str, dir: &std::path::Path) -> std::process::Child {
+    let rev = dir.join("rev");
+    let release = dir.join("release");
+    let script = format!(
+        "echo $ETCD_LOCK_REV > {rev}.tmp && mv {rev}.tmp {rev}; while [ ! -e {release} ]; do sleep 0.05; done",
+        rev = rev.display(),
+        release = release.display()
+    );
+    let mut cmd = etcd.etcdctl_cmd(&["lock", name, "--", "sh", "-c", &script]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("etcdctl lock")
+}
+
+pub fn read_rev(dir: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(dir.join("rev"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
