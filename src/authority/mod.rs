@@ -271,6 +271,33 @@ pub trait Authority: Send {
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError>;
 
+    /// Acquire for `--wait`: like [`Authority::acquire`], but an authority
+    /// with a queue (etcd) may wait up to `wait` for the task and keep its
+    /// place in the queue between calls, so a waiter is not sent to the back
+    /// each time it retries. Each network call inside still finishes within
+    /// `timeout`; the whole call returns within about `wait + timeout`.
+    ///
+    /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
+    /// again (right away)". The agent's `--wait` loop calls this in slices
+    /// (so it can notice signals and its own deadline) and calls
+    /// [`Authority::abandon_wait`] when it stops waiting without a grant.
+    ///
+    /// The default is one plain `acquire` (no queue): the caller keeps its
+    /// own backoff between calls, unchanged for authorities without a queue.
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let _ = wait;
+        self.acquire(req, timeout)
+    }
+
+    /// Gives up a place in the queue kept by [`Authority::acquire_wait`]
+    /// (best effort, within `timeout`). The default does nothing.
+    fn abandon_wait(&mut self, _timeout: Duration) {}
+
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
 
     fn release(

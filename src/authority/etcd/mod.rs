@@ -1,0 +1,580 @@
+//! etcd as the lease authority (`--authority etcd://host:port[,host:port…]`).
+//!
+//! Why this shape: users who outgrow one machine already run etcd, and their
+//! scripts already use `etcdctl lock`. So a leaseagent lease *is* an etcd
+//! concurrency-package mutex, the same one `etcdctl lock NAME` takes, and the
+//! two tools exclude each other in both directions:
+//! - An etcd lease (ttl rounded up to whole seconds; etcd may raise it to its
+//!   minimum, and we use the granted ttl) is the liveness of the holder.
+//! - The holder's key is `<task>/<lease id in hex>`, put with that lease in a
+//!   txn guarded by `create_revision == 0` (so a retried txn cannot create
+//!   the key twice) whose both branches also read the first-created key
+//!   under `<task>/`. The owner is the key with the lowest create revision;
+//!   everyone behind it waits for the deletion of the key just before theirs.
+//!   The value is the holder string (`etcdctl lock` stores an empty one).
+//! - The fencing token is the store revision at which ownership was
+//!   confirmed: the header revision of the txn/read that showed our key first,
+//!   exactly what `etcdctl lock` exports as `ETCD_LOCK_REV`. The previous
+//!   owner's key was deleted at a revision above that owner's own token, and
+//!   our confirming read sees that deletion, so tokens strictly increase across
+//!   both tools. (Not our key's create revision: a waiter queued early has a
+//!   create revision below the token of the holder it waits for.)
+//!
+//! Renewal = keepalive (TTL <= 0 or "lease not found" is a refusal), then a
+//! read of our key: if it is gone (someone deleted it, or revoked the lease)
+//! or now belongs to another lease or a later creation, that is a refusal too,
+//! because another agent or `etcdctl lock` may already own the task.
+//! Release = revoke the lease, which deletes the key in the same raft entry.
+//!
+//! Only `--on-expiry redispatch` exists here: etcd frees the key when the lease
+//! expires and has no grace or hold state, so the other policies are refused
+//! rather than silently weakened.
+//!
+//! Waiting (`--wait`) uses [`Authority::acquire_wait`]: the queued key is kept
+//! (and its lease kept alive) between calls, so a waiter keeps its place in
+//! the queue like `etcdctl lock` does instead of re-entering at the back.
+
+mod gateway;
+pub mod wire;
+
+use std::time::{Duration, Instant};
+
+use gateway::{CallError, Gateway};
+use wire::{
+    Compare, KeepAliveStreamItem, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseIdRequest,
+    PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
+};
+
+use super::*;
+
+/// How often a waiter looks at the key ahead of it.
+const WAIT_POLL: Duration = Duration::from_millis(200);
+
+/// A place in a task's queue kept by [`Authority::acquire_wait`].
+struct Queued {
+    task: String,
+    lease: i64,
+    ttl_secs: i64,
+    key: Vec<u8>,
+    create_rev: i64,
+    last_keepalive: Instant,
+}
+
+pub struct EtcdAuthority {
+    gw: Gateway,
+    queued: Option<Queued>,
+}
+
+/// The result of putting our key in the queue.
+struct Enqueued {
+    create_rev: i64,
+    /// Header revision of the txn: the token if we are the owner.
+    revision: i64,
+    owner: Option<KeyValue>,
+}
+
+/// Why a keepalive did not extend the lease.
+enum KeepAliveError {
+    Gone(RefusalReason, String),
+    Transient(String),
+}
+
+impl EtcdAuthority {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdAuthority {
+            gw: Gateway::new(endpoints),
+            queued: None,
+        }
+    }
+
+    fn prefix(task: &str) -> Vec<u8> {
+        format!("{task}/").into_bytes()
+    }
+
+    fn own_key(task: &str, lease: i64) -> Vec<u8> {
+        format!("{task}/{lease:x}").into_bytes()
+    }
+
+    fn parse_lease_id(id: &str) -> Option<i64> {
+        i64::from_str_radix(id, 16).ok().filter(|v| *v > 0)
+    }
+
+    /// Grants a lease of `ttl` rounded up to whole seconds; returns (id, granted secs).
+    fn grant(&mut self, ttl: Duration, deadline: Instant) -> Result<(i64, i64), AcquireError> {
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        let secs = i64::try_from(secs.max(1))
+            .map_err(|_| AcquireError::Rejected(format!("ttl {ttl:?} is too long")))?;
+        let r: LeaseGrantResponse = self
+            .gw
+            .call(
+                "/v3/lease/grant",
+                &LeaseGrantRequest { ttl: secs },
+                deadline,
+            )
+            .map_err(|e| AcquireError::Transient(format!("etcd lease grant: {e}")))?;
+        if !r.error.is_empty() || r.id <= 0 || r.ttl <= 0 {
+            return Err(AcquireError::Transient(format!(
+                "etcd lease grant gave no lease (id {}, ttl {}): {}",
+                r.id, r.ttl, r.error
+            )));
+        }
+        Ok((r.id, r.ttl))
+    }
+
+    /// Puts our key (if not there yet) and reads the queue's head, in one txn.
+    fn enqueue(
+        &mut self,
+        task: &str,
+        holder: &str,
+        lease: i64,
+        deadline: Instant,
+    ) -> Result<Enqueued, CallError> {
+        let key = Self::own_key(task, lease);
+        let prefix = Self::prefix(task);
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                key: wire::b64(&key),
+                result: "EQUAL",
+                target: "CREATE",
+                create_revision: 0,
+            }],
+            success: vec![
+                RequestOp::Put(PutRequest {
+                    key: wire::b64(&key),
+                    value: wire::b64(holder.as_bytes()),
+                    lease,
+                }),
+                RequestOp::Range(RangeRequest::first_created(&prefix)),
+            ],
+            failure: vec![
+                RequestOp::Range(RangeRequest::key(&key)),
+                RequestOp::Range(RangeRequest::first_created(&prefix)),
+            ],
+        };
+        let r: TxnResponse = self.gw.call("/v3/kv/txn", &txn, deadline)?;
+        let create_rev = if r.succeeded {
+            r.header.revision
+        } else {
+            // Our key already existed: an earlier attempt of this txn landed.
+            r.range(0)
+                .and_then(|rr| rr.kvs.first())
+                .map(|kv| kv.create_revision)
+                .unwrap_or(0)
+        };
+        let owner_range = r.range(1);
+        if create_rev <= 0 || r.header.revision <= 0 || owner_range.is_none() {
+            return Err(CallError::Transient(
+                "etcd txn answer lacks the expected reads".into(),
+            ));
+        }
+        Ok(Enqueued {
+            create_rev,
+            revision: r.header.revision,
+            owner: owner_range.and_then(|rr| rr.kvs.first().cloned()),
+        })
+    }
+
+    fn keepalive(&mut self, lease: i64, deadline: Instant) -> Result<i64, KeepAliveError> {
+        match self.gw.call::<_, KeepAliveStreamItem>(
+            "/v3/lease/keepalive",
+            &LeaseIdRequest { id: lease },
+            deadline,
+        ) {
+            Ok(KeepAliveStreamItem {
+                result: Some(r), ..
+            }) => {
+                if r.ttl > 0 {
+                    Ok(r.ttl)
+                } else {
+                    Err(KeepAliveError::Gone(
+                        RefusalReason::Expired,
+                        format!("etcd lease {lease:x} is gone (expired or revoked)"),
+                    ))
+                }
+            }
+            Ok(KeepAliveStreamItem { error: Some(e), .. }) if e.code == wire::GRPC_NOT_FOUND => {
+                Err(KeepAliveError::Gone(
+                    RefusalReason::UnknownLease,
+                    format!("etcd: {}", e.message),
+                ))
+            }
+            Ok(KeepAliveStreamItem { error, .. }) => Err(KeepAliveError::Transient(format!(
+                "etcd keepalive: {}",
+                error
+                    .map(|e| e.message)
+                    .unwrap_or_else(|| "empty answer".into())
+            ))),
+            Err(CallError::Status { status, .. }) if status.code == wire::GRPC_NOT_FOUND => {
+                Err(KeepAliveError::Gone(
+                    RefusalReason::UnknownLease,
+                    format!("etcd: {}", status.message),
+                ))
+            }
+            Err(e) => Err(KeepAliveError::Transient(format!("etcd keepalive: {e}"))),
+        }
+    }
+
+    /// Revokes a lease; `Ok(false)` when etcd no longer knew it.
+    fn revoke_lease(&mut self, lease: i64, deadline: Instant) -> Result<bool, CallError> {
+        match self.gw.call::<_, serde_json::Value>(
+            "/v3/lease/revoke",
+            &LeaseIdRequest { id: lease },
+            deadline,
+        ) {
+            Ok(_) => Ok(true),
+            Err(CallError::Status { status, .. }) if status.code == wire::GRPC_NOT_FOUND => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Best effort, within the deadline: a lease we cannot revoke expires by
+    /// itself after its ttl.
+    fn revoke_quietly(&mut self, lease: i64, deadline: Instant) {
+        if let Err(e) = self.revoke_lease(lease, deadline) {
+            log::warn!("etcd: could not revoke lease {lease:x} (it expires by itself): {e}");
+        }
+    }
+
+    fn describe_holder(kv: &KeyValue) -> String {
+        let value = kv.value_bytes();
+        if value.is_empty() {
+            // `etcdctl lock` records no holder: name the key.
+            format!("etcd key {}", String::from_utf8_lossy(&kv.key_bytes()))
+        } else {
+            String::from_utf8_lossy(&value).into_owned()
+        }
+    }
+
+    fn check_request(req: &AcquireRequest) -> Result<(), AcquireError> {
+        if req.on_expiry != ExpiryPolicy::Redispatch {
+            return Err(AcquireError::Rejected(format!(
+                "etcd frees a task as soon as its lease expires: --on-expiry {} is not available with etcd (use redispatch)",
+                req.on_expiry.as_str()
+            )));
+        }
+        if req.task.is_empty() {
+            return Err(AcquireError::Rejected("empty task name".into()));
+        }
+        Ok(())
+    }
+
+    fn grant_of(task: &str, lease: i64, token: i64, ttl_secs: i64) -> Result<Grant, AcquireError> {
+        let token = u64::try_from(token)
+            .map_err(|_| AcquireError::Transient(format!("etcd gave revision {token}")))?;
+        Ok(Grant {
+            lease_id: format!("{lease:x}"),
+            task: task.to_string(),
+            token,
+            ttl: Duration::from_secs(ttl_secs.unsigned_abs()),
+        })
+    }
+
+    /// Takes a place in the queue for `req.task`: grant + txn. Returns the
+    /// grant if we are first, else keeps the place in `self.queued` and
+    /// returns the current owner.
+    fn take_place(
+        &mut self,
+        req: &AcquireRequest,
+        deadline: Instant,
+    ) -> Result<Result<Grant, KeyValue>, AcquireError> {
+        let (lease, ttl_secs) = self.grant(req.ttl, deadline)?;
+        let q = match self.enqueue(&req.task, &req.holder, lease, deadline) {
+            Ok(q) => q,
+            Err(e) => {
+                self.revoke_quietly(lease, deadline);
+                return Err(AcquireError::Transient(format!("etcd txn: {e}")));
+            }
+        };
+        match q.owner {
+            Some(owner) if owner.create_revision != q.create_rev => {
+                self.queued = Some(Queued {
+                    task: req.task.clone(),
+                    lease,
+                    ttl_secs,
+                    key: Self::own_key(&req.task, lease),
+                    create_rev: q.create_rev,
+                    last_keepalive: Instant::now(),
+                });
+                Ok(Err(owner))
+            }
+            // Our key is the first (or, racing a revoke, the only) one.
+            _ => Self::grant_of(&req.task, lease, q.revision, ttl_secs).map(Ok),
+        }
+    }
+}
+
+impl Authority for EtcdAuthority {
+    fn url(&self) -> String {
+        format!("etcd://{}", self.gw.endpoints().join(","))
+    }
+
+    fn clone_box(&self) -> Box<dyn Authority> {
+        Box::new(EtcdAuthority::new(self.gw.endpoints().to_vec()))
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        Self::check_request(req)?;
+        let deadline = Instant::now() + timeout;
+        self.abandon_wait(timeout);
+        match self.take_place(req, deadline)? {
+            Ok(grant) => Ok(grant),
+            Err(owner) => {
+                // No waiting: leave the queue at once (like `etcdctl lock`'s
+                // TryLock) so our key never becomes a phantom owner.
+                if let Some(q) = self.queued.take() {
+                    self.revoke_quietly(q.lease, deadline);
+                }
+                Err(AcquireError::Held {
+                    holder: Self::describe_holder(&owner),
+                    retry_after: None,
+                })
+            }
+        }
+    }
+
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        Self::check_request(req)?;
+        let start = Instant::now();
+        let wait_end = start + wait;
+        let call_deadline = || Instant::now() + timeout;
+        if self.queued.as_ref().is_some_and(|q| q.task != req.task) {
+            self.abandon_wait(timeout);
+        }
+        // A place kept from an earlier call: refresh its lease first, so that
+        // whatever this call returns, the lease was renewed after the caller
+        // started counting the ttl.
+        if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
+            match self.keepalive(lease, call_deadline()) {
+                Ok(_) => {
+                    if let Some(q) = self.queued.as_mut() {
+                        q.last_keepalive = Instant::now();
+                    }
+                }
+                Err(KeepAliveError::Gone(_, m)) => {
+                    log::info!("etcd: queued place lost ({m}); queueing again");
+                    self.queued = None;
+                }
+                Err(KeepAliveError::Transient(m)) => return Err(AcquireError::Transient(m)),
+            }
+        }
+        let mut last_owner: Option<KeyValue> = None;
+        loop {
+            let Some(q) = self.queued.as_ref() else {
+                match self.take_place(req, call_deadline()) {
+                    Ok(Ok(grant)) => return Ok(grant),
+                    Ok(Err(owner)) => last_owner = Some(owner),
+                    Err(e @ AcquireError::Rejected(_)) => return Err(e),
+                    Err(e) => {
+                        if Instant::now() >= wait_end {
+                            return Err(e);
+                        }
+                        log::debug!("etcd: queueing failed, retrying: {e}");
+                        std::thread::sleep(WAIT_POLL.min(wait_end - Instant::now()));
+                    }
+                }
+                continue;
+            };
+            let (lease, ttl_secs, create_rev, key) =
+                (q.lease, q.ttl_secs, q.create_rev, q.key.clone());
+            let keepalive_due =
+                q.last_keepalive.elapsed() >= Duration::from_secs(ttl_secs.unsigned_abs()) / 3;
+            if keepalive_due {
+                match self.keepalive(lease, call_deadline()) {
+                    Ok(_) => {
+                        if let Some(q) = self.queued.as_mut() {
+                            q.last_keepalive = Instant::now();
+                        }
+                    }
+                    Err(KeepAliveError::Gone(_, m)) => {
+                        log::info!("etcd: queued place lost ({m}); queueing again");
+                        self.queued = None;
+                        continue;
+                    }
+                    // Retried at the next poll (last_keepalive unchanged).
+                    Err(KeepAliveError::Transient(m)) => log::debug!("etcd: {m}"),
+                }
+            }
+            // One read at one revision: the waiter just ahead of us, our own
+            // key, and the owner (for the message).
+            let prefix = Self::prefix(&req.task);
+            let mut last_error = None;
+            let txn = TxnRequest {
+                compare: vec![],
+                success: vec![
+                    RequestOp::Range(RangeRequest::last_created_up_to(&prefix, create_rev - 1)),
+                    RequestOp::Range(RangeRequest::key(&key)),
+                    RequestOp::Range(RangeRequest::first_created(&prefix)),
+                ],
+                failure: vec![],
+            };
+            match self
+                .gw
+                .call::<_, TxnResponse>("/v3/kv/txn", &txn, call_deadline())
+            {
+                Ok(r) => match (r.range(0), r.range(1)) {
+                    (Some(ahead), Some(own)) => {
+                        let own_ok = own.kvs.first().is_some_and(|kv| {
+                            kv.create_revision == create_rev && kv.lease == lease
+                        });
+                        if !own_ok {
+                            log::info!("etcd: our queued key vanished; queueing again");
+                            self.queued = None;
+                            continue;
+                        }
+                        if ahead.kvs.is_empty() && r.header.revision > 0 {
+                            self.queued = None;
+                            return Self::grant_of(&req.task, lease, r.header.revision, ttl_secs);
+                        }
+                        last_owner = r.range(2).and_then(|o| o.kvs.first().cloned());
+                    }
+                    _ => last_error = Some("etcd txn answer lacks the expected reads".into()),
+                },
+                Err(e) => last_error = Some(e.to_string()),
+            }
+            let now = Instant::now();
+            if now >= wait_end {
+                return match (last_error, last_owner) {
+                    (Some(e), _) => Err(AcquireError::Transient(e)),
+                    (None, owner) => Err(AcquireError::Held {
+                        holder: owner
+                            .as_ref()
+                            .map(Self::describe_holder)
+                            .unwrap_or_else(|| "another etcd client".into()),
+                        // Our place in the queue is kept: call again at once.
+                        retry_after: Some(Duration::ZERO),
+                    }),
+                };
+            }
+            std::thread::sleep(WAIT_POLL.min(wait_end - now));
+        }
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        if let Some(q) = self.queued.take() {
+            self.revoke_quietly(q.lease, Instant::now() + timeout);
+        }
+    }
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
+        let deadline = Instant::now() + timeout;
+        let Some(id) = Self::parse_lease_id(&lease.lease_id) else {
+            return Err(RenewError::Refused {
+                reason: RefusalReason::UnknownLease,
+                message: format!("`{}` is not an etcd lease id", lease.lease_id),
+            });
+        };
+        let ttl = match self.keepalive(id, deadline) {
+            Ok(ttl) => ttl,
+            Err(KeepAliveError::Gone(reason, message)) => {
+                return Err(RenewError::Refused { reason, message });
+            }
+            Err(KeepAliveError::Transient(m)) => return Err(RenewError::Transient(m)),
+        };
+        let renewed = Renewed {
+            ttl: Duration::from_secs(ttl.unsigned_abs()),
+        };
+        let key = Self::own_key(&lease.task, id);
+        match self
+            .gw
+            .call::<_, RangeResponse>("/v3/kv/range", &RangeRequest::key(&key), deadline)
+        {
+            Ok(r) => match r.kvs.first() {
+                None => Err(RenewError::Refused {
+                    reason: RefusalReason::Revoked,
+                    message: format!("etcd key {} was deleted", String::from_utf8_lossy(&key)),
+                }),
+                Some(kv)
+                    if kv.lease != id
+                        || u64::try_from(kv.create_revision).map_or(true, |c| c > lease.token) =>
+                {
+                    Err(RenewError::Refused {
+                        reason: RefusalReason::Superseded,
+                        message: format!(
+                            "etcd key {} was recreated (create revision {}, lease {:x})",
+                            String::from_utf8_lossy(&key),
+                            kv.create_revision,
+                            kv.lease
+                        ),
+                    })
+                }
+                Some(_) => Ok(renewed),
+            },
+            // The keepalive did extend the lease; the key check runs again
+            // at the next heartbeat.
+            Err(e) => {
+                log::warn!("etcd: lease renewed but key check failed: {e}");
+                Ok(renewed)
+            }
+        }
+    }
+
+    fn release(
+        &mut self,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), RenewError> {
+        let deadline = Instant::now() + timeout;
+        let Some(id) = Self::parse_lease_id(&lease.lease_id) else {
+            return Err(RenewError::Refused {
+                reason: RefusalReason::UnknownLease,
+                message: format!("`{}` is not an etcd lease id", lease.lease_id),
+            });
+        };
+        log::debug!(
+            "etcd: releasing lease {id:x} of {} ({}, exit {exit_code:?}); etcd keeps no outcome",
+            lease.task,
+            outcome.as_str()
+        );
+        match self.revoke_lease(id, deadline) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(RenewError::Refused {
+                reason: RefusalReason::UnknownLease,
+                message: format!("etcd lease {id:x} was already gone"),
+            }),
+            Err(e) => Err(RenewError::Transient(format!("etcd lease revoke: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_etcdctl_lock() {
+        assert_eq!(
+            EtcdAuthority::own_key("x", 0x694d7d9d1c6b5a0b),
+            b"x/694d7d9d1c6b5a0b"
+        );
+        assert_eq!(
+            EtcdAuthority::parse_lease_id("694d7d9d1c6b5a0b"),
+            Some(0x694d7d9d1c6b5a0b)
+        );
+        assert_eq!(EtcdAuthority::parse_lease_id("zz"), None);
+        assert_eq!(EtcdAuthority::parse_lease_id("0"), None);
+    }
+
+    #[test]
+    fn refuses_policies_etcd_cannot_keep() {
+        let req = AcquireRequest {
+            task: "t".into(),
+            holder: "h".into(),
+            ttl: Duration::from_secs(5),
+            on_expiry: ExpiryPolicy::Hold,
+            grace: Duration::ZERO,
+        };
+        assert!(matches!(
+            EtcdAuthority::check_request(&req),
+            Err(AcquireError::Rejected(_))
+        ));
+    }
+}
