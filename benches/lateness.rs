@@ -108,9 +108,7 @@ fn main() {
         let fake = FakeAuthority::start();
         fake.script("/v1/renew", vec![Reply::Refuse("revoked")]);
         let mark = dir.path().join(format!("term-{i}"));
-        let job = format!(
-            "import signal,time,sys\ndef h(s,f):\n    open(sys.argv[1],'w').write(str(time.monotonic_ns()))\n    sys.exit(0)\nsignal.signal(signal.SIGTERM,h)\nwhile True: signal.pause()\n"
-        );
+        let job = "import signal,time,sys\ndef h(s,f):\n    open(sys.argv[1],'w').write(str(time.monotonic_ns()))\n    sys.exit(0)\nsignal.signal(signal.SIGTERM,h)\nwhile True: signal.pause()\n";
         let mut c = std::process::Command::new(bin());
         c.args([
             "--authority",
@@ -122,7 +120,7 @@ fn main() {
             "--heartbeat",
             "300ms",
         ])
-        .args(["--", "python3", "-c", &job])
+        .args(["--", "python3", "-c", job])
         .arg(&mark)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null());

@@ -942,7 +942,7 @@ mod tests {
             let mut pending_exit = None;
             let mut exit_seen = false;
             let mut stopping = false;
-            m.step(Event::ChildStarted { pid: 10 }, now);
+            let first = m.step(Event::ChildStarted { pid: 10 }, now);
 
             let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<i32>,
                              killed: &mut bool, stopping: &mut bool, justified: bool, proven: BootInstant, leader_running: bool| {
@@ -969,6 +969,7 @@ mod tests {
                 Ok(())
             };
 
+            check(&m, &first, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
             for op in ops {
                 if m.is_finished() { break; }
                 let (event, relay) = match op {
