@@ -63,7 +63,19 @@ fn acquire(cfg: &RunConfig, auth: &mut dyn Authority, events: &Receiver<Event>) 
     let mut last_note = String::new();
     loop {
         let sent = BootInstant::now();
-        let (holder_note, retry_after) = match auth.acquire(&req, acquire_timeout(cfg)) {
+        let answer = match wait_until {
+            // Waiting: an authority with a queue (etcd) keeps our place
+            // between calls; slices of at most a second keep signals and our
+            // own deadline noticed.
+            Some(until) => {
+                let slice = until.map_or(Duration::from_secs(1), |u| {
+                    sent.until(u).min(Duration::from_secs(1))
+                });
+                auth.acquire_wait(&req, slice, acquire_timeout(cfg))
+            }
+            None => auth.acquire(&req, acquire_timeout(cfg)),
+        };
+        let (holder_note, retry_after) = match answer {
             Ok(g) => return Acquired::Granted(g, sent),
             Err(AcquireError::Rejected(m)) => {
                 log::error!("cannot acquire task {}: {m}", cfg.task);
@@ -94,6 +106,7 @@ fn acquire(cfg: &RunConfig, auth: &mut dyn Authority, events: &Receiver<Event>) 
             return Acquired::Exit(exit::HELD);
         };
         if until.is_some_and(|u| now >= u) {
+            auth.abandon_wait(acquire_timeout(cfg));
             log::error!(
                 "task {} is still {holder_note} after waiting {}; giving up",
                 cfg.task,
@@ -129,6 +142,7 @@ fn acquire(cfg: &RunConfig, auth: &mut dyn Authority, events: &Receiver<Event>) 
             }
             match events.recv_timeout(left.min(crate::clock::MAX_WAIT)) {
                 Ok(Event::Signal(sig)) if crate::signals::is_stop_signal(sig) => {
+                    auth.abandon_wait(acquire_timeout(cfg));
                     log::warn!(
                         "signal {sig} while waiting for task {}; not acquired",
                         cfg.task
