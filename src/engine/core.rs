@@ -150,7 +150,6 @@ impl TaskRow {
             .checked_add(1)
             .ok_or_else(|| EngineError::Storage("token counter exhausted".into()))?;
         self.last_token = token;
-        self.ended = None;
         self.lease = Some(Lease {
             token,
             holder: spec.holder.clone(),
@@ -165,6 +164,11 @@ impl TaskRow {
 
     /// The refusal for a lease token that is not the current live lease.
     fn gone(&self, token: u64) -> RefusalReason {
+        if let Some((t, r)) = self.ended {
+            if t == token {
+                return r;
+            }
+        }
         if let Some(l) = &self.lease {
             if token < l.token {
                 return RefusalReason::Superseded;
@@ -173,10 +177,10 @@ impl TaskRow {
         if token > self.last_token {
             return RefusalReason::UnknownLease;
         }
-        match self.ended {
-            Some((t, r)) if t == token => r,
-            _ if token < self.last_token => RefusalReason::Superseded,
-            _ => RefusalReason::UnknownLease,
+        if token < self.last_token {
+            RefusalReason::Superseded
+        } else {
+            RefusalReason::UnknownLease
         }
     }
 
@@ -354,7 +358,7 @@ mod tests {
         r.revoke(true, 10).unwrap();
         assert_eq!(r.renew(t1, 20), Err(RefusalReason::Revoked));
         assert!(r.acquire(&spec(ExpiryPolicy::Redispatch), 20, "i").is_ok());
-        assert_eq!(r.renew(t1, 30), Err(RefusalReason::Superseded));
+        assert_eq!(r.renew(t1, 30), Err(RefusalReason::Revoked));
     }
 
     #[test]

@@ -290,6 +290,32 @@ fn parse_head(head: &[u8], limits: &Limits) -> Result<Head, Response> {
     })
 }
 
+/// Sends a final answer and closes without resetting the connection: the
+/// client may still be sending a body we refused (413), and closing with
+/// unread input would make the kernel send RST, losing our answer. So: shut
+/// our side, then discard input for a bounded time and amount.
+fn answer_and_close(stream: &mut TcpStream, resp: &Response) {
+    if write_response(stream, resp, true).is_err() {
+        return;
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut left: usize = 1 << 20;
+    let mut scratch = [0u8; 16 * 1024];
+    while left > 0 && Instant::now() < deadline {
+        match stream.read(&mut scratch) {
+            Ok(0) => return,
+            Ok(n) => left = left.saturating_sub(n),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
 fn connection(
     mut stream: TcpStream,
     handler: &dyn Handler,
@@ -319,7 +345,7 @@ fn connection(
             }
             if buf.len() > limits.max_head {
                 let r = Response::error(431, "too_large", "request head too large");
-                let _ = write_response(&mut stream, &r, true);
+                answer_and_close(&mut stream, &r);
                 return;
             }
             match read_more(&mut stream, &mut buf, deadline, !started, shutdown) {
@@ -342,7 +368,7 @@ fn connection(
         let head = match parse_head(&buf[..head_end], limits) {
             Ok(h) => h,
             Err(resp) => {
-                let _ = write_response(&mut stream, &resp, true);
+                answer_and_close(&mut stream, &resp);
                 return;
             }
         };
