@@ -79,6 +79,9 @@ impl Authority for EmbeddedAuthority {
                 0
             },
         };
+        // A malformed request is rejected without touching the database.
+        crate::engine::validate_acquire(&spec)
+            .map_err(|e| AcquireError::Rejected(e.to_string()))?;
         let engine = self.engine(timeout).map_err(AcquireError::Transient)?;
         match engine.acquire(&spec, timeout) {
             Ok((lease_id, token, ttl_ms)) => Ok(Grant {
