@@ -100,7 +100,7 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     }
     // Orphaned descendants of the job are re-parented to us, so we reap them
     // and know when the whole tree is gone.
-    let _ = set_child_subreaper(None);
+    let _ = set_child_subreaper(Some(rustix::process::getpid()));
 
     let Some((program, rest)) = command.split_first() else {
         let _ = writeln!(report, "E other no command");
@@ -147,10 +147,11 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             Ok(Some((pid, status))) => {
                 if pid.as_raw_nonzero().get() == job_pid && !job_done {
                     job_done = true;
+                    let at = crate::clock::BootInstant::now().since_boot().as_millis();
                     let line = match (status.exit_status(), status.terminating_signal()) {
-                        (Some(code), _) => format!("X exit {code}"),
-                        (None, Some(sig)) => format!("X signal {sig}"),
-                        (None, None) => "X exit 255".to_string(),
+                        (Some(code), _) => format!("X exit {code} {at}"),
+                        (None, Some(sig)) => format!("X signal {sig} {at}"),
+                        (None, None) => format!("X exit 255 {at}"),
                     };
                     let _ = writeln!(report, "{line}");
                 }

@@ -153,6 +153,8 @@ pub struct Machine {
     stop: Option<Stop>,
     cancel: Option<i32>,
     keeper_lost: bool,
+    /// The lease was lost while the leader still ran: the exit status is 124.
+    lost_while_running: bool,
     task: String,
     token: u64,
 }
@@ -174,6 +176,7 @@ impl Machine {
             stop: None,
             cancel: None,
             keeper_lost: false,
+            lost_while_running: false,
             task: task.to_string(),
             token,
         }
@@ -186,6 +189,16 @@ impl Machine {
 
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
+    }
+
+    /// Records that the lease is gone; returns whether it was held until now.
+    fn lose(&mut self, how: Lease) -> bool {
+        let was_lost = self.lease_lost();
+        self.lease = how;
+        if matches!(self.job, Job::Starting | Job::Running { .. }) {
+            self.lost_while_running = true;
+        }
+        !was_lost
     }
 
     fn lease_lost(&self) -> bool {
@@ -234,9 +247,10 @@ impl Machine {
     /// Applies one event at `now`; returns what to do.
     pub fn step(&mut self, event: Event, now: BootInstant) -> Vec<Action> {
         let mut out = Vec::new();
-        // Time first: a wake-up past the deadline (the agent was paused) kills
-        // before anything the event says is considered.
-        self.check_time(now, &mut out);
+        // The event first (it can only be something already received: a
+        // renewal proves a later deadline, it never waits on the network),
+        // then the clock: a wake-up past the deadline (the agent was paused)
+        // kills in this same step.
         match event {
             Event::Tick => {}
             Event::Renewed { sent_at, ttl } => self.on_renewed(sent_at, ttl, now, &mut out),
@@ -279,7 +293,6 @@ impl Machine {
                 }
             }
         }
-        // The event may have moved the deadline or started a stop.
         self.check_time(now, &mut out);
         out
     }
@@ -290,8 +303,7 @@ impl Machine {
             return;
         }
         if now >= self.deadline && !self.killed() {
-            if !self.lease_lost() {
-                self.lease = Lease::Expired;
+            if !self.lease_lost() && self.lose(Lease::Expired) {
                 out.push(Action::Log(
                     log::Level::Error,
                     format!(
@@ -311,7 +323,7 @@ impl Machine {
             return;
         }
         if self.stop.is_none() && now >= self.deadline - self.grace {
-            self.lease = Lease::Expired;
+            self.lose(Lease::Expired);
             out.push(Action::Log(
                 log::Level::Error,
                 format!(
@@ -481,9 +493,7 @@ impl Machine {
         if matches!(self.lease, Lease::Refused(_)) {
             return;
         }
-        let was_lost = self.lease_lost();
-        self.lease = Lease::Refused(reason);
-        if !was_lost {
+        if self.lose(Lease::Refused(reason)) {
             out.push(Action::Log(
                 log::Level::Error,
                 format!(
@@ -628,7 +638,7 @@ impl Machine {
         self.job = Job::Finished;
         out.push(Action::StopHeartbeat);
         let ended_after_deadline = exited.is_some_and(|(_, at)| at >= self.deadline);
-        let (outcome, code, exit_status) = if self.lease_lost() || ended_after_deadline {
+        let (outcome, code, exit_status) = if self.lost_while_running || ended_after_deadline {
             let code = exited.and_then(|(s, _)| s.exit_code());
             (Outcome::Lost, code, exit::LEASE_LOST)
         } else if self.keeper_lost {
@@ -645,7 +655,7 @@ impl Machine {
         } else {
             (Outcome::Failed, None, exit::AGENT_FAILED)
         };
-        if ended_after_deadline && !self.lease_lost() {
+        if ended_after_deadline && !self.lost_while_running {
             out.push(Action::Log(
                 log::Level::Error,
                 format!("lease lost: task {} token {}: the command ended after the lease's deadline (was the agent paused?)", self.task, self.token),
@@ -662,5 +672,361 @@ impl Machine {
             out.push(Action::Exit(exit_status));
         }
         let _ = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(ms: u64) -> BootInstant {
+        BootInstant::from_since_boot(Duration::from_millis(1_000_000 + ms))
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn signals(actions: &[Action]) -> Vec<i32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SignalGroup(s) => Some(*s),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn exit_of(actions: &[Action]) -> Option<u8> {
+        actions.iter().find_map(|a| match a {
+            Action::Exit(c) => Some(*c),
+            _ => None,
+        })
+    }
+
+    fn started(ttl: u64, grace: u64) -> Machine {
+        let mut m = Machine::new("t", 1, at(0), ms(ttl), ms(grace));
+        m.step(Event::ChildStarted { pid: 100 }, at(1));
+        m
+    }
+
+    #[test]
+    fn silence_gives_term_at_deadline_minus_grace_and_kill_at_deadline() {
+        let mut m = started(3000, 500);
+        assert_eq!(m.next_wake(), Some(at(2500)));
+        assert!(signals(&m.step(Event::Tick, at(2499))).is_empty());
+        assert_eq!(signals(&m.step(Event::Tick, at(2500))), vec![SIGTERM]);
+        assert_eq!(m.next_wake(), Some(at(3000)));
+        assert_eq!(signals(&m.step(Event::Tick, at(3000))), vec![SIGKILL]);
+        let a = m.step(
+            Event::ChildExited {
+                status: ChildStatus::Signaled(9),
+                at: at(3001),
+            },
+            at(3001),
+        );
+        assert!(signals(&a).is_empty());
+        let a = m.step(Event::TreeGone, at(3002));
+        assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
+        assert!(a.contains(&Action::Release {
+            outcome: Outcome::Lost,
+            exit_code: None
+        }));
+    }
+
+    #[test]
+    fn renewal_counts_from_its_send_time() {
+        let mut m = started(3000, 500);
+        m.step(
+            Event::Renewed {
+                sent_at: at(1000),
+                ttl: ms(3000),
+            },
+            at(1900),
+        );
+        assert_eq!(m.deadline(), at(4000));
+        // A late answer to an older request never moves the deadline back.
+        m.step(
+            Event::Renewed {
+                sent_at: at(500),
+                ttl: ms(3000),
+            },
+            at(1950),
+        );
+        assert_eq!(m.deadline(), at(4000));
+    }
+
+    #[test]
+    fn refusal_terms_at_once_and_kills_after_grace() {
+        let mut m = started(30_000, 2000);
+        let a = m.step(
+            Event::Refused {
+                reason: RefusalReason::Revoked,
+                message: String::new(),
+            },
+            at(100),
+        );
+        assert_eq!(signals(&a), vec![SIGTERM]);
+        assert!(a.contains(&Action::StopHeartbeat));
+        assert!(signals(&m.step(Event::Tick, at(2099))).is_empty());
+        assert_eq!(signals(&m.step(Event::Tick, at(2100))), vec![SIGKILL]);
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Signaled(9),
+                at: at(2101),
+            },
+            at(2101),
+        );
+        let a = m.step(Event::TreeGone, at(2102));
+        assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::Release { .. })),
+            "no release after a refusal"
+        );
+    }
+
+    #[test]
+    fn cancel_relays_the_signal_and_releases_cancelled() {
+        let mut m = started(30_000, 1000);
+        let a = m.step(Event::Signal(SIGINT), at(10));
+        assert_eq!(signals(&a), vec![SIGINT]);
+        assert_eq!(signals(&m.step(Event::Tick, at(1010))), vec![SIGKILL]);
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Exited(3),
+                at: at(1011),
+            },
+            at(1011),
+        );
+        let a = m.step(Event::TreeGone, at(1012));
+        assert_eq!(exit_of(&a), Some(3));
+        assert!(a.contains(&Action::Release {
+            outcome: Outcome::Cancelled,
+            exit_code: Some(3)
+        }));
+    }
+
+    #[test]
+    fn a_job_that_ended_before_the_deadline_keeps_its_status_even_if_seen_late() {
+        let mut m = started(3000, 500);
+        // The agent was paused; it wakes at 5000 and learns the job ended at 2000.
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Exited(0),
+                at: at(2000),
+            },
+            at(5000),
+        );
+        let a = m.step(Event::TreeGone, at(5001));
+        assert_eq!(exit_of(&a), Some(0));
+        // One that ended after the deadline is a lost lease.
+        let mut m = started(3000, 500);
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Exited(0),
+                at: at(3200),
+            },
+            at(5000),
+        );
+        let a = m.step(Event::TreeGone, at(5001));
+        assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
+    }
+
+    #[test]
+    fn wake_after_pause_past_deadline_kills_in_the_same_step() {
+        let mut m = started(3000, 500);
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(100),
+                ttl: ms(3000),
+            },
+            at(9000),
+        );
+        assert_eq!(signals(&a), vec![SIGTERM, SIGKILL]);
+    }
+
+    #[test]
+    fn stop_decided_before_the_group_exists_is_carried_out_on_start() {
+        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+        let a = m.step(
+            Event::Refused {
+                reason: RefusalReason::Expired,
+                message: String::new(),
+            },
+            at(10),
+        );
+        assert!(signals(&a).is_empty());
+        let a = m.step(Event::ChildStarted { pid: 5 }, at(20));
+        assert_eq!(signals(&a), vec![SIGTERM]);
+    }
+
+    #[test]
+    fn spawn_failure_maps_to_127_and_126() {
+        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+        let a = m.step(
+            Event::SpawnFailed {
+                not_found: true,
+                message: "x".into(),
+            },
+            at(1),
+        );
+        assert_eq!(exit_of(&a), Some(127));
+        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+        let a = m.step(
+            Event::SpawnFailed {
+                not_found: false,
+                message: "x".into(),
+            },
+            at(1),
+        );
+        assert_eq!(exit_of(&a), Some(126));
+    }
+
+    /// One input of a generated run.
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Time passes with the loop awake (it ticks at every `next_wake`).
+        Advance(u64),
+        /// Time passes with the agent paused (no ticks).
+        Pause(u64),
+        /// A renewal sent `lag` ms ago is answered.
+        Renewed {
+            lag: u64,
+            ttl: u64,
+        },
+        RenewFailed,
+        Refused,
+        Signal(i32),
+        Exit(i32),
+        TreeGone,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u64..4000).prop_map(Op::Advance),
+            1 => (0u64..8000).prop_map(Op::Pause),
+            4 => ((0u64..3000), (500u64..6000)).prop_map(|(lag, ttl)| Op::Renewed { lag, ttl }),
+            2 => Just(Op::RenewFailed),
+            1 => Just(Op::Refused),
+            1 => prop::sample::select(vec![1, 2, 3, 10, 12, 15]).prop_map(Op::Signal),
+            1 => (0i32..3).prop_map(Op::Exit),
+            1 => Just(Op::TreeGone),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever the order and timing of events:
+        /// - SIGKILL is never later than the deadline (the loop wakes at
+        ///   `next_wake`; after a pause, the first step kills);
+        /// - the job is never stopped while the lease is provably valid
+        ///   with more than grace left (no refusal, no stop signal, leader
+        ///   still running);
+        /// - the local deadline never exceeds what the renewals prove.
+        #[test]
+        fn kill_never_late_and_never_early(
+            ttl in 1000u64..10_000,
+            grace_frac in 0u64..100,
+            start_delay in 0u64..200,
+            ops in prop::collection::vec(op(), 1..60),
+        ) {
+            let grace = ttl * grace_frac / 100;
+            let mut m = Machine::new("t", 1, at(0), ms(ttl), ms(grace));
+            let mut now = at(start_delay);
+            let mut proven = at(0) + ms(ttl);
+            let mut killed = false;
+            let mut justified_stop = false;
+            let mut leader_running = true;
+            let mut pending_exit = None;
+            let mut exit_seen = false;
+            let mut stopping = false;
+            m.step(Event::ChildStarted { pid: 10 }, now);
+
+            let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<i32>,
+                             killed: &mut bool, stopping: &mut bool, justified: bool, proven: BootInstant, leader_running: bool| {
+                for s in signals(actions) {
+                    if Some(s) == relay { continue; }
+                    let first_stop = !*stopping;
+                    *stopping = true;
+                    if s == SIGKILL { *killed = true; }
+                    // Judge the decision to stop; its SIGKILL follows from it.
+                    prop_assert!(
+                        !first_stop || justified || !leader_running || now >= proven - ms(grace),
+                        "signal {s} at {now:?} with the lease provably valid until {proven:?} (grace {grace})"
+                    );
+                }
+                prop_assert!(m.deadline() <= proven);
+                if leader_running && !m.is_finished() {
+                    if now >= m.deadline() {
+                        prop_assert!(*killed, "past the deadline at {now:?} ({:?}) without SIGKILL", m.deadline());
+                    } else if !*killed {
+                        let w = m.next_wake();
+                        prop_assert!(w.is_some_and(|w| w <= m.deadline()), "next wake {w:?} after deadline {:?}", m.deadline());
+                    }
+                }
+                Ok(())
+            };
+
+            for op in ops {
+                if m.is_finished() { break; }
+                let (event, relay) = match op {
+                    Op::Advance(d) => {
+                        let target = now + ms(d);
+                        while let Some(w) = m.next_wake() {
+                            if w > target || m.is_finished() { break; }
+                            now = now.max(w);
+                            let a = m.step(Event::Tick, now);
+                            exit_seen |= exit_of(&a).is_some();
+                            check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                            if killed && leader_running && pending_exit.is_none() {
+                                // SIGKILL ends the leader.
+                                pending_exit = Some(ChildStatus::Signaled(9));
+                            }
+                            if let Some(w2) = m.next_wake() { if w2 <= now { break; } }
+                        }
+                        now = target;
+                        (Event::Tick, None)
+                    }
+                    Op::Pause(d) => { now = now + ms(d); (Event::Tick, None) }
+                    Op::Renewed { lag, ttl: t } => {
+                        let sent = now.saturating_sub(ms(lag)).max(at(0));
+                        proven = proven.max(sent + ms(t));
+                        (Event::Renewed { sent_at: sent, ttl: ms(t) }, None)
+                    }
+                    Op::RenewFailed => (Event::RenewFailed { error: "x".into() }, None),
+                    Op::Refused => {
+                        justified_stop = true;
+                        (Event::Refused { reason: RefusalReason::Superseded, message: String::new() }, None)
+                    }
+                    Op::Signal(s) => {
+                        if matches!(s, SIGTERM | SIGINT | SIGQUIT) { justified_stop = true; }
+                        (Event::Signal(s), Some(s))
+                    }
+                    Op::Exit(c) => {
+                        if !leader_running { continue; }
+                        leader_running = false;
+                        (Event::ChildExited { status: ChildStatus::Exited(c), at: now }, None)
+                    }
+                    Op::TreeGone => {
+                        if leader_running { continue; }
+                        (Event::TreeGone, None)
+                    }
+                };
+                let a = m.step(event, now);
+                exit_seen |= exit_of(&a).is_some();
+                check(&m, &a, now, relay, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                if let Some(status) = pending_exit.take() {
+                    if leader_running {
+                        leader_running = false;
+                        let a = m.step(Event::ChildExited { status, at: now }, now);
+                        exit_seen |= exit_of(&a).is_some();
+                        check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                    }
+                }
+                prop_assert_eq!(m.is_finished(), exit_seen, "finished exactly when an exit was decided");
+            }
+        }
     }
 }

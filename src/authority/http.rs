@@ -1,39 +1,300 @@
-//! stub
+//! Lease protocol v1 over HTTP(S), on ureq 3 with rustls.
+//!
+//! Every request carries its own timeout (the caller's, which the heartbeat
+//! thread keeps below the time the lease has left) and every response body is
+//! read with a 64 KiB cap: a slow or hostile authority can delay a renewal
+//! only until the timeout, and can never make the agent buffer without bound.
+//!
+//! Answers are classified exactly as the protocol's "How the agent reads
+//! answers" says. Only a `200` whose body is a JSON object of the expected
+//! shape is a success; only a `409`/`404` whose body names one of the refusal
+//! codes is a refusal; everything else (refused or reset connections,
+//! timeouts, 5xx, 408, 429, bodies that are text, the wrong shape or too
+//! large, any other status) is transient.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+
 use super::*;
+
+/// The protocol's body size limit.
+pub const BODY_LIMIT: u64 = 64 * 1024;
+
+/// A lease protocol v1 client.
 pub struct HttpAuthority {
     base: String,
+    agent: ureq::Agent,
 }
+
+/// A response: status and (capped) body, or a transport failure.
+struct Answer {
+    status: u16,
+    body: Result<Vec<u8>, String>,
+}
+
+#[derive(Deserialize)]
+struct GrantBody {
+    lease_id: String,
+    #[serde(default)]
+    task: Option<String>,
+    token: u64,
+    ttl_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct RenewBody {
+    ttl_ms: u64,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    error: String,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    holder: Option<String>,
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
+    #[serde(default)]
+    lease_id: Option<String>,
+}
+
 impl HttpAuthority {
     pub fn new(base: &str) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(60)))
+            .max_idle_connections_per_host(2)
+            .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
         HttpAuthority {
-            base: base.to_string(),
+            base: base.trim_end_matches('/').to_string(),
+            agent,
         }
     }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<Answer, String> {
+        let timeout = timeout.max(Duration::from_millis(1));
+        let url = self.url(path);
+        let result = match (method, body) {
+            ("GET", _) => self
+                .agent
+                .get(&url)
+                .config()
+                .timeout_global(Some(timeout))
+                .build()
+                .call(),
+            (_, body) => {
+                let bytes =
+                    serde_json::to_vec(&body.unwrap_or(json!({}))).map_err(|e| e.to_string())?;
+                self.agent
+                    .post(&url)
+                    .config()
+                    .timeout_global(Some(timeout))
+                    .build()
+                    .header("content-type", "application/json")
+                    .send(&bytes[..])
+            }
+        };
+        let mut resp = result.map_err(|e| describe(&url, e))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(BODY_LIMIT)
+            .read_to_vec()
+            .map_err(|e| match e {
+                ureq::Error::BodyExceedsLimit(_) => {
+                    format!("{url}: answer body over {BODY_LIMIT} bytes")
+                }
+                e => describe(&url, e),
+            });
+        Ok(Answer { status, body })
+    }
+
+    /// One request with the same transport, timeout and body cap as the
+    /// lease calls: status and body. For the operator subcommands.
+    pub fn operator_call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let a = self.call(method, path, body, timeout)?;
+        Ok((a.status, a.body?))
+    }
 }
+
+fn describe(url: &str, e: ureq::Error) -> String {
+    match e {
+        ureq::Error::Timeout(_) => format!("{url}: timed out"),
+        ureq::Error::Io(io) => format!("{url}: {io}"),
+        e => format!("{url}: {e}"),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if !v.is_object() {
+        return None;
+    }
+    serde_json::from_value(v).ok()
+}
+
+fn transient_status(status: u16, body: &Result<Vec<u8>, String>) -> String {
+    let detail = body
+        .as_ref()
+        .ok()
+        .and_then(|b| parse::<ErrorBody>(b))
+        .map(|e| format!(": {} {}", e.error, e.message.unwrap_or_default()))
+        .unwrap_or_default();
+    format!("authority answered HTTP {status}{detail}")
+}
+
+/// A refusal, if the answer is one: 409/404 with a refusal code.
+fn refusal(status: u16, body: &Result<Vec<u8>, String>) -> Option<RenewError> {
+    if status != 409 && status != 404 {
+        return None;
+    }
+    let e: ErrorBody = parse(body.as_ref().ok()?)?;
+    let reason = RefusalReason::parse(&e.error)?;
+    Some(RenewError::Refused {
+        reason,
+        message: e.message.unwrap_or_default(),
+    })
+}
+
 impl Authority for HttpAuthority {
     fn url(&self) -> String {
         self.base.clone()
     }
+
     fn clone_box(&self) -> Box<dyn Authority> {
         Box::new(HttpAuthority::new(&self.base))
     }
-    fn acquire(
-        &mut self,
-        _req: &AcquireRequest,
-        _timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        Err(AcquireError::Transient("stub".into()))
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        let mut body = json!({
+            "task": req.task,
+            "holder": req.holder,
+            "ttl_ms": req.ttl.as_millis() as u64,
+            "on_expiry": req.on_expiry.as_str(),
+        });
+        if req.on_expiry == ExpiryPolicy::Grace {
+            body["grace_ms"] = json!(req.grace.as_millis() as u64);
+        }
+        let a = self
+            .call("POST", "/v1/acquire", Some(body), timeout)
+            .map_err(AcquireError::Transient)?;
+        match a.status {
+            200 => {
+                let bytes = a.body.map_err(AcquireError::Transient)?;
+                let g: GrantBody = parse(&bytes).ok_or_else(|| {
+                    AcquireError::Transient(
+                        "authority answered 200 to acquire with a malformed body".into(),
+                    )
+                })?;
+                if g.lease_id.is_empty() || g.ttl_ms == 0 {
+                    return Err(AcquireError::Transient(
+                        "authority granted a lease with an empty lease_id or a zero ttl".into(),
+                    ));
+                }
+                if g.task.as_deref().is_some_and(|t| t != req.task) {
+                    return Err(AcquireError::Transient(
+                        "authority granted a lease for another task".into(),
+                    ));
+                }
+                Ok(Grant {
+                    lease_id: g.lease_id,
+                    task: req.task.clone(),
+                    token: g.token,
+                    ttl: Duration::from_millis(g.ttl_ms),
+                })
+            }
+            409 => {
+                let e: Option<ErrorBody> = a.body.as_ref().ok().and_then(|b| parse(b));
+                match e {
+                    Some(e) if e.error == "held" => Err(AcquireError::Held {
+                        holder: e.holder.unwrap_or_else(|| "another holder".into()),
+                        retry_after: e.retry_after_ms.map(Duration::from_millis),
+                    }),
+                    Some(e) if e.error == "held_for_operator" => {
+                        Err(AcquireError::HeldForOperator {
+                            holder: e.holder.unwrap_or_default(),
+                            lease_id: e.lease_id.unwrap_or_default(),
+                        })
+                    }
+                    _ => Err(AcquireError::Transient(transient_status(409, &a.body))),
+                }
+            }
+            400 => {
+                let msg = a
+                    .body
+                    .as_ref()
+                    .ok()
+                    .and_then(|b| parse::<ErrorBody>(b))
+                    .map(|e| e.message.unwrap_or(e.error))
+                    .unwrap_or_else(|| "bad request".into());
+                Err(AcquireError::Rejected(msg))
+            }
+            s => Err(AcquireError::Transient(transient_status(s, &a.body))),
+        }
     }
-    fn renew(&mut self, _lease: &LeaseRef, _timeout: Duration) -> Result<Renewed, RenewError> {
-        Err(RenewError::Transient("stub".into()))
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
+        let body = json!({"lease_id": lease.lease_id, "token": lease.token});
+        let a = self
+            .call("POST", "/v1/renew", Some(body), timeout)
+            .map_err(RenewError::Transient)?;
+        if a.status == 200 {
+            let bytes = a.body.map_err(RenewError::Transient)?;
+            return match parse::<RenewBody>(&bytes) {
+                Some(r) if r.ttl_ms > 0 => Ok(Renewed {
+                    ttl: Duration::from_millis(r.ttl_ms),
+                }),
+                _ => Err(RenewError::Transient(
+                    "authority answered 200 to renew with a malformed body".into(),
+                )),
+            };
+        }
+        Err(refusal(a.status, &a.body)
+            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
     }
+
     fn release(
         &mut self,
-        _lease: &LeaseRef,
-        _o: Outcome,
-        _c: Option<i32>,
-        _t: Duration,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
     ) -> Result<(), RenewError> {
-        Err(RenewError::Transient("stub".into()))
+        let body = json!({
+            "lease_id": lease.lease_id,
+            "token": lease.token,
+            "outcome": outcome.as_str(),
+            "exit_code": exit_code,
+        });
+        let a = self
+            .call("POST", "/v1/release", Some(body), timeout)
+            .map_err(RenewError::Transient)?;
+        if a.status == 200 {
+            return Ok(());
+        }
+        Err(refusal(a.status, &a.body)
+            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
     }
 }
