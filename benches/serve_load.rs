@@ -105,7 +105,9 @@ fn main() {
         .unwrap()
         .to_string();
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    println!("server {addr}, {leases} leases, {clients} renewing clients, {granters} granting clients");
+    println!(
+        "server {addr}, {leases} leases, {clients} renewing clients, {granters} granting clients"
+    );
 
     // 1. Durable grants.
     let start = Instant::now();
@@ -122,7 +124,10 @@ fn main() {
                         &format!(r#"{{"task":"bench-{i}","holder":"bench","ttl_ms":600000}}"#),
                     );
                     assert_eq!(s, 200, "{b}");
-                    out.push((field(&b, "lease_id").to_string(), field(&b, "token").to_string()));
+                    out.push((
+                        field(&b, "lease_id").to_string(),
+                        field(&b, "token").to_string(),
+                    ));
                 }
                 out
             })
