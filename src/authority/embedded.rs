@@ -1,18 +1,59 @@
-//! The embedded per-host authority: the engine opened in-process on a shared
-//! SQLite file (issue #3).
+//! The embedded per-host authority: the lease engine opened in-process on a
+//! SQLite file shared by every agent on the host (issue #3).
+//!
+//! Each handle opens its own connection lazily, once, on first use (and
+//! again only after a failed open); [`Authority::clone_box`] gives a handle
+//! with its own connection, so the renewal thread never shares one with the
+//! main thread. Cross-process exclusion and durability are the engine's
+//! (see `engine::shared`): one `BEGIN IMMEDIATE` transaction per call, with
+//! SQLite's busy timeout set to the call's timeout, so every call returns
+//! within its timeout and a busy or broken database is a transient failure,
+//! never a grant or a renewal.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
+use crate::engine::EngineError;
+use crate::engine::core::AcquireSpec;
+use crate::engine::shared::SharedEngine;
 
 pub struct EmbeddedAuthority {
     path: PathBuf,
+    engine: Option<SharedEngine>,
 }
 
 impl EmbeddedAuthority {
     pub fn new(path: PathBuf) -> Self {
-        EmbeddedAuthority { path }
+        EmbeddedAuthority { path, engine: None }
+    }
+
+    fn engine(&mut self, timeout: Duration) -> Result<&mut SharedEngine, String> {
+        if self.engine.is_none() {
+            let e = SharedEngine::open(&self.path, timeout)
+                .map_err(|e| format!("{}: {e}", self.url()))?;
+            self.engine = Some(e);
+        }
+        self.engine
+            .as_mut()
+            .ok_or_else(|| "embedded authority not open".to_string())
+    }
+}
+
+fn renew_error(e: EngineError) -> RenewError {
+    match e {
+        EngineError::Refused(reason) => RenewError::Refused {
+            reason,
+            message: String::new(),
+        },
+        other => RenewError::Transient(other.to_string()),
+    }
+}
+
+fn operator_error(e: EngineError) -> OperatorError {
+    match e {
+        EngineError::NotFound(m) => OperatorError::NotFound(m),
+        other => OperatorError::Failed(other.to_string()),
     }
 }
 
@@ -20,32 +61,143 @@ impl Authority for EmbeddedAuthority {
     fn url(&self) -> String {
         format!("sqlite:{}", self.path.display())
     }
+
     fn clone_box(&self) -> Box<dyn Authority> {
         Box::new(EmbeddedAuthority::new(self.path.clone()))
     }
-    fn acquire(
-        &mut self,
-        _req: &AcquireRequest,
-        _timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        Err(AcquireError::Transient(
-            "embedded authority not built yet".into(),
-        ))
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let spec = AcquireSpec {
+            task: req.task.clone(),
+            holder: req.holder.clone(),
+            ttl_ms: ms(req.ttl),
+            policy: req.on_expiry,
+            grace_ms: if req.on_expiry == ExpiryPolicy::Grace {
+                ms(req.grace)
+            } else {
+                0
+            },
+        };
+        // A malformed request is rejected without touching the database.
+        crate::engine::validate_acquire(&spec)
+            .map_err(|e| AcquireError::Rejected(e.to_string()))?;
+        let engine = self.engine(timeout).map_err(AcquireError::Transient)?;
+        match engine.acquire(&spec, timeout) {
+            Ok((lease_id, token, ttl_ms)) => Ok(Grant {
+                lease_id,
+                task: req.task.clone(),
+                token,
+                ttl: Duration::from_millis(ttl_ms),
+            }),
+            Err(EngineError::Held {
+                holder,
+                retry_after_ms,
+            }) => Err(AcquireError::Held {
+                holder,
+                retry_after: Some(Duration::from_millis(retry_after_ms)),
+            }),
+            Err(EngineError::HeldForOperator { holder, lease_id }) => {
+                Err(AcquireError::HeldForOperator { holder, lease_id })
+            }
+            Err(EngineError::BadRequest(m)) => Err(AcquireError::Rejected(m)),
+            Err(e) => Err(AcquireError::Transient(e.to_string())),
+        }
     }
-    fn renew(&mut self, _lease: &LeaseRef, _timeout: Duration) -> Result<Renewed, RenewError> {
-        Err(RenewError::Transient(
-            "embedded authority not built yet".into(),
-        ))
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
+        let engine = self.engine(timeout).map_err(RenewError::Transient)?;
+        engine
+            .renew(&lease.lease_id, lease.token, timeout)
+            .map(|ttl| Renewed {
+                ttl: Duration::from_millis(ttl),
+            })
+            .map_err(renew_error)
     }
+
     fn release(
         &mut self,
-        _lease: &LeaseRef,
-        _o: Outcome,
-        _c: Option<i32>,
-        _t: Duration,
+        lease: &LeaseRef,
+        _outcome: Outcome,
+        _exit_code: Option<i32>,
+        timeout: Duration,
     ) -> Result<(), RenewError> {
-        Err(RenewError::Transient(
-            "embedded authority not built yet".into(),
-        ))
+        let engine = self.engine(timeout).map_err(RenewError::Transient)?;
+        engine
+            .release(&lease.lease_id, lease.token, timeout)
+            .map_err(renew_error)
+    }
+
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        engine.leases(timeout).map_err(operator_error)
+    }
+
+    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        engine
+            .revoke(task, force, timeout)
+            .map(|_| ())
+            .map_err(operator_error)
+    }
+
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        engine
+            .clear(task, timeout)
+            .map(|_| ())
+            .map_err(operator_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(task: &str) -> AcquireRequest {
+        AcquireRequest {
+            task: task.into(),
+            holder: "me/1".into(),
+            ttl: Duration::from_secs(5),
+            on_expiry: ExpiryPolicy::Redispatch,
+            grace: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn grant_renew_release_and_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = EmbeddedAuthority::new(dir.path().join("sub/l.sqlite3"));
+        let t = Duration::from_secs(5);
+        let g = a.acquire(&req("x"), t).unwrap();
+        let mut b = a.clone_box();
+        assert!(matches!(
+            b.acquire(&req("x"), t),
+            Err(AcquireError::Held { .. })
+        ));
+        b.renew(&g.lease_ref(), t).unwrap();
+        a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), t)
+            .unwrap();
+        let g2 = b.acquire(&req("x"), t).unwrap();
+        assert!(g2.token > g.token);
+        assert!(matches!(
+            a.renew(&g.lease_ref(), t),
+            Err(RenewError::Refused {
+                reason: RefusalReason::Superseded,
+                ..
+            })
+        ));
+        let mut bad = req("x y");
+        bad.task = "x y".into();
+        assert!(matches!(a.acquire(&bad, t), Err(AcquireError::Rejected(_))));
+        assert_eq!(a.leases(t).unwrap().len(), 1);
+        a.revoke("x", true, t).unwrap();
+        assert!(matches!(
+            b.renew(&g2.lease_ref(), t),
+            Err(RenewError::Refused {
+                reason: RefusalReason::Revoked,
+                ..
+            })
+        ));
     }
 }

@@ -21,6 +21,7 @@
 pub mod embedded;
 pub mod etcd;
 pub mod http;
+pub mod http_operator;
 
 use std::fmt;
 use std::time::Duration;

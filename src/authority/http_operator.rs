@@ -1,0 +1,102 @@
+//! The operator calls of lease protocol v1 (`GET /v1/leases`,
+//! `POST /v1/revoke`, `POST /v1/clear`) for HTTP authorities, as free
+//! functions so the HTTP authority and `leaseagent leases|revoke|clear` share
+//! them. Every call is bounded by its timeout (ureq's global timeout); an
+//! answer is read up to 64 KiB (the listing, which may be long, up to 64 MiB).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{LeaseInfo, OperatorError};
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// (status, body) of one call.
+fn call(
+    base: &str,
+    path: &str,
+    body: Option<Value>,
+    timeout: Duration,
+    limit: u64,
+) -> Result<(u16, String), OperatorError> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let a = agent(timeout);
+    let res = match body {
+        None => a.get(&url).call(),
+        Some(b) => a
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .send(b.to_string()),
+    };
+    let mut resp = res.map_err(|e| OperatorError::Failed(format!("{url}: {e}")))?;
+    let status = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .with_config()
+        .limit(limit)
+        .read_to_string()
+        .map_err(|e| OperatorError::Failed(format!("{url}: reading the answer: {e}")))?;
+    Ok((status, text))
+}
+
+/// Turns a non-200 answer into an error carrying the authority's message.
+fn failure(status: u16, text: &str) -> OperatorError {
+    let v: Option<Value> = serde_json::from_str(text).ok();
+    let code = v
+        .as_ref()
+        .and_then(|v| v.get("error"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let msg = v
+        .as_ref()
+        .and_then(|v| v.get("message"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("HTTP {status}"));
+    match (status, code) {
+        (404, "not_found") => OperatorError::NotFound(msg),
+        (404 | 405, _) => OperatorError::Unsupported(format!(
+            "the authority does not support this operator call (HTTP {status})"
+        )),
+        _ => OperatorError::Failed(format!("HTTP {status} {code}: {msg}")),
+    }
+}
+
+pub fn leases(base: &str, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+    let (status, text) = call(base, "/v1/leases", None, timeout, 64 << 20)?;
+    if status != 200 {
+        return Err(failure(status, &text));
+    }
+    #[derive(serde::Deserialize)]
+    struct Listing {
+        leases: Vec<LeaseInfo>,
+    }
+    serde_json::from_str::<Listing>(&text)
+        .map(|l| l.leases)
+        .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))
+}
+
+pub fn revoke(base: &str, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+    let body = serde_json::json!({"task": task, "force": force});
+    let (status, text) = call(base, "/v1/revoke", Some(body), timeout, 64 * 1024)?;
+    if status != 200 {
+        return Err(failure(status, &text));
+    }
+    Ok(())
+}
+
+pub fn clear(base: &str, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+    let body = serde_json::json!({"task": task});
+    let (status, text) = call(base, "/v1/clear", Some(body), timeout, 64 * 1024)?;
+    if status != 200 {
+        return Err(failure(status, &text));
+    }
+    Ok(())
+}
