@@ -1,15 +1,15 @@
 //! Operator subcommands against any authority: `leases`, `revoke`, `clear` (issue #3).
 //!
-//! HTTP authorities are called through `authority::http_operator` directly;
-//! every other kind through its [`Authority`] operator methods (the embedded
-//! default implements them; etcd says it cannot). Exit status: 0 done, 1
+//! Every kind of authority is called through its [`Authority`] operator
+//! methods (HTTP and the embedded default implement them; etcd says it
+//! cannot). Exit status: 0 done, 1
 //! nothing to act on (no such lease, not held for an operator), 125 the
 //! authority could not be reached or failed.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::authority::{Authority, AuthoritySpec, LeaseInfo, OperatorError, http_operator};
+use crate::authority::{Authority, LeaseInfo, OperatorError};
 
 use crate::cli::AuthorityArg;
 
@@ -54,40 +54,10 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Exit status when there is nothing to act on (no such lease, not held).
 pub const NOTHING_TO_DO: u8 = 1;
 
-/// The operator calls, whatever the authority.
-enum Target {
-    Http(String),
-    Other(Box<dyn Authority>),
-}
-
-impl Target {
-    fn open(a: &crate::cli::AuthorityArg) -> Result<Self, String> {
-        match a.spec()? {
-            AuthoritySpec::Http(base) => Ok(Target::Http(base)),
-            spec => crate::authority::open(&spec).map(Target::Other),
-        }
-    }
-
-    fn leases(&mut self) -> Result<Vec<LeaseInfo>, OperatorError> {
-        match self {
-            Target::Http(b) => http_operator::leases(b, TIMEOUT),
-            Target::Other(a) => a.leases(TIMEOUT),
-        }
-    }
-
-    fn revoke(&mut self, task: &str, force: bool) -> Result<(), OperatorError> {
-        match self {
-            Target::Http(b) => http_operator::revoke(b, task, force, TIMEOUT),
-            Target::Other(a) => a.revoke(task, force, TIMEOUT),
-        }
-    }
-
-    fn clear(&mut self, task: &str) -> Result<(), OperatorError> {
-        match self {
-            Target::Http(b) => http_operator::clear(b, task, TIMEOUT),
-            Target::Other(a) => a.clear(task, TIMEOUT),
-        }
-    }
+/// The authority an operator command talks to (any kind: each implements
+/// the operator methods of [`Authority`] or says it cannot).
+fn open_target(a: &crate::cli::AuthorityArg) -> Result<Box<dyn Authority>, String> {
+    crate::authority::open(&a.spec()?)
 }
 
 fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
@@ -98,8 +68,8 @@ fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
     }
 }
 
-fn open_or_exit(cmd: &str, a: &crate::cli::AuthorityArg) -> Result<Target, ExitCode> {
-    Target::open(a).map_err(|e| {
+fn open_or_exit(cmd: &str, a: &crate::cli::AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
+    open_target(a).map_err(|e| {
         eprintln!("leaseagent {cmd}: {e}");
         ExitCode::from(crate::exit::AGENT_FAILED)
     })
@@ -155,7 +125,7 @@ pub fn leases(a: LeasesArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.leases() {
+    match t.leases(TIMEOUT) {
         Ok(list) => {
             if a.json {
                 println!("{}", serde_json::json!({ "leases": list }));
@@ -175,7 +145,7 @@ pub fn revoke(a: RevokeArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.revoke(&a.task, a.force) {
+    match t.revoke(&a.task, a.force, TIMEOUT) {
         Ok(()) => {
             if a.json {
                 println!(
@@ -204,7 +174,7 @@ pub fn clear(a: ClearArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.clear(&a.task) {
+    match t.clear(&a.task, TIMEOUT) {
         Ok(()) => {
             if a.json {
                 println!("{}", serde_json::json!({"task": a.task, "cleared": true}));

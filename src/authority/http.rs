@@ -124,19 +124,6 @@ impl HttpAuthority {
             });
         Ok(Answer { status, body })
     }
-
-    /// One request with the same transport, timeout and body cap as the
-    /// lease calls: status and body. For the operator subcommands.
-    pub fn operator_call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<serde_json::Value>,
-        timeout: Duration,
-    ) -> Result<(u16, Vec<u8>), String> {
-        let a = self.call(method, path, body, timeout)?;
-        Ok((a.status, a.body?))
-    }
 }
 
 fn describe(url: &str, e: ureq::Error) -> String {
@@ -296,5 +283,17 @@ impl Authority for HttpAuthority {
         }
         Err(refusal(a.status, &a.body)
             .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
+    }
+
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        super::http_operator::leases(&self.base, timeout)
+    }
+
+    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+        super::http_operator::revoke(&self.base, task, force, timeout)
+    }
+
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        super::http_operator::clear(&self.base, task, timeout)
     }
 }
