@@ -2,7 +2,7 @@
 # Start-up overhead and peak RSS of `leaseagent --authority etcd://… -- true`
 # next to `etcdctl lock x true`, on one throwaway etcd on a loopback port.
 #
-#   cargo build --release && bash bench/etcd-startup.sh [RUNS]
+#   cargo build --release && bash benches/etcd-startup.sh [RUNS]
 #
 # Prints the median, min and max wall time of RUNS (default 25) runs of each,
 # alternating the two tools, and the peak RSS (max over runs).
