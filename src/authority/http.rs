@@ -19,8 +19,7 @@ use serde_json::json;
 
 use super::*;
 
-/// The protocol's body size limit.
-pub const BODY_LIMIT: u64 = 64 * 1024;
+pub use super::transport::BODY_LIMIT;
 
 /// A lease protocol v1 client.
 pub struct HttpAuthority {
@@ -31,7 +30,7 @@ pub struct HttpAuthority {
 /// A response: status and (capped) body, or a transport failure.
 struct Answer {
     status: u16,
-    body: Result<Vec<u8>, String>,
+    body: Vec<u8>,
 }
 
 #[derive(Deserialize)]
@@ -63,16 +62,9 @@ struct ErrorBody {
 
 impl HttpAuthority {
     pub fn new(base: &str) -> Self {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
-            .max_idle_connections_per_host(2)
-            .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
         HttpAuthority {
             base: base.trim_end_matches('/').to_string(),
-            agent,
+            agent: super::transport::agent(),
         }
     }
 
@@ -82,55 +74,15 @@ impl HttpAuthority {
 
     fn call(
         &self,
-        method: &str,
         path: &str,
-        body: Option<serde_json::Value>,
+        body: serde_json::Value,
         timeout: Duration,
     ) -> Result<Answer, String> {
-        let timeout = timeout.max(Duration::from_millis(1));
+        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         let url = self.url(path);
-        let result = match (method, body) {
-            ("GET", _) => self
-                .agent
-                .get(&url)
-                .config()
-                .timeout_global(Some(timeout))
-                .build()
-                .call(),
-            (_, body) => {
-                let bytes =
-                    serde_json::to_vec(&body.unwrap_or(json!({}))).map_err(|e| e.to_string())?;
-                self.agent
-                    .post(&url)
-                    .config()
-                    .timeout_global(Some(timeout))
-                    .build()
-                    .header("content-type", "application/json")
-                    .send(&bytes[..])
-            }
-        };
-        let mut resp = result.map_err(|e| describe(&url, e))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .body_mut()
-            .with_config()
-            .limit(BODY_LIMIT)
-            .read_to_vec()
-            .map_err(|e| match e {
-                ureq::Error::BodyExceedsLimit(_) => {
-                    format!("{url}: answer body over {BODY_LIMIT} bytes")
-                }
-                e => describe(&url, e),
-            });
+        let (status, body) =
+            super::transport::call(&self.agent, &url, Some(&bytes), timeout, BODY_LIMIT)?;
         Ok(Answer { status, body })
-    }
-}
-
-fn describe(url: &str, e: ureq::Error) -> String {
-    match e {
-        ureq::Error::Timeout(_) => format!("{url}: timed out"),
-        ureq::Error::Io(io) => format!("{url}: {io}"),
-        e => format!("{url}: {e}"),
     }
 }
 
@@ -142,22 +94,19 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     serde_json::from_value(v).ok()
 }
 
-fn transient_status(status: u16, body: &Result<Vec<u8>, String>) -> String {
-    let detail = body
-        .as_ref()
-        .ok()
-        .and_then(|b| parse::<ErrorBody>(b))
+fn transient_status(status: u16, body: &[u8]) -> String {
+    let detail = parse::<ErrorBody>(body)
         .map(|e| format!(": {} {}", e.error, e.message.unwrap_or_default()))
         .unwrap_or_default();
     format!("authority answered HTTP {status}{detail}")
 }
 
 /// A refusal, if the answer is one: 409/404 with a refusal code.
-fn refusal(status: u16, body: &Result<Vec<u8>, String>) -> Option<RenewError> {
+fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     if status != 409 && status != 404 {
         return None;
     }
-    let e: ErrorBody = parse(body.as_ref().ok()?)?;
+    let e: ErrorBody = parse(body)?;
     let reason = RefusalReason::parse(&e.error)?;
     Some(RenewError::Refused {
         reason,
@@ -185,11 +134,11 @@ impl Authority for HttpAuthority {
             body["grace_ms"] = json!(req.grace.as_millis() as u64);
         }
         let a = self
-            .call("POST", "/v1/acquire", Some(body), timeout)
+            .call("/v1/acquire", body, timeout)
             .map_err(AcquireError::Transient)?;
         match a.status {
             200 => {
-                let bytes = a.body.map_err(AcquireError::Transient)?;
+                let bytes = a.body;
                 let g: GrantBody = parse(&bytes).ok_or_else(|| {
                     AcquireError::Transient(
                         "authority answered 200 to acquire with a malformed body".into(),
@@ -213,7 +162,7 @@ impl Authority for HttpAuthority {
                 })
             }
             409 => {
-                let e: Option<ErrorBody> = a.body.as_ref().ok().and_then(|b| parse(b));
+                let e: Option<ErrorBody> = parse(&a.body);
                 match e {
                     Some(e) if e.error == "held" => Err(AcquireError::Held {
                         holder: e.holder.unwrap_or_else(|| "another holder".into()),
@@ -229,11 +178,7 @@ impl Authority for HttpAuthority {
                 }
             }
             400 => {
-                let msg = a
-                    .body
-                    .as_ref()
-                    .ok()
-                    .and_then(|b| parse::<ErrorBody>(b))
+                let msg = parse::<ErrorBody>(&a.body)
                     .map(|e| e.message.unwrap_or(e.error))
                     .unwrap_or_else(|| "bad request".into());
                 Err(AcquireError::Rejected(msg))
@@ -245,10 +190,10 @@ impl Authority for HttpAuthority {
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let body = json!({"lease_id": lease.lease_id, "token": lease.token});
         let a = self
-            .call("POST", "/v1/renew", Some(body), timeout)
+            .call("/v1/renew", body, timeout)
             .map_err(RenewError::Transient)?;
         if a.status == 200 {
-            let bytes = a.body.map_err(RenewError::Transient)?;
+            let bytes = a.body;
             return match parse::<RenewBody>(&bytes) {
                 Some(r) if r.ttl_ms > 0 => Ok(Renewed {
                     ttl: Duration::from_millis(r.ttl_ms),
@@ -276,7 +221,7 @@ impl Authority for HttpAuthority {
             "exit_code": exit_code,
         });
         let a = self
-            .call("POST", "/v1/release", Some(body), timeout)
+            .call("/v1/release", body, timeout)
             .map_err(RenewError::Transient)?;
         if a.status == 200 {
             return Ok(());

@@ -10,14 +10,6 @@ use serde_json::Value;
 
 use super::{LeaseInfo, OperatorError};
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
 /// (status, body) of one call.
 fn call(
     base: &str,
@@ -27,23 +19,16 @@ fn call(
     limit: u64,
 ) -> Result<(u16, String), OperatorError> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
-    let a = agent(timeout);
-    let res = match body {
-        None => a.get(&url).call(),
-        Some(b) => a
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .send(b.to_string()),
-    };
-    let mut resp = res.map_err(|e| OperatorError::Failed(format!("{url}: {e}")))?;
-    let status = resp.status().as_u16();
-    let text = resp
-        .body_mut()
-        .with_config()
-        .limit(limit)
-        .read_to_string()
-        .map_err(|e| OperatorError::Failed(format!("{url}: reading the answer: {e}")))?;
-    Ok((status, text))
+    let bytes = body.map(|b| b.to_string().into_bytes());
+    let (status, body) = super::transport::call(
+        &super::transport::agent(),
+        &url,
+        bytes.as_deref(),
+        timeout,
+        limit,
+    )
+    .map_err(OperatorError::Failed)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Turns a non-200 answer into an error carrying the authority's message.

@@ -22,6 +22,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod http;
 pub mod http_operator;
+pub mod transport;
 
 use std::fmt;
 use std::time::Duration;

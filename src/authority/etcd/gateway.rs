@@ -28,8 +28,8 @@ use serde::de::DeserializeOwned;
 
 use super::wire::GatewayError;
 
-/// Answers larger than this are not etcd answers we asked for.
-const BODY_LIMIT: u64 = 64 * 1024;
+// Answers larger than the protocol's limit are not answers we asked for.
+use crate::authority::transport::BODY_LIMIT;
 
 /// Why a gateway call gave no answer of the expected shape.
 #[derive(Debug, Clone)]
@@ -63,17 +63,10 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(endpoints: Vec<String>) -> Self {
-        let config = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            // etcd is reached directly: a proxy from the environment must not
-            // stand between the agent and its lease.
-            .proxy(None)
-            .user_agent("leaseagent")
-            .build();
         Gateway {
             endpoints,
             cursor: 0,
-            agent: ureq::Agent::new_with_config(config),
+            agent: crate::authority::transport::agent(),
         }
     }
 
@@ -129,21 +122,10 @@ impl Gateway {
         budget: Duration,
     ) -> Result<R, CallError> {
         let url = format!("http://{endpoint}{path}");
-        let mut resp = self
-            .agent
-            .post(&url)
-            .config()
-            .timeout_global(Some(budget))
-            .build()
-            .send_json(body)
-            .map_err(|e| CallError::Transient(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .body_mut()
-            .with_config()
-            .limit(BODY_LIMIT)
-            .read_to_vec()
-            .map_err(|e| CallError::Transient(format!("reading the answer: {e}")))?;
+        let body = serde_json::to_vec(body).map_err(|e| CallError::Transient(e.to_string()))?;
+        let (status, bytes) =
+            crate::authority::transport::call(&self.agent, &url, Some(&body), budget, BODY_LIMIT)
+                .map_err(CallError::Transient)?;
         if !(200..300).contains(&status) && !(400..500).contains(&status) {
             return Err(CallError::Transient(format!(
                 "HTTP {status}: {}",
