@@ -43,6 +43,11 @@ const SIGQUIT: i32 = 3;
 /// SIGKILL to the group; they are reported, not waited for forever).
 pub const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long before the deadline SIGKILL is sent (capped at ttl/20): the
+/// kernel needs a moment to take a killed process down, and "dead before
+/// the deadline" must hold, not "signalled at it".
+pub const KILL_LEAD: Duration = Duration::from_millis(20);
+
 /// Something that happened, as the supervisor loop saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -147,6 +152,7 @@ enum Lease {
 #[derive(Clone, Debug)]
 pub struct Machine {
     grace: Duration,
+    kill_lead: Duration,
     deadline: BootInstant,
     lease: Lease,
     job: Job,
@@ -170,6 +176,7 @@ impl Machine {
     ) -> Self {
         Machine {
             grace,
+            kill_lead: KILL_LEAD.min(ttl / 20),
             deadline: acquire_sent + ttl,
             lease: Lease::Valid,
             job: Job::Starting,
@@ -182,9 +189,23 @@ impl Machine {
         }
     }
 
-    /// The local deadline: SIGKILL is due at this instant at the latest.
+    /// The local deadline: last successful send + ttl. The job must be
+    /// dead by then.
     pub fn deadline(&self) -> BootInstant {
         self.deadline
+    }
+
+    /// When SIGKILL goes out: [`KILL_LEAD`] (at most a twentieth of the
+    /// ttl) before the deadline, so the group is dead, not merely
+    /// signalled, by the deadline.
+    pub fn kill_time(&self) -> BootInstant {
+        self.deadline - self.kill_lead
+    }
+
+    /// When SIGTERM goes out without a renewal: `grace` before the
+    /// deadline (or at the kill time, if grace is shorter than the lead).
+    fn term_time(&self) -> BootInstant {
+        (self.deadline - self.grace).min(self.kill_time())
     }
 
     pub fn is_finished(&self) -> bool {
@@ -229,9 +250,9 @@ impl Machine {
         if !self.job_alive() {
             return None;
         }
-        let mut wake = self.deadline;
+        let mut wake = self.kill_time();
         match self.stop {
-            None => wake = wake.min(self.deadline - self.grace),
+            None => wake = wake.min(self.term_time()),
             Some(Stop {
                 kill_at,
                 killed_at: None,
@@ -302,7 +323,7 @@ impl Machine {
         if !self.job_alive() {
             return;
         }
-        if now >= self.deadline && !self.killed() {
+        if now >= self.kill_time() && !self.killed() {
             if !self.lease_lost() && self.lose(Lease::Expired) {
                 out.push(Action::Log(
                     log::Level::Error,
@@ -317,12 +338,18 @@ impl Machine {
                 ));
             }
             if self.stop.is_none() {
-                self.begin_stop(StopReason::DeadlineNear, SIGTERM, self.deadline, now, out);
+                self.begin_stop(
+                    StopReason::DeadlineNear,
+                    SIGTERM,
+                    self.kill_time(),
+                    now,
+                    out,
+                );
             }
             self.kill(now, out);
             return;
         }
-        if self.stop.is_none() && now >= self.deadline - self.grace {
+        if self.stop.is_none() && now >= self.term_time() {
             self.lose(Lease::Expired);
             out.push(Action::Log(
                 log::Level::Error,
@@ -337,7 +364,13 @@ impl Machine {
                 LeaseView::Lost,
                 format!("lease lost (renewals failed), token {}", self.token),
             ));
-            self.begin_stop(StopReason::DeadlineNear, SIGTERM, self.deadline, now, out);
+            self.begin_stop(
+                StopReason::DeadlineNear,
+                SIGTERM,
+                self.kill_time(),
+                now,
+                out,
+            );
             return;
         }
         if let Some(stop) = self.stop {
@@ -364,7 +397,7 @@ impl Machine {
         now: BootInstant,
         out: &mut Vec<Action>,
     ) {
-        let kill_at = kill_at.min(self.deadline);
+        let kill_at = kill_at.min(self.kill_time());
         self.stop = Some(Stop {
             reason,
             kill_at,
@@ -543,7 +576,7 @@ impl Machine {
                     // The relayed signal is the stop signal; SIGKILL follows.
                     self.stop = Some(Stop {
                         reason: StopReason::Cancelled(sig),
-                        kill_at: (now + self.grace).min(self.deadline),
+                        kill_at: (now + self.grace).min(self.kill_time()),
                         killed_at: None,
                     });
                     out.push(Action::Stopping(format!(
@@ -717,8 +750,10 @@ mod tests {
         assert_eq!(m.next_wake(), Some(at(2500)));
         assert!(signals(&m.step(Event::Tick, at(2499))).is_empty());
         assert_eq!(signals(&m.step(Event::Tick, at(2500))), vec![SIGTERM]);
-        assert_eq!(m.next_wake(), Some(at(3000)));
-        assert_eq!(signals(&m.step(Event::Tick, at(3000))), vec![SIGKILL]);
+        // SIGKILL leads the deadline by KILL_LEAD.
+        assert_eq!(m.next_wake(), Some(at(2980)));
+        assert!(signals(&m.step(Event::Tick, at(2979))).is_empty());
+        assert_eq!(signals(&m.step(Event::Tick, at(2980))), vec![SIGKILL]);
         let a = m.step(
             Event::ChildExited {
                 status: ChildStatus::Signaled(9),
@@ -953,18 +988,19 @@ mod tests {
                     if s == SIGKILL { *killed = true; }
                     // Judge the decision to stop; its SIGKILL follows from it.
                     prop_assert!(
-                        !first_stop || justified || !leader_running || now >= proven - ms(grace),
+                        !first_stop || justified || !leader_running || now >= proven - ms(grace).max(KILL_LEAD),
                         "signal {s} at {now:?} with the lease provably valid until {proven:?} (grace {grace})"
                     );
                 }
                 prop_assert!(m.deadline() <= proven);
                 if leader_running && !m.is_finished() {
-                    if now >= m.deadline() {
-                        prop_assert!(*killed, "past the deadline at {now:?} ({:?}) without SIGKILL", m.deadline());
+                    if now >= m.kill_time() {
+                        prop_assert!(*killed, "past the kill time at {now:?} ({:?}) without SIGKILL", m.kill_time());
                     } else if !*killed {
                         let w = m.next_wake();
-                        prop_assert!(w.is_some_and(|w| w <= m.deadline()), "next wake {w:?} after deadline {:?}", m.deadline());
+                        prop_assert!(w.is_some_and(|w| w <= m.kill_time()), "next wake {w:?} after kill time {:?}", m.kill_time());
                     }
+                    prop_assert!(m.kill_time() < m.deadline());
                 }
                 Ok(())
             };

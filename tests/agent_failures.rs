@@ -130,38 +130,65 @@ fn refusal_kills_a_job_that_ignores_sigterm_after_grace() {
     assert!(err.contains("revoked"), "{err}");
 }
 
-#[test]
-fn partition_stops_the_job_before_last_successful_send_plus_ttl() {
+/// Runs `clock-job.sh` under the agent through a proxy, lets renewals
+/// flow, then blackholes the authority. Returns (last boot-clock ms the job
+/// ran, last renewal the authority received on the boot clock, exit status,
+/// stderr).
+fn partition_run(task: &str, ignore_term: bool) -> (u128, u128, Option<i32>, String) {
     let fake = FakeAuthority::start();
     let proxy = Proxy::start(fake.addr);
     let job = Job::new();
-    let ttl = Duration::from_secs(2);
-    let mut child = spawn(job.command(
+    let mut c = job.command(
         &proxy.url(),
-        "partition",
+        task,
         &["--ttl", "2s", "--heartbeat", "400ms", "--grace", "600ms"],
-        "trap-term.sh",
-    ));
-    let pids = job.wait_ready();
+        "clock-job.sh",
+    );
+    c.env("IGNORE_TERM", if ignore_term { "1" } else { "0" });
+    let mut child = spawn(c);
     wait_for(T, || {
         (fake.requests_to("/v1/renew").len() >= 2).then_some(())
     })
     .expect("renewals flow");
     proxy.set(ProxyMode::Blackhole);
-    // The last renewal the authority saw; its send time was no later.
-    let gone =
-        wait_for(T, || pids.iter().all(|p| !alive(*p)).then(Instant::now)).expect("job stopped");
-    let last = fake.requests_to("/v1/renew").last().unwrap().at;
-    assert!(
-        gone < last + ttl,
-        "job still alive {:?} after the last renewal (ttl {ttl:?})",
-        gone - last
-    );
     let status = wait_exit(&mut child, T).expect("agent exits");
     let err = stderr_of(&mut child);
-    assert_eq!(status.code(), Some(124), "{err}");
-    assert!(err.contains("renewal failing"), "{err}");
+    let pids = job.pids();
     assert_all_gone(&pids, Duration::from_secs(5));
+    let last_job = last_clock_record_ms(&job.out()).expect("job recorded the clock");
+    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
+    (last_job, last_renewal, status.code(), err)
+}
+
+#[test]
+fn partition_stops_the_job_before_last_successful_send_plus_ttl() {
+    let (last_job, last_renewal, code, err) = partition_run("partition", false);
+    assert_eq!(code, Some(124), "{err}");
+    assert!(err.contains("renewal failing"), "{err}");
+    // The last successful renewal was sent no later than the authority's
+    // last receipt; the job must not have run at or after that + ttl.
+    assert!(
+        last_job < last_renewal + 2000,
+        "job ran {} ms after the last renewal (ttl 2000 ms)",
+        last_job - last_renewal
+    );
+}
+
+#[test]
+fn partition_sigkills_a_job_that_ignores_sigterm_by_the_deadline() {
+    let (last_job, last_renewal, code, err) = partition_run("partition-kill", true);
+    assert_eq!(code, Some(124), "{err}");
+    assert!(
+        last_job < last_renewal + 2000,
+        "job ran {} ms after the last renewal (ttl 2000 ms)",
+        last_job - last_renewal
+    );
+    // It ignored SIGTERM, so it ran on past deadline - grace until SIGKILL.
+    assert!(
+        last_job + 600 > last_renewal + 1000,
+        "killed too early: {} ms after the last renewal",
+        last_job as i128 - last_renewal as i128
+    );
 }
 
 #[test]
@@ -255,25 +282,24 @@ fn malformed_renewal_answers_are_not_renewals() {
     );
     fake.set_renew(Reply::Huge(8 << 20));
     let job = Job::new();
-    let ttl = Duration::from_secs(2);
     let mut child = spawn(job.command(
         &fake.url(),
         "malformed",
         &["--ttl", "2s", "--heartbeat", "200ms", "--grace", "500ms"],
-        "trap-term.sh",
+        "clock-job.sh",
     ));
-    let pids = job.wait_ready();
-    let granted = fake.requests_to("/v1/acquire")[0].at;
-    let gone =
-        wait_for(T, || pids.iter().all(|p| !alive(*p)).then(Instant::now)).expect("job stopped");
-    assert!(
-        gone < granted + ttl,
-        "malformed answers extended the lease: gone {:?} after grant",
-        gone - granted
-    );
     let status = wait_exit(&mut child, T).expect("agent exits");
     let err = stderr_of(&mut child);
     assert_eq!(status.code(), Some(124), "{err}");
+    assert_all_gone(&job.pids(), Duration::from_secs(5));
+    // No answer counted as a renewal: the job was gone by grant + ttl.
+    let granted = mono_to_boot_ms(fake.requests_to("/v1/acquire")[0].mono_ns);
+    let last_job = last_clock_record_ms(&job.out()).expect("job recorded the clock");
+    assert!(
+        last_job < granted + 2000,
+        "malformed answers extended the lease: job ran {} ms after the grant",
+        last_job - granted
+    );
     assert!(fake.requests_to("/v1/renew").len() >= 7, "it kept trying");
 }
 

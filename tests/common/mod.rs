@@ -18,6 +18,28 @@ pub fn mono_ns() -> u128 {
     ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
+/// CLOCK_BOOTTIME now, in ms.
+pub fn boot_ms() -> u128 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    ts.tv_sec as u128 * 1000 + ts.tv_nsec as u128 / 1_000_000
+}
+
+/// A monotonic instant in ns (as `Request::mono_ns`), on the boot clock in ms.
+pub fn mono_to_boot_ms(at_mono_ns: u128) -> u128 {
+    let boot = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    let boot_ns = boot.tv_sec as i128 * 1_000_000_000 + boot.tv_nsec as i128;
+    let offset_ns = boot_ns - mono_ns() as i128;
+    ((at_mono_ns as i128 + offset_ns) / 1_000_000) as u128
+}
+
+/// The last boot-clock instant (ms) a `clock-job.sh` recorded in `path`.
+pub fn last_clock_record_ms(path: &std::path::Path) -> Option<u128> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let last = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let (s, cs) = last.trim().split_once('.')?;
+    Some(s.parse::<u128>().ok()? * 1000 + cs.parse::<u128>().ok()? * 10)
+}
+
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
 }
