@@ -222,7 +222,8 @@ fn status_lines_follow_lease_events() {
         .iter()
         .filter_map(|m| m.status().map(str::to_string))
         .collect();
-    let expect: Vec<Box<dyn Fn(&str) -> bool>> = vec![
+    type Check = Box<dyn Fn(&str) -> bool>;
+    let expect: Vec<Check> = vec![
         Box::new(|s| s == format!("holding token {token}, command running")),
         Box::new(|s| s == format!("holding token {token}, renewals failing")),
         Box::new(|s| s.starts_with(&format!("holding token {token}, renewals failing for "))),
