@@ -224,12 +224,12 @@ fn status_lines_follow_lease_events() {
         .collect();
     type Check = Box<dyn Fn(&str) -> bool>;
     let expect: Vec<Check> = vec![
-        Box::new(|s| s == format!("holding token {token}, command running")),
-        Box::new(|s| s == format!("holding token {token}, renewals failing")),
-        Box::new(|s| s.starts_with(&format!("holding token {token}, renewals failing for "))),
-        Box::new(|s| s == format!("holding token {token}")),
-        Box::new(|s| s == format!("lease lost (revoked), token {token}")),
-        Box::new(|s| s == format!("stopping the command (token {token})")),
+        Box::new(move |s| s == format!("holding token {token}, command running")),
+        Box::new(move |s| s == format!("holding token {token}, renewals failing")),
+        Box::new(move |s| s.starts_with(&format!("holding token {token}, renewals failing for "))),
+        Box::new(move |s| s == format!("holding token {token}")),
+        Box::new(move |s| s == format!("lease lost (revoked), token {token}")),
+        Box::new(move |s| s == format!("stopping the command (token {token})")),
     ];
     let mut it = statuses.iter();
     for (i, want) in expect.iter().enumerate() {
