@@ -199,7 +199,7 @@ fn exec_start_with_the_example_env_file_runs_the_command() {
             Some(var) => argv.extend(
                 env.get(var)
                     .map(|v| v.split_whitespace().map(str::to_string).collect())
-                    .unwrap_or_else(Vec::new),
+                    .unwrap_or_default(),
             ),
             None => argv.push(word.to_string()),
         }
