@@ -198,7 +198,7 @@ fn exec_start_with_the_example_env_file_runs_the_command() {
         match word.strip_prefix('$') {
             Some(var) => argv.extend(
                 env.get(var)
-                    .map(|v| v.split_whitespace().map(str::to_string).collect())
+                    .map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
                     .unwrap_or_default(),
             ),
             None => argv.push(word.to_string()),
