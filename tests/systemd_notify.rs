@@ -81,6 +81,11 @@ fn ready_only_after_the_job_started_then_watchdog_then_stopping_on_sigterm() {
         "job started at tick {job_start_ticks}, READY read at tick {ready_ticks}"
     );
     let token = auth.token();
+    let acquired = &auth.requests_to("/v1/acquire")[0];
+    eprintln!(
+        "READY=1 {:?} after the acquire request reached the authority",
+        ready.at - acquired.at
+    );
     assert_eq!(
         ready.status(),
         Some(format!("holding token {token}, command running").as_str())

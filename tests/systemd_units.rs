@@ -117,6 +117,8 @@ fn template_policy_matches_the_exit_codes_and_timings() {
     assert_eq!(s("NotifyAccess"), "main");
     assert_eq!(s("KillMode"), "mixed");
     assert_eq!(s("Restart"), "on-failure");
+    // `systemctl stop`: the relayed SIGTERM ends the command, the agent exits 143.
+    assert_eq!(s("SuccessExitStatus"), "143");
     let prevent: Vec<&str> = s("RestartPreventExitStatus").split_whitespace().collect();
     assert!(prevent.contains(&"75"), "{prevent:?}");
     assert!(
