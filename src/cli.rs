@@ -98,6 +98,58 @@ struct RunArgs {
     command: Vec<OsString>,
 }
 
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  # the lease authority for a fleet of workers, its state in one SQLite file
+  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3
+
+  # on each worker
+  leaseagent --authority http://leases.internal:7878 --task nightly-export -- ./export.sh
+
+  # as a systemd service (systemd/leaseagent-serve.service)
+  systemctl enable --now leaseagent-serve.service";
+
+const PUBLISH_EXAMPLES: &str = "\
+Examples:
+  # in a job run by leaseagent (the token comes from $LEASE_TOKEN):
+  # write next to the destination, then move it into place if not superseded
+  ./export.sh > /srv/exports/.report.csv.tmp &&
+    leaseagent publish /srv/exports/.report.csv.tmp /srv/exports/report.csv
+
+  # a whole directory, with an explicit token
+  leaseagent publish --token 42 /srv/site.new /srv/site";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  # in a job run by leaseagent: stop between batches when the lease runs short
+  for b in batches/*; do leaseagent check --min-remaining 10s || exit 1; ./process \"$b\"; done
+
+  # the agent's view of the lease, as JSON
+  leaseagent check --json";
+
+const LEASES_EXAMPLES: &str = "\
+Examples:
+  # leases of the embedded per-host authority
+  leaseagent leases
+
+  # of a lease server, as JSON
+  leaseagent leases --authority http://leases.internal:7878 --json";
+
+const REVOKE_EXAMPLES: &str = "\
+Examples:
+  # take the task away from its holder (its agent stops the job at the next renewal)
+  leaseagent revoke --authority http://leases.internal:7878 nightly-export
+
+  # and make the task available again at once
+  leaseagent revoke --force nightly-export";
+
+const CLEAR_EXAMPLES: &str = "\
+Examples:
+  # a lease with --on-expiry hold expired: after checking the job's side effects,
+  # let the task be granted again
+  leaseagent clear --authority http://leases.internal:7878 nightly-export";
+
+/// The reference lease authority (lease protocol v1) with its state in SQLite.
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent serve", version)]
 struct ServeCli {
@@ -105,6 +157,7 @@ struct ServeCli {
     args: crate::serve::ServeArgs,
 }
 
+/// Move a job's output into place only if its fencing token is not superseded.
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent publish", version)]
 struct PublishCli {
@@ -112,6 +165,7 @@ struct PublishCli {
     args: crate::publish::PublishArgs,
 }
 
+/// Exit 0 while this job's lease is valid for at least --min-remaining.
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent check", version)]
 struct CheckCli {
@@ -119,6 +173,7 @@ struct CheckCli {
     args: crate::check::CheckArgs,
 }
 
+/// List the leases an authority holds.
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent leases", version)]
 struct LeasesCli {
@@ -126,6 +181,7 @@ struct LeasesCli {
     args: crate::opcmd::LeasesArgs,
 }
 
+/// Revoke a task's current lease.
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent revoke", version)]
 struct RevokeCli {
@@ -133,6 +189,7 @@ struct RevokeCli {
     args: crate::opcmd::RevokeArgs,
 }
 
+/// Free a task held for an operator (after an expiry with --on-expiry hold).
 #[derive(Parser, Debug)]
 #[command(name = "leaseagent clear", version)]
 struct ClearCli {
@@ -141,10 +198,26 @@ struct ClearCli {
 }
 
 /// Parses one subcommand's arguments (`argv[0]` is the subcommand name).
-fn sub<P: Parser, T>(argv: &[OsString], name: &str, pick: impl FnOnce(P) -> T) -> Result<T, u8> {
+/// `examples` go at the end of its `--help`, after any text the subcommand's
+/// own `Args` put there.
+fn sub<P: Parser, T>(
+    argv: &[OsString],
+    name: &str,
+    examples: &str,
+    pick: impl FnOnce(P) -> T,
+) -> Result<T, u8> {
     let mut full = vec![OsString::from(format!("leaseagent {name}"))];
     full.extend(argv.iter().skip(1).cloned());
-    P::try_parse_from(full).map(pick).map_err(report)
+    let mut cmd = P::command();
+    let help = match cmd.get_after_help() {
+        Some(own) => format!("{own}\n\n{examples}"),
+        None => examples.to_string(),
+    };
+    cmd = cmd.after_help(help);
+    let mut matches = cmd.try_get_matches_from_mut(full).map_err(report)?;
+    P::from_arg_matches_mut(&mut matches)
+        .map(pick)
+        .map_err(|e| report(e.format(&mut cmd)))
 }
 
 fn report(e: clap::Error) -> u8 {
@@ -163,12 +236,24 @@ pub fn parse(argv: Vec<OsString>) -> Command {
     let rest = &argv[1.min(argv.len())..];
     let first = rest.first().and_then(|a| a.to_str()).unwrap_or("");
     let parsed = match first {
-        "serve" => sub(rest, first, |c: ServeCli| Command::Serve(c.args)),
-        "publish" => sub(rest, first, |c: PublishCli| Command::Publish(c.args)),
-        "check" => sub(rest, first, |c: CheckCli| Command::Check(c.args)),
-        "leases" => sub(rest, first, |c: LeasesCli| Command::Leases(c.args)),
-        "revoke" => sub(rest, first, |c: RevokeCli| Command::Revoke(c.args)),
-        "clear" => sub(rest, first, |c: ClearCli| Command::Clear(c.args)),
+        "serve" => sub(rest, first, SERVE_EXAMPLES, |c: ServeCli| {
+            Command::Serve(c.args)
+        }),
+        "publish" => sub(rest, first, PUBLISH_EXAMPLES, |c: PublishCli| {
+            Command::Publish(c.args)
+        }),
+        "check" => sub(rest, first, CHECK_EXAMPLES, |c: CheckCli| {
+            Command::Check(c.args)
+        }),
+        "leases" => sub(rest, first, LEASES_EXAMPLES, |c: LeasesCli| {
+            Command::Leases(c.args)
+        }),
+        "revoke" => sub(rest, first, REVOKE_EXAMPLES, |c: RevokeCli| {
+            Command::Revoke(c.args)
+        }),
+        "clear" => sub(rest, first, CLEAR_EXAMPLES, |c: ClearCli| {
+            Command::Clear(c.args)
+        }),
         crate::keeper::KEEPER_ARG => Ok(Command::Keeper(rest[1..].to_vec())),
         _ => RunArgs::try_parse_from(&argv)
             .map_err(report)

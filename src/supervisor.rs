@@ -50,6 +50,8 @@ impl Supervisor {
         let watchdog = self.notifier.watchdog_interval();
         let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
         loop {
+            // A READY=1 systemd could not take yet goes out again.
+            self.notifier.flush();
             let now = BootInstant::now();
             let mut wait = MAX_WAIT;
             if let Some(w) = self.machine.next_wake() {
