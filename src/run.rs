@@ -49,7 +49,12 @@ enum Acquired {
 }
 
 /// Acquires the task, waiting while it is held if `--wait` says so.
-fn acquire(cfg: &RunConfig, auth: &mut dyn Authority, events: &Receiver<Event>) -> Acquired {
+fn acquire(
+    cfg: &RunConfig,
+    auth: &mut dyn Authority,
+    events: &Receiver<Event>,
+    notifier: &mut Notifier,
+) -> Acquired {
     let req = AcquireRequest {
         task: cfg.task.clone(),
         holder: cfg.holder.clone(),
@@ -120,6 +125,7 @@ fn acquire(cfg: &RunConfig, auth: &mut dyn Authority, events: &Receiver<Event>) 
                 None => "with no limit".into(),
             };
             log::info!("task {} is {holder_note}; waiting ({limit})", cfg.task);
+            notifier.status(&format!("waiting for task {}: {holder_note}", cfg.task));
             last_note = holder_note;
         }
         // Poll again soon: a release frees the task at once, and retry_after
@@ -200,7 +206,9 @@ fn run(cfg: RunConfig) -> u8 {
             return exit::AGENT_FAILED;
         }
     };
-    let (grant, sent) = match acquire(&cfg, &mut *auth, &rx) {
+    let mut notifier = Notifier::from_env();
+    notifier.status(&format!("acquiring task {}", cfg.task));
+    let (grant, sent) = match acquire(&cfg, &mut *auth, &rx, &mut notifier) {
         Acquired::Granted(g, sent) => (g, sent),
         Acquired::Exit(code) => return code,
     };
@@ -249,7 +257,7 @@ fn run(cfg: RunConfig) -> u8 {
         grant: grant.clone(),
         authority: auth.clone_box(),
         events: rx,
-        notifier: Notifier::from_env(),
+        notifier,
         state,
         boot_id,
         heartbeat: None,
