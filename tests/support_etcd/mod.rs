@@ -197,7 +197,12 @@ impl Etcd {
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter(|l| !l.is_empty())
-            .map(str::to_string)
+            // etcdctl pads to 16 hex digits; lease ids (and the keys of
+            // etcd's mutex, which leaseagent follows) are unpadded.
+            .map(|l| match u64::from_str_radix(l.trim(), 16) {
+                Ok(id) => format!("{id:x}"),
+                Err(_) => l.to_string(),
+            })
             .collect()
     }
 
@@ -221,7 +226,12 @@ impl Etcd {
             .lines()
             .skip(1) // "found N leases"
             .filter(|l| !l.is_empty())
-            .map(str::to_string)
+            // etcdctl pads to 16 hex digits; lease ids (and the keys of
+            // etcd's mutex, which leaseagent follows) are unpadded.
+            .map(|l| match u64::from_str_radix(l.trim(), 16) {
+                Ok(id) => format!("{id:x}"),
+                Err(_) => l.to_string(),
+            })
             .collect()
     }
 
