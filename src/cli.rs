@@ -3,8 +3,9 @@
 //! `leaseagent [OPTIONS] -- COMMAND [ARG...]` runs a command under a lease;
 //! a first argument that names a subcommand (`serve`, `publish`, `check`,
 //! `leases`, `revoke`, `clear`) selects that instead. Every usage error exits
-//! 125 (the agent failed) with clap's message, which names the flag; `--help`
-//! and `--version` exit 0.
+//! 125 (the agent failed) with a message that names the flag; `--help` and
+//! `--version` exit 0. The run path is parsed with lexopt (see [`parse_run`]),
+//! the subcommands with clap.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -56,46 +57,144 @@ Subcommands:
 Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
 75 task held elsewhere; 125 agent failed; 126 cannot execute; 127 not found.";
 
-/// Run a command under a lease: renewed from a dedicated thread, stopped
-/// before the lease could be granted to anyone else, fenced by LEASE_TOKEN.
-#[derive(Parser, Debug)]
-#[command(
-    name = "leaseagent",
-    version,
-    after_help = RUN_EXAMPLES,
-    override_usage = "leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]\n       leaseagent SUBCOMMAND [ARGS]"
-)]
-struct RunArgs {
-    /// Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...], sqlite:PATH [default: the embedded per-host authority]
-    #[arg(long, env = "LEASEAGENT_AUTHORITY", value_name = "URL")]
-    authority: Option<String>,
-    /// What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)
-    #[arg(long, env = "LEASEAGENT_TASK", value_name = "NAME")]
-    task: Option<String>,
-    /// Lease duration asked for
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = dur)]
-    ttl: Duration,
-    /// Renewal interval; must be below --ttl [default: ttl/3]
-    #[arg(long, value_name = "DUR", value_parser = dur)]
-    heartbeat: Option<Duration>,
-    /// SIGTERM -> SIGKILL grace when the command is stopped [default: ttl/6]
-    #[arg(long, value_name = "DUR", value_parser = dur)]
-    grace: Option<Duration>,
-    /// Who holds the lease, as the authority shows it [default: HOSTNAME/PID]
-    #[arg(long, value_name = "NAME")]
-    holder: Option<String>,
-    /// What the authority does when this lease expires: redispatch, grace, hold
-    #[arg(long = "on-expiry", value_name = "P", default_value = "redispatch")]
-    on_expiry: String,
-    /// With --on-expiry grace: how long after expiry the task stays blocked [default: ttl]
-    #[arg(long = "expiry-grace", value_name = "DUR", value_parser = dur)]
-    expiry_grace: Option<Duration>,
-    /// Wait up to DUR (forever without DUR) while another holder has the task
-    #[arg(long, value_name = "DUR", num_args = 0..=1, value_parser = dur)]
-    wait: Option<Option<Duration>>,
-    /// The command to run, after `--`
-    #[arg(value_name = "COMMAND", last = true, required = true)]
-    command: Vec<OsString>,
+/// `leaseagent --help`.
+const RUN_HELP: &str = "\
+Run a command under a lease: renewed from a dedicated thread, stopped before
+the lease could be granted to anyone else, fenced by LEASE_TOKEN.
+
+Usage: leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]
+       leaseagent SUBCOMMAND [ARGS]
+
+Options:
+      --authority URL    Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...],
+                         sqlite:PATH [env: LEASEAGENT_AUTHORITY; default: the embedded per-host authority]
+      --task NAME        What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)
+                         [env: LEASEAGENT_TASK]
+      --ttl DUR          Lease duration asked for [default: 30s]
+      --heartbeat DUR    Renewal interval; must be below --ttl [default: ttl/3]
+      --grace DUR        SIGTERM -> SIGKILL grace when the command is stopped [default: ttl/6]
+      --holder NAME      Who holds the lease, as the authority shows it [default: HOSTNAME/PID]
+      --on-expiry P      What the authority does when this lease expires: redispatch, grace, hold
+                         [default: redispatch]
+      --expiry-grace DUR With --on-expiry grace: how long after expiry the task stays blocked
+                         [default: ttl]
+      --wait [DUR]       Wait up to DUR (forever without DUR) while another holder has the task
+  -h, --help             Print help
+  -V, --version          Print version
+
+DUR is a whole number with a unit: 250ms, 2s, 5m, 1h.
+";
+
+/// Why the run-path arguments did not give a [`RawRun`].
+enum RunParse {
+    Help,
+    Version,
+    Error(String),
+}
+
+fn flag_value(p: &mut lexopt::Parser, flag: &str) -> Result<String, RunParse> {
+    let v = p
+        .value()
+        .map_err(|_| RunParse::Error(format!("{flag} needs a value")))?;
+    v.into_string().map_err(|v| {
+        RunParse::Error(format!(
+            "{flag}: `{}` is not valid UTF-8",
+            v.to_string_lossy()
+        ))
+    })
+}
+
+fn flag_dur(p: &mut lexopt::Parser, flag: &str) -> Result<Duration, RunParse> {
+    let v = flag_value(p, flag)?;
+    dur(&v).map_err(|e| RunParse::Error(format!("{flag}: {e}")))
+}
+
+/// Parses `leaseagent [OPTIONS] -- COMMAND [ARG...]` (argv without argv[0]).
+///
+/// A small hand-off to lexopt rather than clap: this is the path every job
+/// start takes, and the agent's memory is what runs next to every job (clap
+/// costs about half a MiB of resident code; the subcommands keep it).
+fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
+    let split = args.iter().position(|a| a == "--");
+    let (opts, command) = match split {
+        Some(i) => (&args[..i], args[i + 1..].to_vec()),
+        None => (args, Vec::new()),
+    };
+    let mut raw = RawRun {
+        ttl: Duration::from_secs(30),
+        on_expiry: "redispatch".into(),
+        command,
+        ..Default::default()
+    };
+    let mut p = lexopt::Parser::from_args(opts.iter().cloned());
+    loop {
+        let arg = p.next().map_err(|e| RunParse::Error(e.to_string()))?;
+        let Some(arg) = arg else { break };
+        use lexopt::Arg::{Long, Short, Value};
+        match arg {
+            Short('h') | Long("help") => return Err(RunParse::Help),
+            Short('V') | Long("version") => return Err(RunParse::Version),
+            Long("authority") => raw.authority = Some(flag_value(&mut p, "--authority")?),
+            Long("task") => raw.task = Some(flag_value(&mut p, "--task")?),
+            Long("ttl") => raw.ttl = flag_dur(&mut p, "--ttl")?,
+            Long("heartbeat") => raw.heartbeat = Some(flag_dur(&mut p, "--heartbeat")?),
+            Long("grace") => raw.grace = Some(flag_dur(&mut p, "--grace")?),
+            Long("holder") => raw.holder = Some(flag_value(&mut p, "--holder")?),
+            Long("on-expiry") => raw.on_expiry = flag_value(&mut p, "--on-expiry")?,
+            Long("expiry-grace") => raw.expiry_grace = Some(flag_dur(&mut p, "--expiry-grace")?),
+            Long("wait") => {
+                // `--wait=DUR`, `--wait DUR`, or `--wait` alone (forever).
+                let attached = p.optional_value();
+                let next = match attached {
+                    Some(v) => Some(v),
+                    None => p
+                        .try_raw_args()
+                        // The COMMAND only comes after `--`, so a word that is
+                        // not an option can only be meant as the duration.
+                        .and_then(|mut raw| raw.next_if(|a| !a.to_string_lossy().starts_with('-'))),
+                };
+                let d = match next {
+                    Some(v) => Some(
+                        dur(&v.to_string_lossy())
+                            .map_err(|e| RunParse::Error(format!("--wait: {e}")))?,
+                    ),
+                    None => None,
+                };
+                raw.wait = Some(d);
+            }
+            Long(other) => {
+                return Err(RunParse::Error(format!(
+                    "unknown option --{other} (see leaseagent --help)"
+                )));
+            }
+            Short(c) => {
+                return Err(RunParse::Error(format!(
+                    "unknown option -{c} (see leaseagent --help)"
+                )));
+            }
+            Value(v) => {
+                return Err(RunParse::Error(format!(
+                    "unexpected argument `{}`: the COMMAND goes after `--` (leaseagent [OPTIONS] -- COMMAND [ARG...])",
+                    v.to_string_lossy()
+                )));
+            }
+        }
+    }
+    if raw.authority.as_deref().is_none_or(str::is_empty) {
+        raw.authority = std::env::var("LEASEAGENT_AUTHORITY")
+            .ok()
+            .filter(|v| !v.is_empty());
+    }
+    if raw.task.is_none() {
+        raw.task = std::env::var("LEASEAGENT_TASK").ok();
+    }
+    if split.is_none() {
+        return Err(RunParse::Error(
+            "no COMMAND given: usage is leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]"
+                .into(),
+        ));
+    }
+    Ok(raw)
 }
 
 const SERVE_EXAMPLES: &str = "\
@@ -255,26 +354,24 @@ pub fn parse(argv: Vec<OsString>) -> Command {
             Command::Clear(c.args)
         }),
         crate::keeper::KEEPER_ARG => Ok(Command::Keeper(rest[1..].to_vec())),
-        _ => RunArgs::try_parse_from(&argv)
-            .map_err(report)
-            .and_then(|a| {
-                let raw = RawRun {
-                    authority: a.authority,
-                    task: a.task,
-                    ttl: a.ttl,
-                    heartbeat: a.heartbeat,
-                    grace: a.grace,
-                    holder: a.holder,
-                    on_expiry: a.on_expiry,
-                    expiry_grace: a.expiry_grace,
-                    wait: a.wait,
-                    command: a.command,
-                };
-                raw.validate().map(Command::Run).map_err(|msg| {
-                    eprintln!("leaseagent: error: {msg}");
-                    crate::exit::AGENT_FAILED
-                })
+        _ => match parse_run(rest) {
+            Ok(raw) => raw.validate().map(Command::Run).map_err(|msg| {
+                eprintln!("leaseagent: error: {msg}");
+                crate::exit::AGENT_FAILED
             }),
+            Err(RunParse::Help) => {
+                println!("{RUN_HELP}\n{RUN_EXAMPLES}");
+                Err(0)
+            }
+            Err(RunParse::Version) => {
+                println!("leaseagent {}", env!("CARGO_PKG_VERSION"));
+                Err(0)
+            }
+            Err(RunParse::Error(msg)) => {
+                eprintln!("leaseagent: error: {msg}");
+                Err(crate::exit::AGENT_FAILED)
+            }
+        },
     };
     parsed.unwrap_or_else(Command::Exit)
 }
@@ -341,6 +438,50 @@ mod tests {
         assert_eq!(c.wait, Some(Some(Duration::from_secs(5))));
         let c = run(&["--authority", "http://h:1", "--task", "t", "--", "true"]).unwrap();
         assert_eq!(c.wait, None);
+    }
+
+    #[test]
+    fn options_take_attached_values_and_the_command_needs_dashdash() {
+        let c = run(&[
+            "--authority=http://h:1",
+            "--task=t",
+            "--ttl=5s",
+            "--wait=2s",
+            "--",
+            "echo",
+            "--x",
+        ])
+        .unwrap();
+        assert_eq!(c.ttl, Duration::from_secs(5));
+        assert_eq!(c.wait, Some(Some(Duration::from_secs(2))));
+        assert_eq!(
+            c.command,
+            vec![OsString::from("echo"), OsString::from("--x")]
+        );
+        // A COMMAND before `--` is refused, not silently taken.
+        assert_eq!(
+            run(&["--authority", "http://h:1", "--task", "t", "true"]).err(),
+            Some(125)
+        );
+        assert_eq!(
+            run(&[
+                "--authority",
+                "http://h:1",
+                "--task",
+                "t",
+                "-x",
+                "--",
+                "true"
+            ])
+            .err(),
+            Some(125)
+        );
+        assert_eq!(
+            run(&["--authority", "http://h:1", "--task", "t", "--ttl"]).err(),
+            Some(125)
+        );
+        assert_eq!(run(&["-h"]).err(), Some(0));
+        assert_eq!(run(&["-V"]).err(), Some(0));
     }
 
     #[test]

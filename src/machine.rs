@@ -898,24 +898,19 @@ mod tests {
 
     #[test]
     fn spawn_failure_maps_to_127_and_126() {
-        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
-        let a = m.step(
-            Event::SpawnFailed {
-                not_found: true,
+        for (not_found, code) in [(true, 127), (false, 126)] {
+            let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+            let event = Event::SpawnFailed {
+                not_found,
                 message: "x".into(),
-            },
-            at(1),
-        );
-        assert_eq!(exit_of(&a), Some(127));
-        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
-        let a = m.step(
-            Event::SpawnFailed {
-                not_found: false,
-                message: "x".into(),
-            },
-            at(1),
-        );
-        assert_eq!(exit_of(&a), Some(126));
+            };
+            let a = m.step(event, at(1));
+            assert_eq!(exit_of(&a), Some(code));
+            assert!(a.contains(&Action::Release {
+                outcome: Outcome::Failed,
+                exit_code: Some(code as i32)
+            }));
+        }
     }
 
     /// One input of a generated run.

@@ -201,3 +201,31 @@ fn held_task_gives_75_and_wait_acquires_after_release() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("waiting"), "tells that it waits: {stderr}");
 }
+
+#[test]
+fn task_and_authority_come_from_the_environment_too() {
+    let fake = FakeAuthority::start();
+    let mut c = std::process::Command::new(bin());
+    c.env("LEASEAGENT_AUTHORITY", fake.url())
+        .env("LEASEAGENT_TASK", "from-env")
+        .args(["--", "sh", "-c", "echo \"$LEASE_TASK $LEASE_AUTHORITY\""]);
+    let out = run_agent(c, T);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), format!("from-env {}", fake.url()));
+    // The flag wins over the variable.
+    let mut c = std::process::Command::new(bin());
+    c.env("LEASEAGENT_AUTHORITY", "http://127.0.0.1:1")
+        .env("LEASEAGENT_TASK", "from-env")
+        .args([
+            "--authority",
+            &fake.url(),
+            "--task",
+            "from-flag",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASE_TASK",
+        ]);
+    let out = run_agent(c, T);
+    assert_eq!(out.stdout.trim(), "from-flag", "{}", out.stderr);
+}
