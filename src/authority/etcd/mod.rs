@@ -80,6 +80,26 @@ enum KeepAliveError {
 }
 
 impl EtcdAuthority {
+    /// Keeps the lease of the queued place (see `acquire_wait`) alive.
+    /// `Ok(true)`: refreshed; `Ok(false)`: the place is gone and forgotten
+    /// (the caller queues again); `Err`: transient, the place is kept.
+    fn refresh_queued(&mut self, lease: i64, deadline: Instant) -> Result<bool, String> {
+        match self.keepalive(lease, deadline) {
+            Ok(_) => {
+                if let Some(q) = self.queued.as_mut() {
+                    q.last_keepalive = Instant::now();
+                }
+                Ok(true)
+            }
+            Err(KeepAliveError::Gone(_, m)) => {
+                log::info!("etcd: queued place lost ({m}); queueing again");
+                self.queued = None;
+                Ok(false)
+            }
+            Err(KeepAliveError::Transient(m)) => Err(m),
+        }
+    }
+
     pub fn new(endpoints: Vec<String>) -> Self {
         EtcdAuthority {
             gw: Gateway::new(endpoints),
@@ -351,18 +371,8 @@ impl Authority for EtcdAuthority {
         // whatever this call returns, the lease was renewed after the caller
         // started counting the ttl.
         if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
-            match self.keepalive(lease, call_deadline()) {
-                Ok(_) => {
-                    if let Some(q) = self.queued.as_mut() {
-                        q.last_keepalive = Instant::now();
-                    }
-                }
-                Err(KeepAliveError::Gone(_, m)) => {
-                    log::info!("etcd: queued place lost ({m}); queueing again");
-                    self.queued = None;
-                }
-                Err(KeepAliveError::Transient(m)) => return Err(AcquireError::Transient(m)),
-            }
+            self.refresh_queued(lease, call_deadline())
+                .map_err(AcquireError::Transient)?;
         }
         let mut last_owner: Option<KeyValue> = None;
         loop {
@@ -386,19 +396,11 @@ impl Authority for EtcdAuthority {
             let keepalive_due =
                 q.last_keepalive.elapsed() >= Duration::from_secs(ttl_secs.unsigned_abs()) / 3;
             if keepalive_due {
-                match self.keepalive(lease, call_deadline()) {
-                    Ok(_) => {
-                        if let Some(q) = self.queued.as_mut() {
-                            q.last_keepalive = Instant::now();
-                        }
-                    }
-                    Err(KeepAliveError::Gone(_, m)) => {
-                        log::info!("etcd: queued place lost ({m}); queueing again");
-                        self.queued = None;
-                        continue;
-                    }
+                match self.refresh_queued(lease, call_deadline()) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
                     // Retried at the next poll (last_keepalive unchanged).
-                    Err(KeepAliveError::Transient(m)) => log::debug!("etcd: {m}"),
+                    Err(m) => log::debug!("etcd: {m}"),
                 }
             }
             // One read at one revision: the waiter just ahead of us, our own
