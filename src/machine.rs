@@ -738,6 +738,19 @@ mod tests {
         })
     }
 
+    /// The leader ends at `at` (seen at `seen`), then the tree is gone a
+    /// millisecond later: the actions of that last step.
+    fn end(m: &mut Machine, status: ChildStatus, at_ms: u64, seen_ms: u64) -> Vec<Action> {
+        m.step(
+            Event::ChildExited {
+                status,
+                at: at(at_ms),
+            },
+            at(seen_ms),
+        );
+        m.step(Event::TreeGone, at(seen_ms + 1))
+    }
+
     fn started(ttl: u64, grace: u64) -> Machine {
         let mut m = Machine::new("t", 1, at(0), ms(ttl), ms(grace));
         m.step(Event::ChildStarted { pid: 100 }, at(1));
@@ -806,14 +819,7 @@ mod tests {
         assert!(a.contains(&Action::StopHeartbeat));
         assert!(signals(&m.step(Event::Tick, at(2099))).is_empty());
         assert_eq!(signals(&m.step(Event::Tick, at(2100))), vec![SIGKILL]);
-        m.step(
-            Event::ChildExited {
-                status: ChildStatus::Signaled(9),
-                at: at(2101),
-            },
-            at(2101),
-        );
-        let a = m.step(Event::TreeGone, at(2102));
+        let a = end(&mut m, ChildStatus::Signaled(9), 2101, 2101);
         assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
         assert!(
             !a.iter().any(|x| matches!(x, Action::Release { .. })),
@@ -827,14 +833,7 @@ mod tests {
         let a = m.step(Event::Signal(SIGINT), at(10));
         assert_eq!(signals(&a), vec![SIGINT]);
         assert_eq!(signals(&m.step(Event::Tick, at(1010))), vec![SIGKILL]);
-        m.step(
-            Event::ChildExited {
-                status: ChildStatus::Exited(3),
-                at: at(1011),
-            },
-            at(1011),
-        );
-        let a = m.step(Event::TreeGone, at(1012));
+        let a = end(&mut m, ChildStatus::Exited(3), 1011, 1011);
         assert_eq!(exit_of(&a), Some(3));
         assert!(a.contains(&Action::Release {
             outcome: Outcome::Cancelled,
@@ -846,25 +845,11 @@ mod tests {
     fn a_job_that_ended_before_the_deadline_keeps_its_status_even_if_seen_late() {
         let mut m = started(3000, 500);
         // The agent was paused; it wakes at 5000 and learns the job ended at 2000.
-        m.step(
-            Event::ChildExited {
-                status: ChildStatus::Exited(0),
-                at: at(2000),
-            },
-            at(5000),
-        );
-        let a = m.step(Event::TreeGone, at(5001));
+        let a = end(&mut m, ChildStatus::Exited(0), 2000, 5000);
         assert_eq!(exit_of(&a), Some(0));
         // One that ended after the deadline is a lost lease.
         let mut m = started(3000, 500);
-        m.step(
-            Event::ChildExited {
-                status: ChildStatus::Exited(0),
-                at: at(3200),
-            },
-            at(5000),
-        );
-        let a = m.step(Event::TreeGone, at(5001));
+        let a = end(&mut m, ChildStatus::Exited(0), 3200, 5000);
         assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
     }
 
