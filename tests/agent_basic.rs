@@ -229,3 +229,24 @@ fn task_and_authority_come_from_the_environment_too() {
     let out = run_agent(c, T);
     assert_eq!(out.stdout.trim(), "from-flag", "{}", out.stderr);
 }
+
+#[test]
+fn sigterm_while_waiting_gives_up_without_starting_the_command() {
+    let fake = FakeAuthority::start();
+    fake.hold("other-host/1");
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let mut c = agent(&fake.url(), "wait-cancel");
+    c.args(["--wait", "--", "touch"]).arg(&marker);
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    wait_for(T, || {
+        (fake.requests_to("/v1/acquire").len() >= 2).then_some(())
+    })
+    .expect("agent waits");
+    kill(child.id() as i32, 15);
+    let status = wait_exit(&mut child, T).expect("agent exits");
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command must not start");
+}
