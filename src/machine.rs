@@ -161,6 +161,8 @@ pub struct Machine {
     keeper_lost: bool,
     /// The lease was lost while the leader still ran: the exit status is 124.
     lost_while_running: bool,
+    /// Relayable signals that arrived before the group was known.
+    early_signals: Vec<i32>,
     task: String,
     token: u64,
 }
@@ -184,6 +186,7 @@ impl Machine {
             cancel: None,
             keeper_lost: false,
             lost_while_running: false,
+            early_signals: Vec::new(),
             task: task.to_string(),
             token,
         }
@@ -560,6 +563,11 @@ impl Machine {
         }
         if self.group_known() {
             out.push(Action::SignalGroup(sig));
+        } else if !matches!(sig, SIGTERM | SIGINT | SIGQUIT) {
+            // The job may already run while its start report is still on
+            // the way: relay once the group is known, never drop it. (Stop
+            // signals are carried out by the stop itself, on start.)
+            self.early_signals.push(sig);
         }
         if matches!(sig, SIGTERM | SIGINT | SIGQUIT) && self.cancel.is_none() {
             self.cancel = Some(sig);
@@ -622,6 +630,9 @@ impl Machine {
                     format!("holding token {}", self.token),
                 ));
             }
+        }
+        for sig in std::mem::take(&mut self.early_signals) {
+            out.push(Action::SignalGroup(sig));
         }
         let _ = now;
     }
@@ -879,6 +890,19 @@ mod tests {
         assert!(signals(&a).is_empty());
         let a = m.step(Event::ChildStarted { pid: 5 }, at(20));
         assert_eq!(signals(&a), vec![SIGTERM]);
+    }
+
+    #[test]
+    fn signals_before_the_start_report_are_relayed_once_the_group_is_known() {
+        let mut m = Machine::new("t", 1, at(0), ms(30_000), ms(500));
+        assert!(signals(&m.step(Event::Signal(10), at(1))).is_empty());
+        assert!(signals(&m.step(Event::Signal(1), at(2))).is_empty());
+        let a = m.step(Event::ChildStarted { pid: 7 }, at(3));
+        assert_eq!(signals(&a), vec![10, 1]);
+        assert!(
+            signals(&m.step(Event::Tick, at(4))).is_empty(),
+            "relayed once"
+        );
     }
 
     #[test]
