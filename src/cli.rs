@@ -79,6 +79,10 @@ Options:
       --expiry-grace DUR With --on-expiry grace: how long after expiry the task stays blocked
                          [default: ttl]
       --wait [DUR]       Wait up to DUR (forever without DUR) while another holder has the task
+      --clock-drift PPM  Clock-rate difference budgeted between this host and the authority:
+                         the deadline is sent + ttl*(1 - PPM/1e6) - 1ms [default: 1000]
+      --remap-exit       The command's own exit codes 124 and 125 become 1, so 124/125 always
+                         mean the agent's (lease lost / agent failed)
   -h, --help             Print help
   -V, --version          Print version
 
@@ -142,6 +146,15 @@ fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
             Long("holder") => raw.holder = Some(flag_value(&mut p, "--holder")?),
             Long("on-expiry") => raw.on_expiry = flag_value(&mut p, "--on-expiry")?,
             Long("expiry-grace") => raw.expiry_grace = Some(flag_dur(&mut p, "--expiry-grace")?),
+            Long("clock-drift") => {
+                let v = flag_value(&mut p, "--clock-drift")?;
+                raw.clock_drift_ppm = Some(v.parse().map_err(|_| {
+                    RunParse::Error(format!(
+                        "--clock-drift: `{v}` is not a whole number of parts per million"
+                    ))
+                })?);
+            }
+            Long("remap-exit") => raw.remap_exit = true,
             Long("wait") => {
                 // `--wait=DUR`, `--wait DUR`, or `--wait` alone (forever).
                 let attached = p.optional_value();

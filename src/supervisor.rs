@@ -17,29 +17,78 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::authority::{Authority, Grant, RenewError};
+use crate::authority::{Authority, Grant, Outcome, RenewError};
 use crate::child::{JobGroup, Keeper};
 use crate::clock::{BootInstant, MAX_WAIT};
+
 use crate::lease_state::{LeaseStateFile, LeaseView, StateWriter};
 use crate::machine::{Action, Event, Machine};
 use crate::notify::Notifier;
+use crate::report::Reporter;
+
+/// The shortest wait of the loop when the machine names a wake-up time that
+/// already passed and was acted on: a floor, so nothing can make it spin.
+const MIN_WAIT: Duration = Duration::from_millis(10);
 
 /// Everything the loop needs, prepared by `run`.
 pub struct Supervisor {
-    pub machine: Machine,
-    pub grant: Grant,
-    pub authority: Box<dyn Authority>,
-    pub events: Receiver<Event>,
-    pub notifier: Notifier,
-    pub state: Option<StateWriter>,
-    pub boot_id: String,
+    machine: Machine,
+    grant: Grant,
+    authority: Box<dyn Authority>,
+    events: Receiver<Event>,
+    notifier: Notifier,
+    state: Option<StateWriter>,
+    boot_id: String,
+    reporter: Reporter,
     /// Dropped to stop renewals.
-    pub heartbeat: Option<crate::heartbeat::Heartbeat>,
-    pub keeper: Option<Keeper>,
+    heartbeat: Option<crate::heartbeat::Heartbeat>,
+    keeper: Option<Keeper>,
     /// Kept so the channel never reads as disconnected while the loop runs.
-    pub _events_tx: Sender<Event>,
-    /// Upper bound for the release call.
-    pub release_timeout: Duration,
+    _events_tx: Sender<Event>,
+    /// The run's outcome, once decided (published in the state file).
+    outcome: Option<Outcome>,
+}
+
+/// Upper bound for the release call.
+pub fn release_timeout(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(5))
+}
+
+impl Supervisor {
+    /// A supervisor for `grant`, before the keeper and the heartbeat exist.
+    pub fn new(
+        machine: Machine,
+        grant: Grant,
+        authority: Box<dyn Authority>,
+        events: (Sender<Event>, Receiver<Event>),
+        notifier: Notifier,
+        state: Option<StateWriter>,
+    ) -> Self {
+        Supervisor {
+            reporter: Reporter::new(&grant.task, grant.token),
+            machine,
+            grant,
+            authority,
+            events: events.1,
+            notifier,
+            state,
+            boot_id: crate::clock::boot_id().unwrap_or_default(),
+            heartbeat: None,
+            keeper: None,
+            _events_tx: events.0,
+            outcome: None,
+        }
+    }
+
+    /// Hands the running keeper over.
+    pub fn set_keeper(&mut self, keeper: Keeper) {
+        self.keeper = Some(keeper);
+    }
+
+    /// Hands the heartbeat thread over (dropped to stop renewals).
+    pub fn set_heartbeat(&mut self, heartbeat: crate::heartbeat::Heartbeat) {
+        self.heartbeat = Some(heartbeat);
+    }
 }
 
 impl Supervisor {
@@ -49,13 +98,18 @@ impl Supervisor {
         let mut last_status = String::new();
         let watchdog = self.notifier.watchdog_interval();
         let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
+        let mut last_step = BootInstant::from_since_boot(Duration::ZERO);
         loop {
-            // A READY=1 systemd could not take yet goes out again.
-            self.notifier.flush();
             let now = BootInstant::now();
             let mut wait = MAX_WAIT;
             if let Some(w) = self.machine.next_wake() {
-                wait = wait.min(now.until(w));
+                // A wake-up time the last step already reached was acted on;
+                // if the machine still names it, never spin on it.
+                wait = wait.min(if w <= last_step {
+                    MIN_WAIT
+                } else {
+                    now.until(w)
+                });
             }
             if let Some(t) = next_watchdog {
                 wait = wait.min(t.saturating_duration_since(Instant::now()));
@@ -68,17 +122,37 @@ impl Supervisor {
                 group = JobGroup::for_kill(pid);
             }
             let now = BootInstant::now();
+            last_step = now;
             let actions = self.machine.step(event, now);
+            // The kill path first: every signal of this step goes out before
+            // anything that does I/O (log, state file, systemd, release).
+            for action in &actions {
+                if let (Action::SignalGroup(sig), Some(g)) = (action, group) {
+                    if let Err(e) = g.signal(*sig) {
+                        log::warn!("cannot signal process group {}: {e}", g.pgid());
+                    }
+                }
+            }
             for action in actions {
                 match action {
-                    Action::SignalGroup(sig) => {
-                        if let Some(g) = group {
-                            if let Err(e) = g.signal(sig) {
-                                log::warn!("cannot signal process group {}: {e}", g.pgid());
-                            }
-                        }
+                    Action::SignalGroup(_) => {}
+                    Action::Report(notice) => self.reporter.report(&notice),
+                    Action::Finished { outcome, status } => {
+                        self.outcome = Some(outcome);
+                        self.publish(if outcome == Outcome::Lost {
+                            LeaseView::Lost
+                        } else {
+                            LeaseView::Stopping
+                        });
+                        let line = format!(
+                            "finished: task {} token {}, outcome {}, exit status {status}",
+                            self.grant.task,
+                            self.grant.token,
+                            outcome.as_str()
+                        );
+                        self.notifier.status(&line);
+                        last_status = line;
                     }
-                    Action::Log(level, msg) => log::log!(level, "{msg}"),
                     Action::Publish(view, status) => {
                         self.publish(view);
                         if status != last_status {
@@ -98,7 +172,21 @@ impl Supervisor {
                     Action::StopHeartbeat => {
                         self.heartbeat = None;
                     }
-                    Action::Release { outcome, exit_code } => self.release(outcome, exit_code),
+                    Action::Release {
+                        outcome,
+                        exit_code,
+                        if_group_empty,
+                    } => {
+                        if if_group_empty && !group.is_some_and(|g| g.is_empty()) {
+                            log::warn!(
+                                "not releasing task {} token {}: the command's process group may still have members; the lease will expire by itself",
+                                self.grant.task,
+                                self.grant.token
+                            );
+                        } else {
+                            self.release(outcome, exit_code);
+                        }
+                    }
                     Action::Exit(code) => {
                         if let Some(k) = self.keeper.take() {
                             k.finish(Duration::from_secs(1));
@@ -110,6 +198,8 @@ impl Supervisor {
                     }
                 }
             }
+            // A READY=1 systemd could not take yet goes out again.
+            self.notifier.flush();
             if let (Some(t), Some(w)) = (next_watchdog, watchdog) {
                 if Instant::now() >= t {
                     self.notifier.watchdog();
@@ -131,6 +221,7 @@ impl Supervisor {
             lease_id: self.grant.lease_id.clone(),
             token: self.grant.token,
             state: view,
+            outcome: self.outcome.map(|o| o.as_str().to_string()),
             deadline_boot_ms: self.machine.deadline().since_boot().as_millis() as u64,
             boot_id: self.boot_id.clone(),
             agent_pid: std::process::id(),
@@ -140,9 +231,9 @@ impl Supervisor {
         }
     }
 
-    fn release(&mut self, outcome: crate::authority::Outcome, exit_code: Option<i32>) {
+    fn release(&mut self, outcome: Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
-        let timeout = self.release_timeout;
+        let timeout = release_timeout(self.grant.ttl);
         match self.authority.release(&lease, outcome, exit_code, timeout) {
             Ok(()) => log::info!(
                 "released task {} token {} ({})",
