@@ -42,6 +42,18 @@ struct Shared {
     dropped: AtomicU64,
 }
 
+impl Shared {
+    /// Queues a line, or drops and counts it when the queue is full.
+    fn offer(&self, line: &[u8]) {
+        match self.tx.try_send(Msg::Line(line.to_vec())) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 static SHARED: OnceLock<Shared> = OnceLock::new();
 
 /// The `Write` target handed to `env_logger`: each record arrives in one
@@ -51,12 +63,7 @@ struct QueueWriter;
 impl Write for QueueWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         if let Some(s) = SHARED.get() {
-            match s.tx.try_send(Msg::Line(buf.to_vec())) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                    s.dropped.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            s.offer(buf);
         }
         Ok(buf.len())
     }
@@ -84,7 +91,7 @@ pub fn init() {
     let (tx, rx) = crossbeam_channel::bounded::<Msg>(QUEUE_LINES);
     let started = std::thread::Builder::new()
         .name("log-writer".into())
-        .spawn(move || writer(&rx, &mut std::io::stderr()));
+        .spawn(move || writer(&rx, &mut std::io::stderr(), dropped));
     if started.is_ok() {
         let _ = SHARED.set(Shared {
             tx,
@@ -114,26 +121,25 @@ pub fn flush(within: Duration) -> bool {
     ack_rx.recv_deadline(until).is_ok()
 }
 
-fn writer(rx: &Receiver<Msg>, out: &mut dyn Write) {
+fn writer(rx: &Receiver<Msg>, out: &mut dyn Write, dropped: fn() -> u64) {
     let mut reported = 0u64;
     for msg in rx {
         match msg {
             Msg::Line(line) => {
                 // Success means stderr moves again: say what was lost.
                 if out.write_all(&line).is_ok() {
-                    report_dropped(out, &mut reported);
+                    report_dropped(out, &mut reported, dropped());
                 }
             }
             Msg::Flush(ack) => {
-                report_dropped(out, &mut reported);
+                report_dropped(out, &mut reported, dropped());
                 let _ = ack.send(());
             }
         }
     }
 }
 
-fn report_dropped(out: &mut dyn Write, reported: &mut u64) {
-    let dropped = dropped();
+fn report_dropped(out: &mut dyn Write, reported: &mut u64, dropped: u64) {
     if dropped > *reported {
         let n = dropped - *reported;
         let line = format!(
@@ -143,5 +149,34 @@ fn report_dropped(out: &mut dyn Write, reported: &mut u64) {
         if out.write_all(line.as_bytes()).is_ok() {
             *reported = dropped;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static TEST_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+    #[test]
+    fn a_full_queue_drops_and_counts_and_the_writer_says_how_many() {
+        let (tx, rx) = crossbeam_channel::bounded::<Msg>(2);
+        let shared = Shared {
+            tx,
+            dropped: AtomicU64::new(0),
+        };
+        for i in 0..5 {
+            shared.offer(format!("line {i}\n").as_bytes());
+        }
+        assert_eq!(shared.dropped.load(Ordering::Relaxed), 3);
+        TEST_DROPPED.store(3, Ordering::Relaxed);
+        drop(shared);
+        let mut out = Vec::new();
+        writer(&rx, &mut out, || TEST_DROPPED.load(Ordering::Relaxed));
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "line 0\nleaseagent: warn: 3 log lines dropped: stderr was not being read\nline 1\n"
+        );
     }
 }

@@ -377,7 +377,13 @@ impl Machine {
                 ));
             }
             if self.stop.is_none() {
-                self.begin_stop(StopReason::DeadlineNear, Sig::Term, self.kill_time(), now, out);
+                self.begin_stop(
+                    StopReason::DeadlineNear,
+                    Sig::Term,
+                    self.kill_time(),
+                    now,
+                    out,
+                );
             }
             self.kill(now, out);
             return;
@@ -391,7 +397,13 @@ impl Machine {
                 LeaseView::Lost,
                 format!("lease lost (renewals failed), token {}", self.token),
             ));
-            self.begin_stop(StopReason::DeadlineNear, Sig::Term, self.kill_time(), now, out);
+            self.begin_stop(
+                StopReason::DeadlineNear,
+                Sig::Term,
+                self.kill_time(),
+                now,
+                out,
+            );
             return;
         }
         let Some(stop) = self.stop else { return };
@@ -777,9 +789,9 @@ impl Machine {
         } else {
             (Outcome::Failed, None, exit::AGENT_FAILED)
         };
-        let stopped_for_lease = self.stop.is_some_and(|s| {
-            matches!(s.reason, StopReason::DeadlineNear | StopReason::Refused(_))
-        });
+        let stopped_for_lease = self
+            .stop
+            .is_some_and(|s| matches!(s.reason, StopReason::DeadlineNear | StopReason::Refused(_)));
         if ended_at.is_some_and(|at| at >= self.deadline) && !stopped_for_lease {
             out.push(Action::Report(Notice::LeaseLost(
                 LostWhy::EndedAfterDeadline,
@@ -925,8 +937,14 @@ mod tests {
         );
         assert_eq!(m.deadline(), at(2599));
         assert_eq!(m.grace(), ms(100));
-        assert!(a.iter().any(|x| matches!(x, Action::Report(Notice::TtlChanged { .. }))));
-        assert!(a.iter().any(|x| matches!(x, Action::Publish(LeaseView::Valid, _))));
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Report(Notice::TtlChanged { .. })))
+        );
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Publish(LeaseView::Valid, _)))
+        );
         assert_eq!(m.next_wake(), Some(at(2499)));
         // And one that grants more moves it up again, grace back to --grace.
         m.step(
@@ -976,7 +994,11 @@ mod tests {
             },
             at(2510),
         );
-        assert_eq!(m.deadline(), at(2899), "the authority's word on expiry still counts");
+        assert_eq!(
+            m.deadline(),
+            at(2899),
+            "the authority's word on expiry still counts"
+        );
         assert_eq!(signals(&m.step(Event::Tick, at(2879))), vec![SIGKILL]);
     }
 
@@ -996,7 +1018,10 @@ mod tests {
             exit_code: None,
             if_group_empty: true
         }));
-        assert!(a.iter().any(|x| matches!(x, Action::Report(Notice::GroupNotGone { .. }))));
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Report(Notice::GroupNotGone { .. })))
+        );
     }
 
     #[test]
@@ -1036,7 +1061,9 @@ mod tests {
                 let a = end(&mut m, ChildStatus::Exited(code), 10, 10);
                 assert_eq!(exit_of(&a), Some(if remap { remapped } else { plain }));
                 // The authority still hears the job's real code.
-                assert!(a.iter().any(|x| matches!(x, Action::Release { exit_code: Some(c), .. } if *c == code)));
+                assert!(a.iter().any(
+                    |x| matches!(x, Action::Release { exit_code: Some(c), .. } if *c == code)
+                ));
             }
         }
     }

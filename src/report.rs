@@ -35,11 +35,20 @@ pub enum LostWhy {
 pub enum Notice {
     LeaseLost(LostWhy),
     /// The first failed renewal; the lease is valid for `left` at most.
-    RenewalFailing { error: String, left: Duration },
+    RenewalFailing {
+        error: String,
+        left: Duration,
+    },
     /// Another failed renewal, failing `since` this long.
-    RenewalStillFailing { error: String, since: Duration },
+    RenewalStillFailing {
+        error: String,
+        since: Duration,
+    },
     /// A renewal succeeded after failures.
-    RenewalsRecovered { after: Duration, left: Duration },
+    RenewalsRecovered {
+        after: Duration,
+        left: Duration,
+    },
     /// A renewal granted a different ttl; heartbeat and grace were refitted.
     TtlChanged {
         ttl: Duration,
@@ -47,17 +56,30 @@ pub enum Notice {
         grace: Duration,
     },
     /// A stop signal reached the agent.
-    Cancelling { sig: Sig },
+    Cancelling {
+        sig: Sig,
+    },
     /// The job's group got `sig`; SIGKILL follows in `kill_in`.
-    Stopping { sig: Sig, kill_in: Duration },
-    CommandStarted { pgid: i32 },
-    CommandEnded { status: ChildStatus },
-    SpawnFailed { message: String },
+    Stopping {
+        sig: Sig,
+        kill_in: Duration,
+    },
+    CommandStarted {
+        pgid: i32,
+    },
+    CommandEnded {
+        status: ChildStatus,
+    },
+    SpawnFailed {
+        message: String,
+    },
     KeeperLost,
     /// The leader ended, SIGKILL went out, but the tree was not reported gone.
     LeftoversOutsideGroup,
     /// SIGKILL went out and the leader was never reported gone.
-    GroupNotGone { waited: Duration },
+    GroupNotGone {
+        waited: Duration,
+    },
 }
 
 /// Words notices for one lease.
@@ -154,9 +176,9 @@ impl Reporter {
                 "lease lost: task {task} token {token}: no renewal for too long; stopping the command, SIGKILL in {}",
                 format(*kill_in)
             ),
-            LostWhy::DeadlinePassed => format!(
-                "lease lost: task {task} token {token}: deadline passed without a renewal"
-            ),
+            LostWhy::DeadlinePassed => {
+                format!("lease lost: task {task} token {token}: deadline passed without a renewal")
+            }
             LostWhy::Refused { reason, message } => format!(
                 "lease lost: task {task} token {token}: renewal refused ({reason}) {message}"
             ),
@@ -185,7 +207,10 @@ mod tests {
             left: Duration::from_secs(3),
         });
         assert_eq!(l, log::Level::Warn);
-        assert!(s.starts_with("renewal failing: task t token 7: timeout"), "{s}");
+        assert!(
+            s.starts_with("renewal failing: task t token 7: timeout"),
+            "{s}"
+        );
         let (l, s) = r.line(&Notice::LeaseLost(LostWhy::Refused {
             reason: RefusalReason::Superseded,
             message: "m".into(),

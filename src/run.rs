@@ -278,9 +278,9 @@ fn signals_before_start(
             Event::Signal(sig) if sig.is_stop() => {
                 stop.get_or_insert(sig);
             }
-            Event::Signal(sig) => log::debug!(
-                "signal {sig} arrived before the command started; not relayed to it"
-            ),
+            Event::Signal(sig) => {
+                log::debug!("signal {sig} arrived before the command started; not relayed to it")
+            }
             _ => {}
         }
     }

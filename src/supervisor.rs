@@ -150,6 +150,7 @@ impl Supervisor {
                             self.grant.token,
                             outcome.as_str()
                         );
+                        log::info!("{line}");
                         self.notifier.status(&line);
                         last_status = line;
                     }
