@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::exit::ChildStatus;
-use crate::lease::RefusalReason;
+use crate::lease::{Outcome, RefusalReason};
 use crate::sys::signal::Sig;
 use crate::time::duration::format;
 
@@ -80,6 +80,28 @@ pub enum Notice {
     GroupNotGone {
         waited: Duration,
     },
+    /// `kill(2)` on the job's group failed (other than "no such group").
+    SignalFailed {
+        pgid: i32,
+        error: String,
+    },
+    /// The run's result, decided before any release.
+    Finished {
+        outcome: Outcome,
+        status: u8,
+    },
+    Released {
+        outcome: Outcome,
+    },
+    /// The authority refused the release: it had dropped the lease already.
+    ReleaseRefused {
+        reason: RefusalReason,
+    },
+    ReleaseFailed {
+        error: String,
+    },
+    /// The group was not provably empty: no release, the lease expires.
+    NotReleasing,
 }
 
 /// Words notices for one lease.
@@ -164,6 +186,39 @@ impl Reporter {
                 format!(
                     "task {task} token {token}: the command was not reported gone {} after SIGKILL (keeper stopped, or a process stuck in uninterruptible sleep); giving up on it",
                     format(*waited)
+                ),
+            ),
+            Notice::SignalFailed { pgid, error } => (
+                Warn,
+                format!("cannot signal process group {pgid}: {error}"),
+            ),
+            Notice::Finished { outcome, status } => (
+                Info,
+                format!(
+                    "finished: task {task} token {token}, outcome {}, exit status {status}",
+                    outcome.as_str()
+                ),
+            ),
+            Notice::Released { outcome } => (
+                Info,
+                format!("released task {task} token {token} ({})", outcome.as_str()),
+            ),
+            Notice::ReleaseRefused { reason } => (
+                Info,
+                format!(
+                    "release of task {task} token {token}: the authority had already dropped the lease ({reason})"
+                ),
+            ),
+            Notice::ReleaseFailed { error } => (
+                Warn,
+                format!(
+                    "release of task {task} token {token} failed ({error}); the lease will expire by itself"
+                ),
+            ),
+            Notice::NotReleasing => (
+                Warn,
+                format!(
+                    "not releasing task {task} token {token}: the command's process group may still have members; the lease will expire by itself"
                 ),
             ),
         }

@@ -22,7 +22,7 @@ use crate::keeper::handle::{JobGroup, Keeper};
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
 use crate::agent::machine::{Action, Event, Machine};
-use crate::agent::report::Reporter;
+use crate::agent::report::{Notice, Reporter};
 use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
 use crate::sys::notify::Notifier;
 
@@ -47,6 +47,13 @@ pub struct Supervisor {
     _events_tx: Sender<Event>,
     /// The run's outcome, once decided (published in the state file).
     outcome: Option<Outcome>,
+    /// The job's group, once the keeper reported it.
+    group: Option<JobGroup>,
+    /// The last `STATUS=` sent to systemd.
+    last_status: String,
+    next_watchdog: Option<Instant>,
+    /// When the machine was last stepped.
+    last_step: BootInstant,
 }
 
 /// Upper bound for the release call.
@@ -77,6 +84,10 @@ impl Supervisor {
             keeper: None,
             _events_tx: events.0,
             outcome: None,
+            group: None,
+            last_status: String::new(),
+            next_watchdog: None,
+            last_step: BootInstant::from_since_boot(Duration::ZERO),
         }
     }
 
@@ -94,119 +105,136 @@ impl Supervisor {
 impl Supervisor {
     /// Runs until the machine says exit; returns the exit status.
     pub fn run(mut self) -> u8 {
-        let mut group: Option<JobGroup> = None;
-        let mut last_status = String::new();
-        let watchdog = self.notifier.watchdog_interval();
-        let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
-        let mut last_step = BootInstant::from_since_boot(Duration::ZERO);
+        self.next_watchdog = self
+            .notifier
+            .watchdog_interval()
+            .map(|w| Instant::now() + w);
         loop {
-            let now = BootInstant::now();
-            let mut wait = MAX_WAIT;
-            if let Some(w) = self.machine.next_wake() {
-                // A wake-up time the last step already reached was acted on;
-                // if the machine still names it, never spin on it.
-                wait = wait.min(if w <= last_step {
-                    MIN_WAIT
-                } else {
-                    now.until(w)
-                });
-            }
-            if let Some(t) = next_watchdog {
-                wait = wait.min(t.saturating_duration_since(Instant::now()));
-            }
-            let event = match self.events.recv_timeout(wait) {
-                Ok(e) => e,
-                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Event::Tick,
-            };
+            let event = self.next_event();
             if let Event::ChildStarted { pid } = event {
-                group = JobGroup::for_kill(pid);
+                self.group = JobGroup::for_kill(pid);
             }
             let now = BootInstant::now();
-            last_step = now;
+            self.last_step = now;
             let actions = self.machine.step(event, now);
-            // The kill path first: every signal of this step goes out before
-            // anything that does I/O (log, state file, systemd, release).
-            for action in &actions {
-                if let (Action::SignalGroup(sig), Some(g)) = (action, group) {
-                    if let Err(e) = g.signal(*sig) {
-                        log::warn!("cannot signal process group {}: {e}", g.pgid());
-                    }
-                }
-            }
+            self.send_signals(&actions);
             for action in actions {
-                match action {
-                    Action::SignalGroup(_) => {}
-                    Action::Report(notice) => self.reporter.report(&notice),
-                    Action::Finished { outcome, status } => {
-                        self.outcome = Some(outcome);
-                        self.publish(if outcome == Outcome::Lost {
-                            LeaseView::Lost
-                        } else {
-                            LeaseView::Stopping
-                        });
-                        let line = format!(
-                            "finished: task {} token {}, outcome {}, exit status {status}",
-                            self.grant.task,
-                            self.grant.token,
-                            outcome.as_str()
-                        );
-                        log::info!("{line}");
-                        self.notifier.status(&line);
-                        last_status = line;
-                    }
-                    Action::Publish(view, status) => {
-                        self.publish(view);
-                        if status != last_status {
-                            self.notifier.status(&status);
-                            last_status = status;
-                        }
-                    }
-                    Action::Ready(status) => {
-                        self.notifier.ready(&status);
-                        last_status = status;
-                    }
-                    Action::Stopping(status) => {
-                        self.notifier.stopping(&status);
-                        self.publish(LeaseView::Stopping);
-                        last_status = status;
-                    }
-                    Action::StopHeartbeat => {
-                        self.heartbeat = None;
-                    }
-                    Action::Release {
-                        outcome,
-                        exit_code,
-                        if_group_empty,
-                    } => {
-                        if if_group_empty && !group.is_some_and(|g| g.is_empty()) {
-                            log::warn!(
-                                "not releasing task {} token {}: the command's process group may still have members; the lease will expire by itself",
-                                self.grant.task,
-                                self.grant.token
-                            );
-                        } else {
-                            self.release(outcome, exit_code);
-                        }
-                    }
-                    Action::Exit(code) => {
-                        if let Some(k) = self.keeper.take() {
-                            k.finish(Duration::from_secs(1));
-                        }
-                        if let Some(s) = &self.state {
-                            s.remove();
-                        }
-                        return code;
-                    }
+                if let Some(code) = self.carry_out(action) {
+                    return code;
                 }
             }
             // A READY=1 systemd could not take yet goes out again.
             self.notifier.flush();
-            if let (Some(t), Some(w)) = (next_watchdog, watchdog) {
-                if Instant::now() >= t {
-                    self.notifier.watchdog();
-                    next_watchdog = Some(Instant::now() + w);
+            self.feed_watchdog();
+        }
+    }
+
+    /// Waits for the next event, or for the machine's next wake-up time,
+    /// the watchdog, or [`MAX_WAIT`] (a `Tick`).
+    fn next_event(&self) -> Event {
+        let now = BootInstant::now();
+        let mut wait = MAX_WAIT;
+        if let Some(w) = self.machine.next_wake() {
+            // A wake-up time the last step already reached was acted on;
+            // if the machine still names it, never spin on it.
+            wait = wait.min(if w <= self.last_step {
+                MIN_WAIT
+            } else {
+                now.until(w)
+            });
+        }
+        if let Some(t) = self.next_watchdog {
+            wait = wait.min(t.saturating_duration_since(Instant::now()));
+        }
+        match self.events.recv_timeout(wait) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Event::Tick,
+        }
+    }
+
+    /// The kill path first: every signal of a step goes out before anything
+    /// that does I/O (log, state file, systemd, release).
+    fn send_signals(&self, actions: &[Action]) {
+        let Some(g) = self.group else { return };
+        for action in actions {
+            if let Action::SignalGroup(sig) = action {
+                if let Err(e) = g.signal(*sig) {
+                    self.reporter.report(&Notice::SignalFailed {
+                        pgid: g.pgid(),
+                        error: e.to_string(),
+                    });
                 }
             }
+        }
+    }
+
+    /// Carries out one action other than a signal; `Some(status)` to exit.
+    fn carry_out(&mut self, action: Action) -> Option<u8> {
+        match action {
+            Action::SignalGroup(_) => {}
+            Action::Report(notice) => self.reporter.report(&notice),
+            Action::Finished { outcome, status } => {
+                self.outcome = Some(outcome);
+                self.publish(if outcome == Outcome::Lost {
+                    LeaseView::Lost
+                } else {
+                    LeaseView::Stopping
+                });
+                let notice = Notice::Finished { outcome, status };
+                self.reporter.report(&notice);
+                let line = self.reporter.line(&notice).1;
+                self.notifier.status(&line);
+                self.last_status = line;
+            }
+            Action::Publish(view, status) => {
+                self.publish(view);
+                if status != self.last_status {
+                    self.notifier.status(&status);
+                    self.last_status = status;
+                }
+            }
+            Action::Ready(status) => {
+                self.notifier.ready(&status);
+                self.last_status = status;
+            }
+            Action::Stopping(status) => {
+                self.notifier.stopping(&status);
+                self.publish(LeaseView::Stopping);
+                self.last_status = status;
+            }
+            Action::StopHeartbeat => self.heartbeat = None,
+            Action::Release {
+                outcome,
+                exit_code,
+                if_group_empty,
+            } => {
+                if if_group_empty && !self.group.is_some_and(|g| g.is_empty()) {
+                    self.reporter.report(&Notice::NotReleasing);
+                } else {
+                    self.release(outcome, exit_code);
+                }
+            }
+            Action::Exit(code) => {
+                if let Some(k) = self.keeper.take() {
+                    k.finish(Duration::from_secs(1));
+                }
+                if let Some(s) = &self.state {
+                    s.remove();
+                }
+                return Some(code);
+            }
+        }
+        None
+    }
+
+    /// `WATCHDOG=1` every half watchdog interval, from the loop itself.
+    fn feed_watchdog(&mut self) {
+        let (Some(t), Some(w)) = (self.next_watchdog, self.notifier.watchdog_interval()) else {
+            return;
+        };
+        if Instant::now() >= t {
+            self.notifier.watchdog();
+            self.next_watchdog = Some(Instant::now() + w);
         }
     }
 
@@ -235,23 +263,13 @@ impl Supervisor {
     fn release(&mut self, outcome: Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
         let timeout = release_timeout(self.grant.ttl);
-        match self.authority.release(&lease, outcome, exit_code, timeout) {
-            Ok(()) => log::info!(
-                "released task {} token {} ({})",
-                lease.task,
-                lease.token,
-                outcome.as_str()
-            ),
-            Err(RenewError::Refused { reason, .. }) => log::info!(
-                "release of task {} token {}: the authority had already dropped the lease ({reason})",
-                lease.task,
-                lease.token
-            ),
-            Err(RenewError::Transient(e)) => log::warn!(
-                "release of task {} token {} failed ({e}); the lease will expire by itself",
-                lease.task,
-                lease.token
-            ),
-        }
+        let notice = match self.authority.release(&lease, outcome, exit_code, timeout) {
+            Ok(()) => Notice::Released { outcome },
+            Err(RenewError::Refused { reason, .. }) => Notice::ReleaseRefused { reason },
+            Err(RenewError::Transient(e)) => Notice::ReleaseFailed {
+                error: e.to_string(),
+            },
+        };
+        self.reporter.report(&notice);
     }
 }
