@@ -101,7 +101,7 @@ pub trait FenceError: std::error::Error {
 
 /// Reads `LEASE_TOKEN` as a job does: a decimal `u64`.
 pub fn token_from_env() -> Result<u64, TokenEnvError> {
-    match std::env::var_os("LEASE_TOKEN") {
+    match std::env::var_os(crate::lease::env::TOKEN) {
         None => Err(TokenEnvError::Unset),
         Some(v) => {
             let s = v.to_string_lossy().into_owned();
