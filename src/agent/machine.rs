@@ -7,7 +7,7 @@
 //! the property tests throw every order and timing of events at it. It says
 //! what happened as typed [`Notice`]s; `report` words them.
 //!
-//! The rules it enforces (the contract's guarantees 2, 3, 5 and 6):
+//! The rules it enforces:
 //! - **Deadline** = `sent + ttl·(1 − ρ) − ε` of the grant or of the latest
 //!   successful renewal ([`Settings::deadline`]), whether that renewal granted
 //!   a longer or a shorter ttl than before (renewals are sequential: the
@@ -270,6 +270,7 @@ impl Machine {
     }
 
     /// The grace in force (`--grace` fitted to the latest granted ttl).
+    #[cfg(test)]
     pub fn grace(&self) -> Duration {
         self.grace
     }
@@ -287,6 +288,7 @@ impl Machine {
         (self.deadline - self.grace).min(self.kill_time())
     }
 
+    #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
     }
