@@ -125,7 +125,14 @@ fn acquire(
         let sent = BootInstant::now();
         let (note, retry_after) = match attempt(cfg, auth, &req, waiting.until, sent) {
             Ok(g) => return Acquired::Granted(g, sent),
-            Err(NotGranted::Exit(code)) => return Acquired::Exit(code),
+            Err(NotGranted::Exit(code)) => {
+                // Every way out of a wait that is not a grant gives up the
+                // queued place (etcd), or it would block the next holder.
+                if waiting.until.is_some() {
+                    auth.abandon_wait(acquire_timeout(cfg));
+                }
+                return Acquired::Exit(code);
+            }
             Err(NotGranted::Held { note, retry_after }) => (note, retry_after),
         };
         let Some(until) = waiting.until else {
