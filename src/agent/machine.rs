@@ -414,12 +414,16 @@ impl Machine {
         }
         if let Some(k) = stop.killed_at {
             if now >= k + TREE_GONE_TIMEOUT {
-                out.push(Action::Report(match self.job {
-                    Job::Exited { .. } => Notice::LeftoversOutsideGroup,
-                    _ => Notice::GroupNotGone {
-                        waited: now.saturating_since(k),
-                    },
-                }));
+                // After a keeper loss nobody could report the tree gone:
+                // that was said already, and release depends on the group.
+                if !self.keeper_lost {
+                    out.push(Action::Report(match self.job {
+                        Job::Exited { .. } => Notice::LeftoversOutsideGroup,
+                        _ => Notice::GroupNotGone {
+                            waited: now.saturating_since(k),
+                        },
+                    }));
+                }
                 self.finish(true, out);
             }
         }

@@ -183,7 +183,7 @@ fn paused_across_the_deadline(i: usize) -> (Option<i32>, String) {
     let dir = Dir::new();
     let mut c = agent(&fake.url(), &format!("paused-ended-{i}"));
     c.env("PIDS", dir.path("pids")).env("GO", dir.path("go"));
-    c.args(["--ttl", "2s", "--heartbeat", "500ms", "--grace", "500ms"])
+    c.args(["--ttl", "3s", "--heartbeat", "1s", "--grace", "500ms"])
         .args(["--", "sh", "-c"])
         .arg("echo $$ >> \"$PIDS\"; while [ ! -e \"$GO\" ]; do sleep 0.01; done; exit 3");
     let mut child = spawn(c);
@@ -203,10 +203,10 @@ fn paused_across_the_deadline(i: usize) -> (Option<i32>, String) {
         "job ended"
     );
     assert!(
-        boot_ms() < granted + 1500,
+        boot_ms() < granted + 2500,
         "the job must end well before the deadline for this test to mean anything"
     );
-    wait_for(T, || (boot_ms() >= granted + 2300).then_some(())).unwrap();
+    wait_for(T, || (boot_ms() >= granted + 3300).then_some(())).unwrap();
     kill(agent_pid, 18); // SIGCONT
     let status = wait_exit(&mut child, T).expect("agent exits");
     (status.code(), stderr_of(&mut child))
@@ -392,13 +392,14 @@ fn the_clock_drift_budget_shortens_what_check_sees() {
         c.env("OUT", dir.path("out"))
             .env("LEASEAGENT_BIN", bin())
             .env("XDG_RUNTIME_DIR", dir.0.path());
-        // 10 s with 10 % budgeted for drift: 8.999 s from the send time.
-        c.args(["--ttl", "10s"])
+        // 20 s: 19.979 s from the send time by default, 17.999 s with 10 %
+        // budgeted for drift.
+        c.args(["--ttl", "20s"])
             .args(flags)
             .args(["--", "sh", "-c"])
             .arg(
-                "\"$LEASEAGENT_BIN\" check -q --min-remaining 9100ms; echo a=$? >> \"$OUT\"; \
-             \"$LEASEAGENT_BIN\" check -q --min-remaining 8s; echo b=$? >> \"$OUT\"",
+                "\"$LEASEAGENT_BIN\" check -q --min-remaining 18500ms; echo a=$? >> \"$OUT\"; \
+             \"$LEASEAGENT_BIN\" check -q --min-remaining 16s; echo b=$? >> \"$OUT\"",
             );
         let out = run_agent(c, T);
         assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
