@@ -108,6 +108,10 @@ fn a_stalled_stderr_does_not_delay_the_kill() {
     );
     let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
     let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
+    eprintln!(
+        "job gone {} ms before the authority could expire the lease",
+        (last_renewal + 2000) as i128 - (last_job) as i128
+    );
     assert!(
         last_job < last_renewal + 2000,
         "job ran {} ms after the last renewal (ttl 2000 ms)",
@@ -167,6 +171,10 @@ fn a_renewal_that_lowers_the_ttl_moves_the_deadline_down_and_republishes_it() {
     );
     assert_eq!(status.code(), Some(124), "{err}");
     let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
+    eprintln!(
+        "job gone {} ms before the authority could expire the lease",
+        (renewed_ms + 1000) as i128 - (last_job) as i128
+    );
     assert!(
         last_job < renewed_ms + 1000,
         "job ran {} ms after the renewal that granted 1000 ms",
@@ -268,6 +276,10 @@ fn a_stopped_keeper_does_not_keep_the_job_alive_nor_the_agent_spinning() {
     assert!(all_dead(&pids, Duration::from_secs(1)), "{err}");
     let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
     let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
+    eprintln!(
+        "job gone {} ms before the authority could expire the lease",
+        (last_renewal + 2000) as i128 - (last_job) as i128
+    );
     assert!(
         last_job < last_renewal + 2000,
         "job ran {} ms after the last renewal (ttl 2000 ms)",
