@@ -84,7 +84,9 @@ fn a_stalled_stderr_does_not_delay_the_kill() {
     let mut c = agent(&proxy.url(), "stalled-stderr");
     c.env("OUT", dir.path("out"))
         .env("PIDS", dir.path("pids"))
-        .env("IGNORE_TERM", "1");
+        // The job exits on SIGTERM (deadline - grace): what is tested is
+        // that the signal goes out while every write to stderr would block.
+        .env("IGNORE_TERM", "0");
     c.args(["--ttl", "2s", "--heartbeat", "400ms", "--grace", "600ms"])
         .args(["--", "bash", "-c"])
         .arg(format!(
@@ -244,7 +246,7 @@ fn a_stopped_keeper_does_not_keep_the_job_alive_nor_the_agent_spinning() {
     let mut c = agent(&proxy.url(), "frozen-keeper");
     c.env("OUT", dir.path("out"))
         .env("PIDS", dir.path("pids"))
-        .env("IGNORE_TERM", "1");
+        .env("IGNORE_TERM", "0");
     c.args([
         "--ttl",
         "2s",
