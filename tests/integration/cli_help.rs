@@ -87,3 +87,142 @@ fn version_of_every_command() {
         }
     }
 }
+
+/// Usage errors: exit 125, nothing on stdout, one line
+/// `leaseagent[ SUB]: error: ...` naming the flag or argument at fault.
+#[test]
+fn usage_errors_exit_125_with_one_line_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        // The run path (its messages predate the one parser).
+        (&["--bogus"], "leaseagent: error: unknown option --bogus (see leaseagent --help)"),
+        (&["--task"], "leaseagent: error: --task needs a value"),
+        (
+            &["--ttl", "5x", "--task", "t", "--", "true"],
+            "leaseagent: error: --ttl: `5x` has an unknown unit `x`: use ms, s, m or h",
+        ),
+        (
+            &["--task", "t", "true"],
+            "leaseagent: error: unexpected argument `true`: the COMMAND goes after `--` (leaseagent [OPTIONS] -- COMMAND [ARG...])",
+        ),
+        (
+            &["--task", "t"],
+            "leaseagent: error: no COMMAND given: usage is leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]",
+        ),
+        (
+            &["--", "true"],
+            "leaseagent: error: --task is required (or set LEASEAGENT_TASK)",
+        ),
+        // serve
+        (
+            &["serve", "--bogus"],
+            "leaseagent serve: error: unknown option --bogus (see leaseagent serve --help)",
+        ),
+        (&["serve", "--listen"], "leaseagent serve: error: --listen needs a value"),
+        (
+            &["serve"],
+            "leaseagent serve: error: --listen <ADDR> and --db <PATH> are required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+        ),
+        (
+            &["serve", "--listen", "127.0.0.1:0"],
+            "leaseagent serve: error: --db <PATH> is required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+        ),
+        (
+            &["serve", "--listen", "x", "--db", "y", "--max-connections", "abc"],
+            "leaseagent serve: error: --max-connections: `abc` is not a whole number: invalid digit found in string",
+        ),
+        (
+            &["serve", "--listen", "x", "--db", "y", "extra"],
+            "leaseagent serve: error: unexpected argument `extra`: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+        ),
+        (
+            &["serve", "--listen", "x", "--listen", "y", "--db", "z"],
+            "leaseagent serve: error: --listen given more than once (see leaseagent serve --help)",
+        ),
+        // publish
+        (
+            &["publish", "--bogus", "a", "b"],
+            "leaseagent publish: error: unknown option --bogus (see leaseagent publish --help)",
+        ),
+        (&["publish", "--token"], "leaseagent publish: error: --token needs a value"),
+        (
+            &["publish", "--token", "x", "a", "b"],
+            "leaseagent publish: error: --token: `x` is not a whole number: invalid digit found in string",
+        ),
+        (
+            &["publish", "--lock-timeout", "5x", "a", "b"],
+            "leaseagent publish: error: --lock-timeout: `5x` has an unknown unit `x`: use ms, s, m or h",
+        ),
+        (
+            &["publish", "a"],
+            "leaseagent publish: error: <DEST> is required: usage is leaseagent publish [OPTIONS] <SRC> <DEST>",
+        ),
+        (
+            &["publish"],
+            "leaseagent publish: error: <SRC> and <DEST> are required: usage is leaseagent publish [OPTIONS] <SRC> <DEST>",
+        ),
+        (
+            &["publish", "a", "b", "c"],
+            "leaseagent publish: error: unexpected argument `c`: usage is leaseagent publish [OPTIONS] <SRC> <DEST>",
+        ),
+        // check
+        (
+            &["check", "--min-remaining", "5x"],
+            "leaseagent check: error: --min-remaining: `5x` has an unknown unit `x`: use ms, s, m or h",
+        ),
+        (
+            &["check", "--min-remaining"],
+            "leaseagent check: error: --min-remaining needs a value",
+        ),
+        (
+            &["check", "-x"],
+            "leaseagent check: error: unknown option -x (see leaseagent check --help)",
+        ),
+        (
+            &["check", "foo"],
+            "leaseagent check: error: unexpected argument `foo`: usage is leaseagent check [OPTIONS]",
+        ),
+        (
+            &["check", "--json=1"],
+            "leaseagent check: error: --json takes no value (given `1`)",
+        ),
+        // leases, revoke, clear
+        (
+            &["leases", "--authority"],
+            "leaseagent leases: error: --authority needs a value",
+        ),
+        (
+            &["leases", "foo"],
+            "leaseagent leases: error: unexpected argument `foo`: usage is leaseagent leases [OPTIONS]",
+        ),
+        (
+            &["leases", "--authority", "gopher://x"],
+            "leaseagent leases: --authority: `gopher://x` is not an authority URL: expected http://…, https://…, etcd://host:port[,…] or sqlite:PATH",
+        ),
+        (
+            &["revoke"],
+            "leaseagent revoke: error: <TASK> is required: usage is leaseagent revoke [OPTIONS] <TASK>",
+        ),
+        (
+            &["revoke", "a", "b"],
+            "leaseagent revoke: error: unexpected argument `b`: usage is leaseagent revoke [OPTIONS] <TASK>",
+        ),
+        (
+            &["revoke", "--bogus", "a"],
+            "leaseagent revoke: error: unknown option --bogus (see leaseagent revoke --help)",
+        ),
+        (
+            &["clear"],
+            "leaseagent clear: error: <TASK> is required: usage is leaseagent clear [OPTIONS] <TASK>",
+        ),
+        (
+            &["clear", "--json", "a", "b"],
+            "leaseagent clear: error: unexpected argument `b`: usage is leaseagent clear [OPTIONS] <TASK>",
+        ),
+    ];
+    for (args, want) in cases {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 125, "{args:?}: {err}");
+        assert_eq!(out, "", "{args:?}");
+        assert_eq!(err, format!("{want}\n"), "{args:?}");
+    }
+}
