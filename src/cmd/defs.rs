@@ -264,7 +264,10 @@ pub static CLEAR: CommandDef = CommandDef {
     name: "clear",
     about: "Free a task held for an operator (after an expiry with --on-expiry hold)",
     usage: None,
-    flags: &[AUTHORITY, Flag::switch("json", "Print JSON instead of text")],
+    flags: &[
+        AUTHORITY,
+        Flag::switch("json", "Print JSON instead of text"),
+    ],
     positionals: &[Positional {
         name: "TASK",
         help: "The task held for an operator",

@@ -290,17 +290,12 @@ pub fn env_value(var: &str) -> Option<OsString> {
     std::env::var_os(var)
 }
 
-/// Parses `args` (argv after the program and subcommand name) for `def`.
-pub fn parse(def: &'static CommandDef, args: &[OsString]) -> Result<Parsed, UsageError> {
-    parse_with_env(def, args, &env_value)
-}
+/// The environment as the parser sees it: [`env_value`], or a stand-in in
+/// tests (which must not change the process environment).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 
-/// [`parse`] with the environment given (tests).
-pub fn parse_with_env(
-    def: &'static CommandDef,
-    args: &[OsString],
-    env: &dyn Fn(&str) -> Option<OsString>,
-) -> Result<Parsed, UsageError> {
+/// Parses `args` (argv after the program and subcommand name) for `def`.
+pub fn parse(def: &'static CommandDef, args: &[OsString], env: Env) -> Result<Parsed, UsageError> {
     let (opts, trailing) = split_trailing(def, args);
     let has_trailing = trailing.is_some();
     let mut m = Matches {
@@ -347,8 +342,12 @@ fn read_args(m: &mut Matches, opts: &[OsString]) -> Result<Option<Parsed>, Usage
             lexopt::Arg::Short('V') | lexopt::Arg::Long("version") => {
                 return Ok(Some(Parsed::Version));
             }
-            lexopt::Arg::Long(name) => def.flag(name).ok_or_else(|| unknown(def, &format!("--{name}")))?,
-            lexopt::Arg::Short(c) => def.short_flag(c).ok_or_else(|| unknown(def, &format!("-{c}")))?,
+            lexopt::Arg::Long(name) => def
+                .flag(name)
+                .ok_or_else(|| unknown(def, &format!("--{name}")))?,
+            lexopt::Arg::Short(c) => def
+                .short_flag(c)
+                .ok_or_else(|| unknown(def, &format!("-{c}")))?,
             lexopt::Arg::Value(v) => {
                 take_positional(m, v)?;
                 continue;
@@ -428,7 +427,7 @@ fn lexopt_error(def: &CommandDef, e: lexopt::Error) -> UsageError {
 
 /// Absent or empty flags with an environment variable take its value when
 /// it is set and not empty.
-fn apply_env(m: &mut Matches, env: &dyn Fn(&str) -> Option<OsString>) {
+fn apply_env(m: &mut Matches, env: Env) {
     for (flag, given) in m.def.flags.iter().zip(m.given.iter_mut()) {
         let Some(var) = flag.env else { continue };
         let empty = match given {
@@ -476,7 +475,11 @@ fn check_required(m: &Matches) -> Result<(), UsageError> {
 impl Matches {
     fn index(&self, long: &str) -> Option<usize> {
         let i = self.def.flag(long);
-        debug_assert!(i.is_some(), "--{long} is not in the table of {}", self.def.program());
+        debug_assert!(
+            i.is_some(),
+            "--{long} is not in the table of {}",
+            self.def.program()
+        );
         i
     }
 
@@ -509,7 +512,11 @@ impl Matches {
 
     /// A required flag's or a defaulted flag's value through `f` (always
     /// there once parsed; absent reads as "required").
-    pub fn get<T>(&self, long: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<T, UsageError> {
+    pub fn get<T>(
+        &self,
+        long: &str,
+        f: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, UsageError> {
         self.parse(long, f)?
             .ok_or_else(|| usage_error(format!("--{long} is required")))
     }
@@ -555,9 +562,12 @@ impl Matches {
     /// Positional `i` as UTF-8 text, named in the error.
     pub fn positional_string(&self, i: usize) -> Result<String, UsageError> {
         let name = self.def.positionals.get(i).map_or("", |p| p.name);
-        self.positional(i)
-            .into_string()
-            .map_err(|v| usage_error(format!("<{name}>: `{}` is not valid UTF-8", v.to_string_lossy())))
+        self.positional(i).into_string().map_err(|v| {
+            usage_error(format!(
+                "<{name}>: `{}` is not valid UTF-8",
+                v.to_string_lossy()
+            ))
+        })
     }
 
     /// The run path's COMMAND.
@@ -589,13 +599,9 @@ where
         .map_err(|e| format!("`{s}` is not a whole number: {e}"))
 }
 
-/// `--help` of `def`, exactly as printed (ends with a newline).
-pub fn help(def: &CommandDef) -> String {
-    help_with_env(def, &env_value)
-}
-
-/// [`help`] with the environment given (tests).
-pub fn help_with_env(def: &CommandDef, env: &dyn Fn(&str) -> Option<OsString>) -> String {
+/// `--help` of `def`, exactly as printed (ends with a newline). `env`
+/// supplies the current value of a flag's variable, which help shows.
+pub fn help(def: &CommandDef, env: Env) -> String {
     let mut out = format!("{}\n\nUsage: {}\n", def.about, def.usage());
     if !def.positionals.is_empty() {
         out.push_str("\nArguments:\n");
@@ -635,12 +641,7 @@ pub fn help_with_env(def: &CommandDef, env: &dyn Fn(&str) -> Option<OsString>) -
 
 /// A flag's help text with its default and environment notes.
 /// `col` is the help column (where the run path's note must fit).
-fn flag_help(
-    style: Style,
-    f: &Flag,
-    col: usize,
-    env: &dyn Fn(&str) -> Option<OsString>,
-) -> String {
+fn flag_help(style: Style, f: &Flag, col: usize, env: Env) -> String {
     let default = match f.default {
         Default::Value(d) | Default::Note(d) => Some(d),
         Default::None => None,
@@ -751,11 +752,8 @@ mod tests {
         parse_env_t(args, &no_env)
     }
 
-    fn parse_env_t(
-        args: &[&str],
-        env: &dyn Fn(&str) -> Option<OsString>,
-    ) -> Result<Matches, String> {
-        match parse_with_env(&T, &os(args), env) {
+    fn parse_env_t(args: &[&str], env: Env) -> Result<Matches, String> {
+        match parse(&T, &os(args), env) {
             Ok(Parsed::Args(m)) => Ok(m),
             Ok(other) => Err(format!("{other:?}")),
             Err(e) => Err(e.0),
@@ -798,7 +796,10 @@ mod tests {
             "<TASK> is required: usage is leaseagent t [OPTIONS] --listen <ADDR> <TASK>"
         );
         let e = parse_t(&[]).unwrap_err();
-        assert!(e.starts_with("--listen <ADDR> and <TASK> are required"), "{e}");
+        assert!(
+            e.starts_with("--listen <ADDR> and <TASK> are required"),
+            "{e}"
+        );
         let e = parse_t(&["--listen", "a", "x", "y"]).unwrap_err();
         assert!(e.starts_with("unexpected argument `y`: usage is"), "{e}");
         let e = parse_t(&["--listen", "a", "--json=1", "x"]).unwrap_err();
@@ -815,21 +816,39 @@ mod tests {
 
     #[test]
     fn help_and_version_win_over_later_errors_and_missing_arguments() {
-        assert!(matches!(parse_with_env(&T, &os(&["-h", "--bogus"]), &no_env), Ok(Parsed::Help)));
-        assert!(matches!(parse_with_env(&T, &os(&["--version"]), &no_env), Ok(Parsed::Version)));
-        assert!(matches!(parse_with_env(&T, &os(&["-qh"]), &no_env), Ok(Parsed::Help)));
-        assert!(parse_with_env(&T, &os(&["--bogus", "-h"]), &no_env).is_err());
+        assert!(matches!(
+            parse(&T, &os(&["-h", "--bogus"]), &no_env),
+            Ok(Parsed::Help)
+        ));
+        assert!(matches!(
+            parse(&T, &os(&["--version"]), &no_env),
+            Ok(Parsed::Version)
+        ));
+        assert!(matches!(
+            parse(&T, &os(&["-qh"]), &no_env),
+            Ok(Parsed::Help)
+        ));
+        assert!(parse(&T, &os(&["--bogus", "-h"]), &no_env).is_err());
     }
 
     #[test]
     fn environment_fills_absent_or_empty_flags() {
         let env = |v: &str| (v == "T_AUTHORITY").then(|| OsString::from("http://e:1"));
         let m = parse_env_t(&["--listen", "a", "x"], &env).unwrap();
-        assert_eq!(m.string("authority").unwrap().as_deref(), Some("http://e:1"));
+        assert_eq!(
+            m.string("authority").unwrap().as_deref(),
+            Some("http://e:1")
+        );
         let m = parse_env_t(&["--listen", "a", "--authority", "", "x"], &env).unwrap();
-        assert_eq!(m.string("authority").unwrap().as_deref(), Some("http://e:1"));
+        assert_eq!(
+            m.string("authority").unwrap().as_deref(),
+            Some("http://e:1")
+        );
         let m = parse_env_t(&["--listen", "a", "--authority", "http://f:1", "x"], &env).unwrap();
-        assert_eq!(m.string("authority").unwrap().as_deref(), Some("http://f:1"));
+        assert_eq!(
+            m.string("authority").unwrap().as_deref(),
+            Some("http://f:1")
+        );
         // An empty variable counts as unset.
         let empty = |_: &str| Some(OsString::new());
         let m = parse_env_t(&["--listen", "a", "x"], &empty).unwrap();
@@ -838,12 +857,18 @@ mod tests {
 
     #[test]
     fn help_is_rendered_from_the_table() {
-        let h = help_with_env(&T, &no_env);
+        let h = help(&T, &no_env);
         assert!(h.starts_with("A test command\n\nUsage: leaseagent t [OPTIONS] --listen <ADDR> <TASK>\n\nArguments:\n  <TASK>  The task\n\nOptions:\n"), "{h}");
-        assert!(h.contains("\n      --ttl <DUR>        Time [default: 30s]\n"), "{h}");
+        assert!(
+            h.contains("\n      --ttl <DUR>        Time [default: 30s]\n"),
+            "{h}"
+        );
         assert!(h.contains("\n  -q, --quiet            Quiet\n"), "{h}");
         assert!(h.contains("Authority [env: T_AUTHORITY=]\n"), "{h}");
-        assert!(h.ends_with("  -V, --version          Print version\n\nExamples:\n  leaseagent t\n"), "{h}");
+        assert!(
+            h.ends_with("  -V, --version          Print version\n\nExamples:\n  leaseagent t\n"),
+            "{h}"
+        );
     }
 
     #[test]

@@ -56,6 +56,11 @@ const SUBCOMMANDS: &[(&CommandDef, Build)] = &[
 
 /// Turns argv (including `argv[0]`) into a [`Command`].
 pub fn parse(argv: Vec<OsString>) -> Command {
+    parse_env(argv, &flags::env_value)
+}
+
+/// [`parse`] with the environment as `env` sees it.
+fn parse_env(argv: Vec<OsString>, env: flags::Env) -> Command {
     let rest = &argv[1.min(argv.len())..];
     let first = rest.first().and_then(|a| a.to_str()).unwrap_or("");
     if first == crate::keeper::KEEPER_ARG {
@@ -66,8 +71,8 @@ pub fn parse(argv: Vec<OsString>) -> Command {
             Some((d, b)) => (d, *b, &rest[1..]),
             None => (&defs::RUN, run, rest),
         };
-    let parsed = flags::parse(def, args).and_then(|p| match p {
-        Parsed::Help => Ok(print(&flags::help(def))),
+    let parsed = flags::parse(def, args, env).and_then(|p| match p {
+        Parsed::Help => Ok(print(&flags::help(def, env))),
         Parsed::Version => Ok(print(&format!(
             "{} {}\n",
             def.program(),
@@ -169,12 +174,21 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn run(args: &[&str]) -> Result<RunConfig, u8> {
+    fn no_env(_: &str) -> Option<OsString> {
+        None
+    }
+
+    /// Parses `leaseagent ARGS` with `env` as the environment.
+    fn cmd(args: &[&str], env: flags::Env) -> Command {
         let argv = std::iter::once("leaseagent")
             .chain(args.iter().copied())
             .map(OsString::from)
             .collect();
-        match parse(argv) {
+        parse_env(argv, env)
+    }
+
+    fn run(args: &[&str]) -> Result<RunConfig, u8> {
+        match cmd(args, &no_env) {
             Command::Run(c) => Ok(c),
             Command::Exit(code) => Err(code),
             _ => Err(255),
@@ -265,5 +279,196 @@ mod tests {
             Some(125)
         );
         assert_eq!(run(&["--version"]).err(), Some(0));
+    }
+
+    fn test_env(var: &str) -> Option<OsString> {
+        match var {
+            "LEASEAGENT_TASK" => Some("from-env".into()),
+            "LEASEAGENT_AUTHORITY" => Some("http://e:1".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn run_path_takes_task_and_authority_from_the_environment() {
+        use crate::authority::AuthoritySpec;
+        let Command::Run(c) = cmd(&["--", "true"], &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.task, "from-env");
+        assert_eq!(c.authority, AuthoritySpec::Http("http://e:1".into()));
+        // Flags win over the environment; an empty --authority takes it.
+        let argv = ["--task", "t", "--authority", "http://f:1", "--", "true"];
+        let Command::Run(c) = cmd(&argv, &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.task, "t");
+        assert_eq!(c.authority, AuthoritySpec::Http("http://f:1".into()));
+        let Command::Run(c) = cmd(&["--authority=", "--task=t", "--", "true"], &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.authority, AuthoritySpec::Http("http://e:1".into()));
+        // Without the environment the task is required.
+        assert!(matches!(cmd(&["--", "true"], &no_env), Command::Exit(125)));
+    }
+
+    #[test]
+    fn run_path_flags_reach_the_config() {
+        let c = run(&[
+            "--authority",
+            "http://h:1",
+            "--task",
+            "t",
+            "--ttl",
+            "9s",
+            "--heartbeat",
+            "2s",
+            "--grace",
+            "1s",
+            "--holder",
+            "me",
+            "--on-expiry",
+            "grace",
+            "--expiry-grace",
+            "4s",
+            "--",
+            "cmd",
+            "--",
+            "x",
+        ])
+        .unwrap();
+        let s = Duration::from_secs;
+        assert_eq!((c.ttl, c.heartbeat, c.grace), (s(9), s(2), s(1)));
+        assert_eq!(c.holder, "me");
+        assert_eq!(c.on_expiry, crate::authority::ExpiryPolicy::Grace);
+        assert_eq!(c.expiry_grace, s(4));
+        // Only the first `--` ends the flags.
+        assert_eq!(c.command, ["cmd", "--", "x"].map(OsString::from));
+        // The last of a repeated run flag wins, as it always did.
+        let c = run(&[
+            "--authority",
+            "http://h:1",
+            "--task",
+            "a",
+            "--task",
+            "b",
+            "--",
+            "x",
+        ])
+        .unwrap();
+        assert_eq!(c.task, "b");
+    }
+
+    #[test]
+    fn operator_commands_take_the_authority_from_the_environment() {
+        let Command::Leases(a) = cmd(&["leases"], &test_env) else {
+            panic!("not leases")
+        };
+        assert_eq!(a.authority.authority.as_deref(), Some("http://e:1"));
+        assert!(!a.json);
+        let Command::Leases(a) = cmd(&["leases", "--json"], &no_env) else {
+            panic!("not leases")
+        };
+        assert_eq!(a.authority.authority, None);
+        assert!(a.json);
+        let argv = ["revoke", "--force", "--authority=http://f:1", "t"];
+        let Command::Revoke(a) = cmd(&argv, &test_env) else {
+            panic!("not revoke")
+        };
+        assert_eq!(a.authority.authority.as_deref(), Some("http://f:1"));
+        assert_eq!((a.task.as_str(), a.force, a.json), ("t", true, false));
+        let Command::Clear(a) = cmd(&["clear", "--json", "--", "-t"], &no_env) else {
+            panic!("not clear")
+        };
+        assert_eq!((a.task.as_str(), a.json), ("-t", true));
+    }
+
+    #[test]
+    fn serve_publish_and_check_build_their_arguments() {
+        let Command::Serve(a) = cmd(&["serve", "--listen", "127.0.0.1:0", "--db=x.db"], &no_env)
+        else {
+            panic!("not serve")
+        };
+        assert_eq!(a.listen, "127.0.0.1:0");
+        assert_eq!(a.db, std::path::PathBuf::from("x.db"));
+        assert_eq!(a.max_connections, 1024);
+        let argv = [
+            "serve",
+            "--max-connections",
+            "5",
+            "--db",
+            "d",
+            "--listen",
+            "l",
+        ];
+        let Command::Serve(a) = cmd(&argv, &no_env) else {
+            panic!("not serve")
+        };
+        assert_eq!(a.max_connections, 5);
+
+        let Command::Publish(a) = cmd(&["publish", "a", "b"], &no_env) else {
+            panic!("not publish")
+        };
+        assert_eq!(a.token, None);
+        assert_eq!(a.lock_timeout, Duration::from_secs(30));
+        assert_eq!((a.src.to_str(), a.dest.to_str()), (Some("a"), Some("b")));
+        let argv = ["publish", "--token", "7", "--lock-timeout", "2s", "a", "b"];
+        let Command::Publish(a) = cmd(&argv, &no_env) else {
+            panic!("not publish")
+        };
+        assert_eq!((a.token, a.lock_timeout), (Some(7), Duration::from_secs(2)));
+
+        let Command::Check(a) = cmd(&["check"], &no_env) else {
+            panic!("not check")
+        };
+        assert_eq!(
+            (a.min_remaining, a.quiet, a.json),
+            (Duration::ZERO, false, false)
+        );
+        let argv = ["check", "-q", "--json", "--min-remaining", "5s"];
+        let Command::Check(a) = cmd(&argv, &no_env) else {
+            panic!("not check")
+        };
+        assert_eq!(
+            (a.min_remaining, a.quiet, a.json),
+            (Duration::from_secs(5), true, true)
+        );
+    }
+
+    #[test]
+    fn help_texts_are_the_golden_files() {
+        let golden = [
+            (
+                &defs::RUN,
+                include_str!("../../tests/integration/golden/help-run.txt"),
+            ),
+            (
+                &defs::SERVE,
+                include_str!("../../tests/integration/golden/help-serve.txt"),
+            ),
+            (
+                &defs::PUBLISH,
+                include_str!("../../tests/integration/golden/help-publish.txt"),
+            ),
+            (
+                &defs::CHECK,
+                include_str!("../../tests/integration/golden/help-check.txt"),
+            ),
+            (
+                &defs::LEASES,
+                include_str!("../../tests/integration/golden/help-leases.txt"),
+            ),
+            (
+                &defs::REVOKE,
+                include_str!("../../tests/integration/golden/help-revoke.txt"),
+            ),
+            (
+                &defs::CLEAR,
+                include_str!("../../tests/integration/golden/help-clear.txt"),
+            ),
+        ];
+        for (def, want) in golden {
+            assert_eq!(flags::help(def, &no_env), want, "{}", def.program());
+        }
     }
 }

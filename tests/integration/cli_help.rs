@@ -35,7 +35,9 @@ fn golden(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-const COMMANDS: &[&str] = &["run", "serve", "publish", "check", "leases", "revoke", "clear"];
+const COMMANDS: &[&str] = &[
+    "run", "serve", "publish", "check", "leases", "revoke", "clear",
+];
 
 #[test]
 fn every_help_is_byte_for_byte_the_golden_file() {
@@ -78,7 +80,10 @@ fn help_wins_over_missing_arguments_and_shows_the_authority_variable() {
 fn version_of_every_command() {
     let v = env!("CARGO_PKG_VERSION");
     for flag in ["--version", "-V"] {
-        assert_eq!(run(&[flag]), (0, format!("leaseagent {v}\n"), String::new()));
+        assert_eq!(
+            run(&[flag]),
+            (0, format!("leaseagent {v}\n"), String::new())
+        );
         for sub in &COMMANDS[1..] {
             assert_eq!(
                 run(&[sub, flag]),
@@ -94,7 +99,10 @@ fn version_of_every_command() {
 fn usage_errors_exit_125_with_one_line_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
         // The run path (its messages predate the one parser).
-        (&["--bogus"], "leaseagent: error: unknown option --bogus (see leaseagent --help)"),
+        (
+            &["--bogus"],
+            "leaseagent: error: unknown option --bogus (see leaseagent --help)",
+        ),
         (&["--task"], "leaseagent: error: --task needs a value"),
         (
             &["--ttl", "5x", "--task", "t", "--", "true"],
@@ -117,7 +125,10 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
             &["serve", "--bogus"],
             "leaseagent serve: error: unknown option --bogus (see leaseagent serve --help)",
         ),
-        (&["serve", "--listen"], "leaseagent serve: error: --listen needs a value"),
+        (
+            &["serve", "--listen"],
+            "leaseagent serve: error: --listen needs a value",
+        ),
         (
             &["serve"],
             "leaseagent serve: error: --listen <ADDR> and --db <PATH> are required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
@@ -127,7 +138,15 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
             "leaseagent serve: error: --db <PATH> is required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
         ),
         (
-            &["serve", "--listen", "x", "--db", "y", "--max-connections", "abc"],
+            &[
+                "serve",
+                "--listen",
+                "x",
+                "--db",
+                "y",
+                "--max-connections",
+                "abc",
+            ],
             "leaseagent serve: error: --max-connections: `abc` is not a whole number: invalid digit found in string",
         ),
         (
@@ -143,7 +162,10 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
             &["publish", "--bogus", "a", "b"],
             "leaseagent publish: error: unknown option --bogus (see leaseagent publish --help)",
         ),
-        (&["publish", "--token"], "leaseagent publish: error: --token needs a value"),
+        (
+            &["publish", "--token"],
+            "leaseagent publish: error: --token needs a value",
+        ),
         (
             &["publish", "--token", "x", "a", "b"],
             "leaseagent publish: error: --token: `x` is not a whole number: invalid digit found in string",
