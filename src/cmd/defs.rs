@@ -2,7 +2,7 @@
 //! the order help lists them. Parsing and `--help` are both driven from
 //! here (see [`super::flags`] for the rules and how to add a flag).
 
-use super::flags::{CommandDef, Flag, Positional, Style};
+use super::flags::{CommandDef, Flag, Group, Positional, Style};
 
 /// The operator commands' `--authority`.
 const AUTHORITY: Flag = Flag::value("authority", "URL", "Lease authority")
@@ -18,7 +18,9 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
     usage: Some(
         "leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]\n       leaseagent SUBCOMMAND [ARGS]",
     ),
-    flags: &[
+    groups: &[Group {
+        heading: None,
+        flags: &[
         Flag::value(
             "authority",
             "URL",
@@ -66,6 +68,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
         )
         .optional_value(),
     ],
+    }],
     positionals: &[],
     notes: Some("DUR is a whole number with a unit: 250ms, 2s, 5m, 1h."),
     examples: "\
@@ -99,26 +102,29 @@ pub static SERVE: CommandDef = CommandDef {
     name: "serve",
     about: "The reference lease authority (lease protocol v1) with its state in SQLite",
     usage: None,
-    flags: &[
-        Flag::value(
-            "listen",
-            "ADDR",
-            "Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)",
-        )
-        .required(),
-        Flag::value(
-            "db",
-            "PATH",
-            "SQLite database file holding tokens and leases (created if missing)",
-        )
-        .required(),
-        Flag::value(
-            "max-connections",
-            "N",
-            "Most open connections; beyond this, new ones get 503",
-        )
-        .default_value("1024"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value(
+                "listen",
+                "ADDR",
+                "Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)",
+            )
+            .required(),
+            Flag::value(
+                "db",
+                "PATH",
+                "SQLite database file holding tokens and leases (created if missing)",
+            )
+            .required(),
+            Flag::value(
+                "max-connections",
+                "N",
+                "Most open connections; beyond this, new ones get 503",
+            )
+            .default_value("1024"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -139,15 +145,18 @@ pub static PUBLISH: CommandDef = CommandDef {
     name: "publish",
     about: "Move a job's output into place only if its fencing token is not superseded",
     usage: None,
-    flags: &[
-        Flag::value("token", "N", "Fencing token of this attempt").default_note("$LEASE_TOKEN"),
-        Flag::value(
-            "lock-timeout",
-            "DUR",
-            "Longest wait for another publisher of DEST",
-        )
-        .default_value("30s"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value("token", "N", "Fencing token of this attempt").default_note("$LEASE_TOKEN"),
+            Flag::value(
+                "lock-timeout",
+                "DUR",
+                "Longest wait for another publisher of DEST",
+            )
+            .default_value("30s"),
+        ],
+    }],
     positionals: &[
         Positional {
             name: "SRC",
@@ -184,20 +193,23 @@ pub static CHECK: CommandDef = CommandDef {
     name: "check",
     about: "Exit 0 while this job's lease is valid for at least --min-remaining",
     usage: None,
-    flags: &[
-        Flag::value(
-            "min-remaining",
-            "DUR",
-            "Succeed only if the lease is valid for at least this much longer",
-        )
-        .default_value("0s"),
-        Flag::switch(
-            "quiet",
-            "Print nothing on stderr; the exit status alone answers",
-        )
-        .short('q'),
-        Flag::switch("json", "Print the lease view as one JSON object on stdout"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value(
+                "min-remaining",
+                "DUR",
+                "Succeed only if the lease is valid for at least this much longer",
+            )
+            .default_value("0s"),
+            Flag::switch(
+                "quiet",
+                "Print nothing on stderr; the exit status alone answers",
+            )
+            .short('q'),
+            Flag::switch("json", "Print the lease view as one JSON object on stdout"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -215,10 +227,13 @@ pub static LEASES: CommandDef = CommandDef {
     name: "leases",
     about: "List the leases an authority holds",
     usage: None,
-    flags: &[
-        AUTHORITY,
-        Flag::switch("json", "Print JSON instead of a table"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch("json", "Print JSON instead of a table"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -236,14 +251,17 @@ pub static REVOKE: CommandDef = CommandDef {
     name: "revoke",
     about: "Revoke a task's current lease",
     usage: None,
-    flags: &[
-        AUTHORITY,
-        Flag::switch(
-            "force",
-            "Free the task at once instead of after the lease's current expiry",
-        ),
-        Flag::switch("json", "Print JSON instead of text"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch(
+                "force",
+                "Free the task at once instead of after the lease's current expiry",
+            ),
+            Flag::switch("json", "Print JSON instead of text"),
+        ],
+    }],
     positionals: &[Positional {
         name: "TASK",
         help: "The task whose current lease is revoked",
@@ -264,10 +282,13 @@ pub static CLEAR: CommandDef = CommandDef {
     name: "clear",
     about: "Free a task held for an operator (after an expiry with --on-expiry hold)",
     usage: None,
-    flags: &[
-        AUTHORITY,
-        Flag::switch("json", "Print JSON instead of text"),
-    ],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch("json", "Print JSON instead of text"),
+        ],
+    }],
     positionals: &[Positional {
         name: "TASK",
         help: "The task held for an operator",

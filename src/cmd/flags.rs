@@ -17,13 +17,17 @@
 //!
 //! ## Adding a flag
 //!
-//! One entry in the command's `flags` list in `defs.rs`, e.g.
-//! `Flag::value("ca-file", "PATH", "CA certificates to trust")`, plus, where
-//! the command's arguments are built, one line reading it
-//! (`m.path("ca-file")`, `m.switch("force")`, `m.parse("ttl", dur)?`). Help
+//! One entry in the command's flag list in `defs.rs`, e.g.
+//! `Flag::value("ca-file", "FILE", "CA certificates to trust")`, plus, where
+//! the command's arguments are built (`cmd/mod.rs`), one line reading it
+//! (`m.os("ca-file")`, `m.switch("force")`, `m.parse("ttl", dur)?`). Help
 //! is generated from the entry. Builders: `.short('q')`, `.env("VAR")`,
 //! `.default_value("30s")` (applied when absent, shown), `.default_note("ttl/3")`
 //! (shown only), `.required()`, `.optional_value()` (`--wait [DUR]`).
+//! Flags shared by several commands are one `const` (see `AUTHORITY`); a
+//! set of them that help should show under its own heading is a [`Group`]
+//! (`Group { heading: Some("Trust"), flags: &[..] }`) in each command's
+//! `groups`.
 //!
 //! ## Rules (the same for every command)
 //!
@@ -44,11 +48,13 @@
 //!
 //! Subcommands keep the layout they had under clap: `<VALUE>` names, columns
 //! two spaces after the longest flag, help text word-wrapped at 100 columns,
-//! `[default: ..] [env: VAR=current value]` after the text. The run path's
-//! help is laid out by hand: bare `VALUE` names, column one space after the
-//! longest flag, lines broken where the table's text has `\n`, and
-//! `[env: VAR; default: ..]` on the text's last line when the text is broken
-//! by hand or the note fits in 100 columns, else on a line of its own.
+//! `[default: ..] [env: VAR=current value]` after the text, `-h`/`-V` at the
+//! end of "Options:", other groups after it. The run path keeps its
+//! hand-made layout: bare `VALUE` names, help at column 25 (a longer flag
+//! puts its help on the next line), lines broken only where the table's
+//! text has `\n`, `[env: VAR; default: ..]` on the text's last line when
+//! the text is broken by hand or the note fits in 100 columns, else on a
+//! line of its own, and `-h`/`-V` at the end of the last group.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -168,6 +174,15 @@ pub struct Positional {
     pub help: &'static str,
 }
 
+/// Flags listed together in help; the first group of a command has no
+/// heading (it is "Options:"), later ones may have one (say, "Trust").
+#[derive(Debug)]
+pub struct Group {
+    /// Shown as `HEADING:` above the group.
+    pub heading: Option<&'static str>,
+    pub flags: &'static [Flag],
+}
+
 /// How a command's help is laid out and a few parsing rules (module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Style {
@@ -186,7 +201,7 @@ pub struct CommandDef {
     pub about: &'static str,
     /// The usage line after `Usage: `; generated when `None`.
     pub usage: Option<&'static str>,
-    pub flags: &'static [Flag],
+    pub groups: &'static [Group],
     pub positionals: &'static [Positional],
     /// Text after the options.
     pub notes: Option<&'static str>,
@@ -208,12 +223,21 @@ impl CommandDef {
         }
     }
 
+    /// Every flag of every group, in order: [`Matches`] indexes this.
+    fn flags(&self) -> impl Iterator<Item = &'static Flag> + use<> {
+        self.groups.iter().flat_map(|g| g.flags.iter())
+    }
+
     fn flag(&self, long: &str) -> Option<usize> {
-        self.flags.iter().position(|f| f.long == long)
+        self.flags().position(|f| f.long == long)
     }
 
     fn short_flag(&self, c: char) -> Option<usize> {
-        self.flags.iter().position(|f| f.short == Some(c))
+        self.flags().position(|f| f.short == Some(c))
+    }
+
+    fn flag_at(&self, i: usize) -> Option<&'static Flag> {
+        self.flags().nth(i)
     }
 
     /// The usage line (without `Usage: `).
@@ -222,7 +246,7 @@ impl CommandDef {
             return u.to_string();
         }
         let mut u = format!("{} [OPTIONS]", self.program());
-        for f in self.flags.iter().filter(|f| f.required) {
+        for f in self.flags().filter(|f| f.required) {
             u.push_str(&format!(" --{}{}", f.long, self.value_text(f.value)));
         }
         for p in self.positionals {
@@ -300,7 +324,7 @@ pub fn parse(def: &'static CommandDef, args: &[OsString], env: Env) -> Result<Pa
     let has_trailing = trailing.is_some();
     let mut m = Matches {
         def,
-        given: vec![None; def.flags.len()],
+        given: vec![None; def.flags().count()],
         positionals: Vec::new(),
         trailing: trailing.unwrap_or_default(),
     };
@@ -353,7 +377,9 @@ fn read_args(m: &mut Matches, opts: &[OsString]) -> Result<Option<Parsed>, Usage
                 continue;
             }
         };
-        let flag = &def.flags[idx];
+        let Some(flag) = def.flag_at(idx) else {
+            continue;
+        };
         let given = read_value(&mut p, flag)?;
         if m.given[idx].is_some() && def.style == Style::Sub {
             return Err(usage_error(format!(
@@ -428,7 +454,7 @@ fn lexopt_error(def: &CommandDef, e: lexopt::Error) -> UsageError {
 /// Absent or empty flags with an environment variable take its value when
 /// it is set and not empty.
 fn apply_env(m: &mut Matches, env: Env) {
-    for (flag, given) in m.def.flags.iter().zip(m.given.iter_mut()) {
+    for (flag, given) in m.def.flags().zip(m.given.iter_mut()) {
         let Some(var) = flag.env else { continue };
         let empty = match given {
             None => true,
@@ -446,8 +472,7 @@ fn apply_env(m: &mut Matches, env: Env) {
 fn check_required(m: &Matches) -> Result<(), UsageError> {
     let def = m.def;
     let mut missing: Vec<String> = def
-        .flags
-        .iter()
+        .flags()
         .zip(&m.given)
         .filter(|(f, g)| f.required && g.is_none())
         .map(|(f, _)| format!("--{}{}", f.long, def.value_text(f.value)))
@@ -485,7 +510,7 @@ impl Matches {
 
     fn raw(&self, long: &str) -> Option<Given> {
         let i = self.index(long)?;
-        match (&self.given[i], self.def.flags[i].default) {
+        match (&self.given[i], self.def.flag_at(i)?.default) {
             (Some(g), _) => Some(g.clone()),
             (None, Default::Value(d)) => Some(Given::Value(d.into())),
             (None, _) => None,
@@ -610,10 +635,31 @@ pub fn help(def: &CommandDef, env: Env) -> String {
             .iter()
             .map(|p| (format!("  <{}>", p.name), p.help.to_string()))
             .collect();
-        out.push_str(&table(&rows, 2, true));
+        let col = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0) + 2;
+        out.push_str(&table(&rows, col, true));
     }
-    out.push_str("\nOptions:\n");
-    let flags: Vec<&Flag> = def.flags.iter().chain([&HELP, &VERSION]).collect();
+    let last = def.groups.len().saturating_sub(1);
+    for (i, group) in def.groups.iter().enumerate() {
+        out.push_str(&format!("\n{}:\n", group.heading.unwrap_or("Options")));
+        // -h and -V close "Options:" (as clap had them) in subcommands, and
+        // the whole list on the run path.
+        let builtin = match def.style {
+            Style::Sub => i == 0,
+            Style::Run => i == last,
+        };
+        let extra: &[&Flag] = if builtin { &[&HELP, &VERSION] } else { &[] };
+        let flags: Vec<&Flag> = group.flags.iter().chain(extra.iter().copied()).collect();
+        out.push_str(&flag_rows(def, &flags, env));
+    }
+    if let Some(notes) = def.notes {
+        out.push_str(&format!("\n{notes}\n"));
+    }
+    out.push_str(&format!("\n{}\n", def.examples));
+    out
+}
+
+/// The rows of one group of flags.
+fn flag_rows(def: &CommandDef, flags: &[&Flag], env: Env) -> String {
     let specs: Vec<String> = flags
         .iter()
         .map(|f| {
@@ -621,23 +667,21 @@ pub fn help(def: &CommandDef, env: Env) -> String {
             format!("  {short}--{}{}", f.long, def.value_text(f.value))
         })
         .collect();
-    let gap = match def.style {
-        Style::Sub => 2,
-        Style::Run => 1,
+    let col = match def.style {
+        Style::Sub => specs.iter().map(String::len).max().unwrap_or(0) + 2,
+        Style::Run => RUN_COLUMN,
     };
-    let col = specs.iter().map(String::len).max().unwrap_or(0) + gap;
     let rows: Vec<(String, String)> = specs
         .into_iter()
-        .zip(&flags)
+        .zip(flags)
         .map(|(spec, f)| (spec, flag_help(def.style, f, col, env)))
         .collect();
-    out.push_str(&table(&rows, gap, def.style == Style::Sub));
-    if let Some(notes) = def.notes {
-        out.push_str(&format!("\n{notes}\n"));
-    }
-    out.push_str(&format!("\n{}\n", def.examples));
-    out
+    table(&rows, col, def.style == Style::Sub)
 }
+
+/// Where the run path's flag help starts; a longer flag puts its help on
+/// the next line.
+const RUN_COLUMN: usize = 25;
 
 /// A flag's help text with its default and environment notes.
 /// `col` is the help column (where the run path's note must fit).
@@ -679,20 +723,24 @@ fn flag_help(style: Style, f: &Flag, col: usize, env: Env) -> String {
     }
 }
 
-/// Two columns: specs padded to the longest plus `gap`; help lines after
-/// the first are indented to the help column. `wrap`: word-wrap the help at
+/// Two columns, the help starting at column `col`; a spec that leaves no
+/// space before it is a line of its own. `wrap`: word-wrap the help at
 /// [`HELP_WIDTH`]; otherwise break only at the text's own newlines.
-fn table(rows: &[(String, String)], gap: usize, wrap: bool) -> String {
-    let col = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0) + gap;
+fn table(rows: &[(String, String)], col: usize, wrap: bool) -> String {
     let mut out = String::new();
     for (spec, help) in rows {
+        if spec.len() >= col {
+            out.push_str(spec);
+            out.push('\n');
+        }
+        let spec = if spec.len() >= col { "" } else { spec.as_str() };
         let lines = if wrap {
             wrap_words(help, HELP_WIDTH.saturating_sub(col))
         } else {
             help.lines().map(str::to_string).collect()
         };
         for (i, line) in lines.iter().enumerate() {
-            let lead = if i == 0 { spec.as_str() } else { "" };
+            let lead = if i == 0 { spec } else { "" };
             out.push_str(&format!("{lead:<col$}{line}\n"));
         }
     }
@@ -724,12 +772,20 @@ mod tests {
         name: "t",
         about: "A test command",
         usage: None,
-        flags: &[
-            Flag::value("listen", "ADDR", "Address").required(),
-            Flag::value("ttl", "DUR", "Time").default_value("30s"),
-            Flag::value("authority", "URL", "Authority").env("T_AUTHORITY"),
-            Flag::switch("quiet", "Quiet").short('q'),
-            Flag::switch("json", "JSON"),
+        groups: &[
+            Group {
+                heading: None,
+                flags: &[
+                    Flag::value("listen", "ADDR", "Address").required(),
+                    Flag::value("ttl", "DUR", "Time").default_value("30s"),
+                    Flag::value("authority", "URL", "Authority").env("T_AUTHORITY"),
+                    Flag::switch("quiet", "Quiet").short('q'),
+                ],
+            },
+            Group {
+                heading: Some("Output"),
+                flags: &[Flag::switch("json", "JSON")],
+            },
         ],
         positionals: &[Positional {
             name: "TASK",
@@ -866,8 +922,66 @@ mod tests {
         assert!(h.contains("\n  -q, --quiet            Quiet\n"), "{h}");
         assert!(h.contains("Authority [env: T_AUTHORITY=]\n"), "{h}");
         assert!(
-            h.ends_with("  -V, --version          Print version\n\nExamples:\n  leaseagent t\n"),
+            h.ends_with("  -V, --version          Print version\n\nOutput:\n      --json  JSON\n\nExamples:\n  leaseagent t\n"),
             "{h}"
+        );
+    }
+
+    static R: CommandDef = CommandDef {
+        name: "",
+        about: "Run",
+        usage: Some("leaseagent [OPTIONS] -- COMMAND"),
+        groups: &[
+            Group {
+                heading: None,
+                flags: &[Flag::value("task", "NAME", "The task").env("T_TASK")],
+            },
+            Group {
+                heading: Some("Trust"),
+                flags: &[Flag::value("auth-token-file", "FILE", "Token file").default_note("none")],
+            },
+        ],
+        positionals: &[],
+        notes: None,
+        examples: "Examples:",
+        style: Style::Run,
+    };
+
+    #[test]
+    fn run_style_help_has_a_fixed_column_and_help_version_last() {
+        let h = help(&R, &no_env);
+        assert_eq!(
+            h,
+            "Run\n\nUsage: leaseagent [OPTIONS] -- COMMAND\n\nOptions:\n      \
+             --task NAME        The task [env: T_TASK]\n\nTrust:\n      --auth-token-file FILE\n                         \
+             Token file [default: none]\n  -h, --help             Print help\n  -V, --version          \
+             Print version\n\nExamples:\n"
+        );
+    }
+
+    #[test]
+    fn run_style_takes_the_command_after_the_first_dashdash() {
+        let Ok(Parsed::Args(mut m)) =
+            parse(&R, &os(&["--task", "t", "--", "a", "--", "-b"]), &no_env)
+        else {
+            panic!("no args")
+        };
+        assert_eq!(m.take_trailing(), os(&["a", "--", "-b"]));
+        // The last of a repeated flag wins on the run path.
+        let Ok(Parsed::Args(m)) = parse(&R, &os(&["--task", "a", "--task", "b", "--"]), &no_env)
+        else {
+            panic!("no args")
+        };
+        assert_eq!(m.string("task").unwrap().as_deref(), Some("b"));
+        let e = parse(&R, &os(&["--task", "t", "x"]), &no_env).unwrap_err();
+        assert!(
+            e.0.starts_with("unexpected argument `x`: the COMMAND goes after `--`"),
+            "{e}"
+        );
+        let e = parse(&R, &os(&["--task", "t"]), &no_env).unwrap_err();
+        assert_eq!(
+            e.0,
+            "no COMMAND given: usage is leaseagent [OPTIONS] -- COMMAND"
         );
     }
 
