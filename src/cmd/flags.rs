@@ -267,16 +267,9 @@ impl CommandDef {
 }
 
 /// Wrong usage: the message names the flag (or argument) at fault.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct UsageError(pub String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
 
 fn usage_error(msg: impl Into<String>) -> UsageError {
     UsageError(msg.into())
