@@ -236,6 +236,9 @@ pub struct LeaseInfo {
     pub lease_id: String,
     pub token: u64,
     pub holder: String,
+    /// The principal that acquired the lease (`""` without principals).
+    #[serde(default)]
+    pub principal: String,
     /// `active`, `grace` or `held_for_operator`.
     pub state: String,
     /// Milliseconds until expiry (for `grace`: until the task is free again;

@@ -12,7 +12,7 @@ use super::metrics::{self, Latency};
 use crate::authority::RefusalReason;
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
-use crate::engine::{EngineError, parse_policy};
+use crate::engine::{CapScope, EngineError, parse_policy};
 
 /// The request handler of `serve`.
 pub struct Api {
@@ -87,7 +87,7 @@ fn refusal(r: RefusalReason) -> Response {
 }
 
 fn engine_error(e: EngineError) -> Response {
-    match e {
+    match &e {
         EngineError::Held {
             holder,
             retry_after_ms,
@@ -104,10 +104,22 @@ fn engine_error(e: EngineError) -> Response {
                    "holder": holder, "lease_id": lease_id})
             .to_string(),
         ),
-        EngineError::Refused(r) => refusal(r),
-        EngineError::NotFound(m) => Response::error(404, "not_found", &m),
-        EngineError::BadRequest(m) => bad(m),
-        EngineError::Storage(m) => Response::error(503, "unavailable", &m),
+        EngineError::Refused(r) => refusal(*r),
+        EngineError::NotFound(m) => Response::error(404, "not_found", m),
+        EngineError::BadRequest(m) => bad(m.clone()),
+        EngineError::NotOwner { .. } => Response::error(403, "forbidden", &e.to_string()),
+        EngineError::TooManyLeases {
+            scope: CapScope::Principal,
+            ..
+        } => Response::error(429, "too_many_leases", &e.to_string()),
+        EngineError::TooManyLeases {
+            scope: CapScope::Global,
+            ..
+        } => Response::error(503, "unavailable", &e.to_string()),
+        EngineError::SequenceBehind { .. }
+        | EngineError::Storage(_)
+        | EngineError::Commit(_)
+        | EngineError::Unavailable(_) => Response::error(503, "unavailable", &e.to_string()),
     }
 }
 
@@ -128,15 +140,17 @@ impl Api {
         crate::engine::validate_grace(grace_ms).map_err(bad)?;
         let spec = AcquireSpec {
             task,
+            principal: String::new(),
+            max_leases: None,
             holder,
             ttl_ms,
             policy,
             grace_ms,
         };
-        let (lease_id, token, ttl) = self.engine.acquire(&spec).map_err(engine_error)?;
+        let g = self.engine.acquire(&spec).map_err(engine_error)?;
         Ok(Response::json(
             200,
-            json!({"lease_id": lease_id, "task": spec.task, "token": token, "ttl_ms": ttl})
+            json!({"lease_id": g.lease_id, "task": spec.task, "token": g.token, "ttl_ms": g.ttl_ms})
                 .to_string(),
         ))
     }
@@ -152,7 +166,7 @@ impl Api {
     fn renew(&self, body: &[u8]) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
-        let ttl = self.engine.renew(&id, token).map_err(engine_error)?;
+        let ttl = self.engine.renew(&id, token, "").map_err(engine_error)?;
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
@@ -170,7 +184,7 @@ impl Api {
             Some(Value::Number(n)) if n.as_i64().is_some_and(|c| i32::try_from(c).is_ok()) => {}
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
         }
-        self.engine.release(&id, token).map_err(engine_error)?;
+        self.engine.release(&id, token, "").map_err(engine_error)?;
         Ok(Response::json(200, "{}"))
     }
 
