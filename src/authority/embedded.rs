@@ -1,14 +1,15 @@
 //! The embedded per-host authority: the lease engine opened in-process on a
-//! SQLite file shared by every agent on the host (issue #3).
+//! SQLite file shared by every agent on the host.
 //!
 //! Each handle opens its own connection lazily, once, on first use (and
 //! again only after a failed open); [`Authority::clone_box`] gives a handle
 //! with its own connection, so the renewal thread never shares one with the
 //! main thread. Cross-process exclusion and durability are the engine's
-//! (see `engine::shared`): one `BEGIN IMMEDIATE` transaction per call, with
-//! SQLite's busy timeout set to the call's timeout, so every call returns
-//! within its timeout and a busy or broken database is a transient failure,
-//! never a grant or a renewal.
+//! (see `engine::file`): one immediate transaction per call, the write lock
+//! taken in turns with other processes and waited for until the call's
+//! timeout, so every call returns within its timeout and a busy or broken
+//! database is a transient failure, never a grant or a renewal. There are no
+//! principals here: every lease is owned by `""`.
 
 use std::path::PathBuf;
 use std::time::Duration;
