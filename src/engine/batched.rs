@@ -702,3 +702,174 @@ fn writer_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::ExpiryPolicy;
+
+    fn spec(task: &str, principal: &str, ttl_ms: u64, policy: ExpiryPolicy) -> AcquireSpec {
+        AcquireSpec {
+            task: task.into(),
+            principal: principal.into(),
+            holder: "h".into(),
+            ttl_ms,
+            policy,
+            grace_ms: 0,
+            max_leases: None,
+        }
+    }
+
+    fn open(d: &tempfile::TempDir, limits: Limits) -> ServeEngine {
+        ServeEngine::open_with(&d.path().join("s.db"), limits).unwrap()
+    }
+
+    #[test]
+    fn only_the_owner_renews_or_releases() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        let g = e
+            .acquire(&spec("t", "alice", 30_000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "bob"),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            e.release(&g.lease_id, g.token, ""),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert_eq!(e.leases()[0].principal, "alice");
+        e.renew(&g.lease_id, g.token, "alice").unwrap();
+        e.release(&g.lease_id, g.token, "alice").unwrap();
+        assert!(e.leases().is_empty());
+        e.shutdown();
+    }
+
+    #[test]
+    fn caps_per_principal_and_overall_and_expired_leases_are_reclaimed() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(
+            &d,
+            Limits {
+                max_live_leases: Some(3),
+            },
+        );
+        let capped = |task: &str, p: &str| {
+            let mut s = spec(task, p, 30_000, ExpiryPolicy::Redispatch);
+            s.max_leases = Some(2);
+            s
+        };
+        let a1 = e.acquire(&capped("a1", "a")).unwrap();
+        e.acquire(&capped("a2", "a")).unwrap();
+        assert!(matches!(
+            e.acquire(&capped("a3", "a")),
+            Err(EngineError::TooManyLeases {
+                scope: CapScope::Principal,
+                limit: 2
+            })
+        ));
+        e.acquire(&capped("b1", "b")).unwrap();
+        assert!(matches!(
+            e.acquire(&capped("b2", "b")),
+            Err(EngineError::TooManyLeases {
+                scope: CapScope::Global,
+                limit: 3
+            })
+        ));
+        assert_eq!(e.live_leases_of("a"), 2);
+        // A release frees a place at once.
+        e.release(&a1.lease_id, a1.token, "a").unwrap();
+        assert_eq!(e.live_leases_of("a"), 1);
+        e.acquire(&capped("b2", "b")).unwrap();
+        // An expired lease still counts until reclaimed, which a full cap does.
+        let d2 = tempfile::tempdir().unwrap();
+        let e2 = open(
+            &d2,
+            Limits {
+                max_live_leases: Some(1),
+            },
+        );
+        e2.acquire(&spec("x", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            match e2.acquire(&spec("y", "", 1000, ExpiryPolicy::Redispatch)) {
+                Ok(_) => break,
+                Err(EngineError::TooManyLeases { .. }) => {
+                    assert!(start.elapsed() < Duration::from_secs(10));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert!(start.elapsed() >= Duration::from_millis(900));
+        assert_eq!(e2.live_leases_of(""), 1);
+        e.shutdown();
+        e2.shutdown();
+    }
+
+    #[test]
+    fn pages_are_ordered_bounded_and_cover_everything_once() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        for i in 0..250 {
+            e.acquire(&spec(
+                &format!("t{i:03}"),
+                "",
+                30_000,
+                ExpiryPolicy::Redispatch,
+            ))
+            .unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let p = e.leases_page(after.as_deref(), 100);
+            assert!(p.leases.len() <= 100);
+            pages += 1;
+            seen.extend(p.leases.into_iter().map(|l| l.task));
+            match p.next_after {
+                Some(a) => after = Some(a),
+                None => break,
+            }
+        }
+        assert!((3..=4).contains(&pages), "{pages}");
+        let want: Vec<String> = (0..250).map(|i| format!("t{i:03}")).collect();
+        assert_eq!(seen, want);
+        assert_eq!(e.leases_page(Some("t100"), 1).leases[0].task, "t101");
+        e.shutdown();
+    }
+
+    #[test]
+    fn holds_tokens_and_compaction_survive_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        let held = e.acquire(&spec("h", "", 1000, ExpiryPolicy::Hold)).unwrap();
+        let mut last = held.token;
+        for _ in 0..5 {
+            let g = e
+                .acquire(&spec("r", "", 30_000, ExpiryPolicy::Redispatch))
+                .unwrap();
+            assert!(g.token > last);
+            last = g.token;
+            e.release(&g.lease_id, g.token, "").unwrap();
+        }
+        let start = std::time::Instant::now();
+        while e.state_counts().held_for_operator == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        e.shutdown();
+        let e = open(&d, Limits::default());
+        let c = e.state_counts();
+        assert_eq!((c.active, c.held_for_operator), (0, 1));
+        assert_eq!(e.leases().len(), 1, "the released task was compacted");
+        let g = e
+            .acquire(&spec("r", "", 30_000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(g.token > last, "{} after {last}", g.token);
+        e.shutdown();
+    }
+}

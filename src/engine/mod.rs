@@ -97,7 +97,10 @@ pub enum EngineError {
     NotOwner { task: String },
     /// An acquire would exceed a limit on live leases (HTTP 429 for the
     /// principal's own limit, 503 for the global one; see [`CapScope`]).
-    #[error("too many live leases ({scope:?} limit {limit})")]
+    #[error("too many live leases: {} is {limit}", match scope {
+        CapScope::Principal => "this principal's limit",
+        CapScope::Global => "the authority's limit",
+    })]
     TooManyLeases { scope: CapScope, limit: u64 },
     /// Operator call with nothing to act on.
     #[error("{0}")]
