@@ -7,7 +7,9 @@
 //! `synchronous=FULL`). SQLite's write lock serialises agents, so two
 //! processes racing for a free task cannot both see it free: exactly one
 //! grant. Processes take turns at the write lock through [`super::gate`], so
-//! a peer that commits in a tight loop cannot starve the others; every wait
+//! a peer that commits in a tight loop cannot starve the others (a turn is
+//! waited for at most half the time left, so a stopped peer holding the gate
+//! cannot stall the rest); every wait
 //! (gate, write lock, a busy answer retried) ends at the call's deadline, and
 //! then the call fails as transient.
 //!
@@ -27,7 +29,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::authority::LeaseInfo;
 
-use super::gate::{self, Gate};
+use super::gate::{self, Gate, GateError, Turn};
 use super::rules::{AcquireSpec, NewLease, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
 use super::{EngineError, Granted, Page, now_ms, validate_acquire};
@@ -59,13 +61,26 @@ fn deadline_in(timeout: Duration) -> Instant {
     Instant::now() + timeout.max(Duration::from_millis(1))
 }
 
+/// Takes a turn at the gate, waiting at most half the time left: a gate
+/// holder that is stopped (SIGSTOP, a debugger) must not stall everyone, so
+/// after that the write lock is polled without a turn.
+fn turn(gate: &Gate, deadline: Instant) -> Result<Option<Turn<'_>>, StoreError> {
+    let now = Instant::now();
+    let patience = now + deadline.saturating_duration_since(now) / 2;
+    match gate.enter(patience) {
+        Ok(t) => Ok(Some(t)),
+        Err(GateError::Timeout { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Begins an immediate transaction, taking turns with other processes.
 fn begin<'c>(
     conn: &'c mut Connection,
     gate: &Gate,
     deadline: Instant,
 ) -> Result<Transaction<'c>, StoreError> {
-    let _turn = gate.enter(deadline)?;
+    let _turn = turn(gate, deadline)?;
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
         .ctx("taking the write lock")
 }
@@ -82,7 +97,7 @@ impl SharedEngine {
         let gate = Gate::open(path).map_err(StoreError::from)?;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                let _turn = gate.enter(deadline).map_err(StoreError::from)?;
+                let _turn = turn(&gate, deadline)?;
                 store::set_modes(&conn, path)?;
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -366,6 +381,21 @@ mod tests {
             e.renew(&g.lease_id, g.token, "alice", T),
             Err(EngineError::Refused(RefusalReason::UnknownLease))
         ));
+    }
+
+    #[test]
+    fn a_stopped_peer_holding_the_gate_does_not_stall_a_call() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let peer = Gate::open(&db).unwrap();
+        let _stuck = peer.enter(Instant::now() + T).unwrap();
+        let start = Instant::now();
+        e.acquire(&spec("s", ExpiryPolicy::Redispatch), Duration::from_secs(2))
+            .unwrap();
+        let took = start.elapsed();
+        // It waited for its turn (half the time), then went without one.
+        assert!(took >= Duration::from_millis(900), "{took:?}");
     }
 
     #[test]

@@ -112,11 +112,19 @@ pub struct AcquireSpec {
 pub const KEY_BYTES: usize = 16;
 
 /// A fresh random lease key (32 lowercase hex digits) from the kernel's
-/// CSPRNG.
+/// CSPRNG (`/dev/urandom`, opened once per process).
 pub fn new_key() -> std::io::Result<String> {
     use std::io::Read;
+    static URANDOM: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    let file = match URANDOM.get() {
+        Some(f) => f,
+        None => {
+            let f = std::fs::File::open("/dev/urandom")?;
+            URANDOM.get_or_init(|| f)
+        }
+    };
     let mut b = [0u8; KEY_BYTES];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    (&*file).read_exact(&mut b)?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
