@@ -6,7 +6,7 @@
 //! returns. That is what lets the property tests throw every order and timing
 //! of events at it.
 //!
-//! The rules it enforces (the contract's guarantees 2, 3, 5 and 6):
+//! The rules it enforces:
 //! - **Deadline** = the latest `send time + granted ttl` over the grant and
 //!   every successful renewal. The agent counts from when it *sent* the
 //!   request, the authority from when it *received* it, so the local deadline
@@ -29,8 +29,8 @@
 use std::time::Duration;
 
 use crate::agent::state_file::LeaseView;
-use crate::authority::{Outcome, RefusalReason};
 use crate::exit::{self, ChildStatus};
+use crate::lease::{Outcome, RefusalReason};
 use crate::time::clock::BootInstant;
 
 pub const SIGTERM: i32 = 15;
@@ -211,6 +211,7 @@ impl Machine {
         (self.deadline - self.grace).min(self.kill_time())
     }
 
+    #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
     }

@@ -24,246 +24,78 @@ pub mod http;
 pub mod http_operator;
 pub mod transport;
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// What the authority does once a lease expires (sent with acquire).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpiryPolicy {
-    Redispatch,
-    Grace,
-    Hold,
-}
-
-impl ExpiryPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExpiryPolicy::Redispatch => "redispatch",
-            ExpiryPolicy::Grace => "grace",
-            ExpiryPolicy::Hold => "hold",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "redispatch" => Some(ExpiryPolicy::Redispatch),
-            "grace" => Some(ExpiryPolicy::Grace),
-            "hold" => Some(ExpiryPolicy::Hold),
-            _ => None,
-        }
-    }
-}
-
-/// How a run ended, as reported on release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Succeeded,
-    Failed,
-    Cancelled,
-    Lost,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Lost => "lost",
-        }
-    }
-}
-
-/// An acquire request, as the agent sends it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AcquireRequest {
-    pub task: String,
-    pub holder: String,
-    pub ttl: Duration,
-    pub on_expiry: ExpiryPolicy,
-    /// Only meaningful with [`ExpiryPolicy::Grace`].
-    pub grace: Duration,
-}
-
-/// A granted lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    pub lease_id: String,
-    pub task: String,
-    /// The fencing token: strictly greater than every token issued before for
-    /// this task.
-    pub token: u64,
-    /// The ttl the authority granted (it may clamp what was asked).
-    pub ttl: Duration,
-}
-
-impl Grant {
-    pub fn lease_ref(&self) -> LeaseRef {
-        LeaseRef {
-            lease_id: self.lease_id.clone(),
-            token: self.token,
-            task: self.task.clone(),
-        }
-    }
-}
-
-/// What renew and release need to name a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseRef {
-    pub lease_id: String,
-    pub token: u64,
-    pub task: String,
-}
-
-/// Why an authority refused a renewal: the lease is gone for good.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefusalReason {
-    Expired,
-    Superseded,
-    Revoked,
-    UnknownLease,
-}
-
-impl RefusalReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusalReason::Expired => "expired",
-            RefusalReason::Superseded => "superseded",
-            RefusalReason::Revoked => "revoked",
-            RefusalReason::UnknownLease => "unknown_lease",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "expired" => Some(RefusalReason::Expired),
-            "superseded" => Some(RefusalReason::Superseded),
-            "revoked" => Some(RefusalReason::Revoked),
-            "unknown_lease" => Some(RefusalReason::UnknownLease),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for RefusalReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A successful renewal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Renewed {
-    /// The ttl now in force, counted from when the authority received the
-    /// renewal (the agent counts it from when it *sent* it).
-    pub ttl: Duration,
-}
+pub use crate::lease::{
+    AcquireRequest, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome, RefusalReason,
+    Renewed,
+};
 
 /// Why an acquire did not give a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AcquireError {
     /// Another holder's lease is live (or in its grace period).
+    #[error("held by {holder}{}", free_in(*retry_after))]
     Held {
         holder: String,
         retry_after: Option<Duration>,
     },
     /// The previous lease expired under policy `hold`: nobody gets the task
     /// until an operator clears it.
+    #[error(
+        "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
+    )]
     HeldForOperator { holder: String, lease_id: String },
     /// The authority said the request itself is wrong (400): retrying the
     /// same request cannot help.
+    #[error("authority rejected the request: {0}")]
     Rejected(String),
     /// Unreachable, timed out, 5xx, malformed answer.
+    #[error("{0}")]
     Transient(String),
 }
 
-impl fmt::Display for AcquireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AcquireError::Held {
-                holder,
-                retry_after,
-            } => {
-                write!(f, "held by {holder}")?;
-                if let Some(r) = retry_after {
-                    write!(f, " (free in about {})", crate::time::duration::format(*r))?;
-                }
-                Ok(())
-            }
-            AcquireError::HeldForOperator { holder, lease_id } => write!(
-                f,
-                "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
-            ),
-            AcquireError::Rejected(m) => write!(f, "authority rejected the request: {m}"),
-            AcquireError::Transient(m) => write!(f, "{m}"),
-        }
-    }
+/// ` (free in about 5s)`, or nothing when the authority did not say.
+fn free_in(retry_after: Option<Duration>) -> String {
+    retry_after
+        .map(|r| format!(" (free in about {})", crate::time::duration::format(r)))
+        .unwrap_or_default()
 }
 
 /// Why a renewal or release did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
     /// The lease is gone for good; the command must stop.
+    #[error("refused ({reason}){}", colon(message))]
     Refused {
         reason: RefusalReason,
         message: String,
     },
     /// The lease may still be valid; retry until the local deadline.
+    #[error("{0}")]
     Transient(String),
 }
 
-impl fmt::Display for RenewError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RenewError::Refused { reason, message } if message.is_empty() => {
-                write!(f, "refused ({reason})")
-            }
-            RenewError::Refused { reason, message } => write!(f, "refused ({reason}): {message}"),
-            RenewError::Transient(m) => write!(f, "{m}"),
-        }
+/// `: message`, or nothing for an empty message.
+fn colon(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
     }
-}
-
-/// One row of the operator view of an authority.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseInfo {
-    pub task: String,
-    pub lease_id: String,
-    pub token: u64,
-    pub holder: String,
-    /// The principal that acquired the lease (`""` without principals).
-    #[serde(default)]
-    pub principal: String,
-    /// `active`, `grace` or `held_for_operator`.
-    pub state: String,
-    /// Milliseconds until expiry (for `grace`: until the task is free again;
-    /// absent for `held_for_operator`).
-    pub expires_in_ms: Option<u64>,
 }
 
 /// Errors of the operator calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OperatorError {
     /// This kind of authority has no such operation.
+    #[error("{0}")]
     Unsupported(String),
     /// There is nothing to act on (no lease for the task, not held for an operator).
+    #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
     Failed(String),
-}
-
-impl fmt::Display for OperatorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OperatorError::Unsupported(m)
-            | OperatorError::NotFound(m)
-            | OperatorError::Failed(m) => f.write_str(m),
-        }
-    }
 }
 
 /// A lease authority, as the agent sees it.

@@ -1,4 +1,4 @@
-//! Operator subcommands against any authority: `leases`, `revoke`, `clear` (issue #3).
+//! Operator subcommands against any authority: `leases`, `revoke`, `clear`.
 //!
 //! Every kind of authority is called through its [`Authority`] operator
 //! methods (HTTP and the embedded default implement them; etcd says it
@@ -82,7 +82,7 @@ pub fn table(leases: &[LeaseInfo]) -> String {
         .map(|l| {
             [
                 l.task.clone(),
-                l.state.clone(),
+                l.state.to_string(),
                 l.token.to_string(),
                 l.holder.clone(),
                 l.expires_in_ms

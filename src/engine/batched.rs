@@ -42,7 +42,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::authority::{LeaseInfo, RefusalReason};
+use crate::lease::{LeaseInfo, RefusalReason};
 
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
@@ -599,6 +599,7 @@ impl ServeEngine {
 
     /// Live leases (active, grace, held, and expired ones not yet
     /// reclaimed) of `principal`, as counted for its cap.
+    #[cfg(test)]
     pub fn live_leases_of(&self, principal: &str) -> u64 {
         self.lock().occupied.get(principal).copied().unwrap_or(0)
     }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use crate::authority::LeaseInfo;
+use crate::lease::LeaseInfo;
 
 use super::gate::{self, Gate, GateError, Turn};
 use super::rules::{AcquireSpec, NewLease, TaskRow, lease_id, new_key, task_of};

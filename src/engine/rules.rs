@@ -10,7 +10,7 @@
 //! the caller reads it once when the request arrives and passes it in, so a
 //! lease expires `ttl` after the authority *received* the request.
 
-use crate::authority::{ExpiryPolicy, LeaseInfo, RefusalReason};
+use crate::lease::{ExpiryPolicy, LeaseInfo, LeaseState, RefusalReason};
 
 use super::EngineError;
 
@@ -363,9 +363,9 @@ impl TaskRow {
     pub fn info(&self, now_ms: u64) -> Option<LeaseInfo> {
         let l = self.lease.as_ref()?;
         let (state, expires_in_ms) = match l.phase(now_ms) {
-            Phase::Active { expires_ms } => ("active", Some(expires_ms - now_ms)),
-            Phase::Grace { free_ms } => ("grace", Some(free_ms - now_ms)),
-            Phase::Held => ("held_for_operator", None),
+            Phase::Active { expires_ms } => (LeaseState::Active, Some(expires_ms - now_ms)),
+            Phase::Grace { free_ms } => (LeaseState::Grace, Some(free_ms - now_ms)),
+            Phase::Held => (LeaseState::HeldForOperator, None),
             Phase::Free => return None,
         };
         Some(LeaseInfo {
@@ -374,7 +374,7 @@ impl TaskRow {
             token: l.token,
             holder: l.holder.clone(),
             principal: l.principal.clone(),
-            state: state.to_string(),
+            state,
             expires_in_ms,
         })
     }
@@ -498,7 +498,7 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(r.info(1200).unwrap().state, "grace");
+        assert_eq!(r.info(1200).unwrap().state, LeaseState::Grace);
         grant(&mut r, ExpiryPolicy::Hold, 1500).unwrap();
         assert!(!r.settle(2000), "still live");
         assert!(r.settle(9000), "expired under hold: recorded");

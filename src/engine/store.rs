@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, params};
 
-use crate::authority::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, RefusalReason};
 
 use super::gate::GateError;
 use super::rules::{Lease, TaskRow};

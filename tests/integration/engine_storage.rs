@@ -11,8 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use leaseagent::authority::embedded::EmbeddedAuthority;
-use leaseagent::authority::{AcquireRequest, Authority, ExpiryPolicy};
+use leaseagent::testing::{AcquireRequest, Authority, EmbeddedAuthority, ExpiryPolicy};
 use serde_json::{Value, json};
 use support::authority::{Server, bin, poll};
 
