@@ -293,7 +293,9 @@ impl TaskRow {
         }
     }
 
-    /// Releases the lease `key`/`token` for its owner: the task is free at once.
+    /// Releases the lease `key`/`token` for its owner: the task is free at
+    /// once. An earlier lease's early end is forgotten too (its holder has
+    /// been superseded since), so the row is empty and can be compacted.
     pub fn release(
         &mut self,
         key: &str,
@@ -307,6 +309,7 @@ impl TaskRow {
             return Err(EngineError::Refused(RefusalReason::Expired));
         }
         self.lease = None;
+        self.ended = None;
         Ok(())
     }
 
