@@ -55,6 +55,8 @@ pub enum StoreError {
         column: &'static str,
         problem: String,
     },
+    #[error("lease database: the token sequence (seq.last_token) is corrupt: it {0}")]
+    CorruptSequence(String),
     #[error("lease database: value {0} is too large to store")]
     TooLarge(u64),
     #[error("reading the boot id")]
@@ -189,11 +191,7 @@ pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
         .query_row("SELECT last_token FROM seq WHERE id = 1", [], |r| r.get(0))
         .optional()
         .ctx("reading the token sequence")?;
-    let corrupt = |problem: String| StoreError::Corrupt {
-        task: String::new(),
-        column: "seq.last_token",
-        problem,
-    };
+    let corrupt = StoreError::CorruptSequence;
     match v {
         None => Err(corrupt("is missing".into())),
         Some(Value::Integer(i)) => u64::try_from(i).map_err(|_| corrupt(format!("is {i}"))),
@@ -203,20 +201,16 @@ pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
 
 /// Records that tokens up to `token` have been issued (never lowers it).
 pub fn set_last_issued(conn: &Connection, token: u64) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
-        .and_then(|mut st| st.execute(params![to_i64(token).ok()]))
-        .ctx("writing the token sequence")
-        .and_then(|n| {
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::Corrupt {
-                    task: String::new(),
-                    column: "seq.last_token",
-                    problem: "is missing".into(),
-                })
-            }
-        })
+    let token = to_i64(token)?;
+    let n = conn
+        .prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
+        .and_then(|mut st| st.execute(params![token]))
+        .ctx("writing the token sequence")?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::CorruptSequence("is missing".into()))
+    }
 }
 
 const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
@@ -547,9 +541,16 @@ mod tests {
         set_last_issued(&c, 4).unwrap();
         assert_eq!(last_issued(&c).unwrap(), 9);
         c.execute("UPDATE seq SET last_token = -9", []).unwrap();
-        assert!(matches!(last_issued(&c), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
         c.execute("DELETE FROM seq", []).unwrap();
-        assert!(matches!(last_issued(&c), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
+        assert!(set_last_issued(&c, 10).is_err());
     }
 
     #[test]
