@@ -125,7 +125,11 @@ pub fn new_key() -> std::io::Result<String> {
     };
     let mut b = [0u8; KEY_BYTES];
     (&*file).read_exact(&mut b)?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    Ok(b.iter()
+        .flat_map(|x| [HEX[usize::from(x >> 4)], HEX[usize::from(x & 15)]])
+        .map(char::from)
+        .collect())
 }
 
 /// The lease id: the random key, a dot, the task. The task lets a renewal
