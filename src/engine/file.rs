@@ -99,6 +99,9 @@ impl SharedEngine {
             retrying(deadline, || {
                 let _turn = turn(&gate, deadline)?;
                 store::set_modes(&conn, path)?;
+                if store::schema_current(&conn)? {
+                    return Ok(());
+                }
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .ctx("taking the write lock")?;

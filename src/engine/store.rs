@@ -149,6 +149,21 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         .ctx("setting synchronous=FULL")
 }
 
+/// True when the file already has this version's schema (a read: no write
+/// lock needed, so a process that opens a current file does not queue for
+/// it).
+pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
+    let n: i64 = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name IN ('principal', 'lease_key', 'held'))
+                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta'))",
+            [],
+            |r| r.get(0),
+        )
+        .ctx("reading the schema")?;
+    Ok(n == 5)
+}
+
 /// Creates the tables, adds columns missing from an older file, and starts
 /// the token sequence from the highest per-task counter.
 pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -568,7 +583,9 @@ mod tests {
         let tx = c
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .unwrap();
+        assert!(!schema_current(&tx).unwrap());
         ensure_schema(&tx).unwrap();
+        assert!(schema_current(&tx).unwrap());
         tx.commit().unwrap();
         assert_eq!(last_issued(&c).unwrap(), 41);
         assert_eq!(load(&c, "a", Expiry::RestartAt(0)).unwrap().last_token, 41);
