@@ -13,6 +13,7 @@ mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
 mod cli_help;
+mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
 mod fence_check;
