@@ -86,7 +86,7 @@ done
 mkdir -p /etc/systemd/system.conf.d
 cat > /etc/systemd/system.conf.d/test.conf <<'C'
 [Manager]
-LogTarget=console
+LogTarget=journal
 ShowStatus=no
 DefaultCPUAccounting=no
 DefaultIOAccounting=no
