@@ -1,0 +1,227 @@
+//! Real partitions: agents and authorities on different "hosts" (network
+//! namespaces on one switch, `support_netns`); a host's link is cut so its
+//! packets vanish. The cut agent's job must be dead before the authority's
+//! expiry, a standby on another host takes over with a higher token, and the
+//! cut agent's late write is refused at the fenced sink once the link heals.
+
+mod support_netns;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support_netns::{Net, Proc};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_leaseagent")
+}
+
+/// The job: records its pid and token, publishes "NAME TOKEN" to SINK/out
+/// through `leaseagent publish`, then waits; exits at once on SIGTERM.
+const JOB: &str = r#"#!/bin/sh
+echo $$ > "$W/$NAME.pid"
+echo "$LEASE_TOKEN" > "$W/$NAME.token"
+echo "$NAME $LEASE_TOKEN" > "$SINK/.out.$NAME.tmp"
+"$LA" publish "$SINK/.out.$NAME.tmp" "$SINK/out" || exit 3
+echo published >> "$W/$NAME.state"
+trap 'kill $s 2>/dev/null; echo term >> "$W/$NAME.state"; exit 0' TERM
+sleep 1000 & s=$!
+wait $s
+"#;
+
+struct Scene {
+    dir: tempfile::TempDir,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sink")).unwrap();
+        std::fs::write(dir.path().join("job.sh"), JOB).unwrap();
+        Scene { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path().join(name)).unwrap_or_default()
+    }
+
+    /// An agent on host `host` of `net` running the job as NAME.
+    fn agent(&self, net: &Net, host: usize, authority: &str, name: &str, extra: &[&str]) -> Proc {
+        let log = std::fs::File::create(self.path().join(format!("{name}.log"))).unwrap();
+        let child = net
+            .cmd(host, bin())
+            .args(["--authority", authority, "--task", "part"])
+            .args(["--ttl", "6s", "--grace", "2s", "--holder", name])
+            .args(extra)
+            .arg("--")
+            .arg("sh")
+            .arg(self.path().join("job.sh"))
+            .env("W", self.path())
+            .env("NAME", name)
+            .env("SINK", self.path().join("sink"))
+            .env("LA", bin())
+            .env("LEASEAGENT_STATE_DIR", self.path().join(format!("state-{name}")))
+            .env("RUST_LOG", "leaseagent=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Proc(child)
+    }
+
+    fn token(&self, name: &str) -> u64 {
+        self.read(&format!("{name}.token")).trim().parse().unwrap()
+    }
+
+    fn job_pid(&self, name: &str) -> i32 {
+        self.read(&format!("{name}.pid")).trim().parse().unwrap()
+    }
+
+    fn wait_published(&self, name: &str) {
+        let until = Instant::now() + LONG;
+        while !self.read(&format!("{name}.state")).contains("published") {
+            assert!(
+                Instant::now() < until,
+                "{name} did not publish; log:\n{}",
+                self.read(&format!("{name}.log"))
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `leaseagent publish --token T` of a fresh file to SINK/out from host `host`.
+    fn late_publish(&self, net: &Net, host: usize, token: u64) -> i32 {
+        let src = self.path().join("sink/.late.tmp");
+        std::fs::write(&src, "late write\n").unwrap();
+        net.cmd(host, bin())
+            .args(["publish", "--token", &token.to_string()])
+            .arg(&src)
+            .arg(self.path().join("sink/out"))
+            .status()
+            .unwrap()
+            .code()
+            .unwrap_or(-1)
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits for the job to die; returns when it was first seen dead.
+fn death_of(pid: i32, within: Duration) -> Instant {
+    let until = Instant::now() + within;
+    loop {
+        if !alive(pid) {
+            return Instant::now();
+        }
+        assert!(Instant::now() < until, "job {pid} still alive after {within:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The remaining time of the task's lease as the serve authority on `host` sees it.
+fn serve_expires_in(net: &Net, host: usize) -> Duration {
+    let out = net
+        .cmd(host, bin())
+        .args(["leases", "--json", "--authority", "http://127.0.0.1:7878"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("leases --json: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let arr = v
+        .as_array()
+        .cloned()
+        .or_else(|| v.get("leases").and_then(|l| l.as_array()).cloned())
+        .unwrap_or_default();
+    let lease = arr
+        .iter()
+        .find(|l| l["task"] == "part")
+        .unwrap_or_else(|| panic!("no lease on part: {v}"));
+    Duration::from_millis(lease["expires_in_ms"].as_u64().unwrap())
+}
+
+#[test]
+fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
+    let scene = Scene::new();
+    let net = Net::new(3);
+    let _serve = Proc(
+        net.cmd(1, bin())
+            .args(["serve", "--listen", "0.0.0.0:7878", "--db"])
+            .arg(scene.path().join("leases.sqlite3"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://{}:7878", net.ip(1));
+    let until = Instant::now() + LONG;
+    while !net
+        .cmd(2, bin())
+        .args(["leases", "--authority", &url])
+        .output()
+        .unwrap()
+        .status
+        .success()
+    {
+        assert!(Instant::now() < until, "serve not reachable from host 2");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut a = scene.agent(&net, 2, &url, "a", &[]);
+    scene.wait_published("a");
+    let (a_token, a_job) = (scene.token("a"), scene.job_pid("a"));
+
+    net.cut(2);
+    // Measured after the answer: the real expiry is no later than this.
+    let expires_in = serve_expires_in(&net, 1);
+    let expiry = Instant::now() + expires_in;
+    let mut b = scene.agent(&net, 3, &format!("http://{}:7878", net.ip(1)), "b", &["--wait", "60s"]);
+
+    let dead = death_of(a_job, LONG);
+    assert!(
+        dead < expiry,
+        "job of the cut agent died {:?} after the authority's expiry",
+        dead - expiry
+    );
+    eprintln!("cut agent's job died {:?} before serve's expiry", expiry - dead);
+    let code = a.wait(LONG).map(|s| s.code());
+    assert_eq!(code, Some(Some(124)), "cut agent's exit; log:\n{}", scene.read("a.log"));
+
+    scene.wait_published("b");
+    let b_token = scene.token("b");
+    assert!(b_token > a_token, "standby token {b_token} after {a_token}");
+    assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
+
+    net.heal(2);
+    assert_eq!(scene.late_publish(&net, 2, a_token), 1, "late write not refused");
+    assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
+
+    let _ = b.0.kill();
+    let _ = b.wait(LONG);
+    let leftover = net.existing();
+    assert_eq!(leftover.len(), 4, "{leftover:?}");
+}
+
+#[test]
+fn namespaces_are_removed_on_drop() {
+    let net = Net::new(2);
+    let prefix = net.prefix.clone();
+    assert_eq!(net.existing().len(), 3);
+    drop(net);
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&prefix));
+}
