@@ -83,6 +83,7 @@ fn main() {
         "both" => vec!["serve", "etcd"],
         w => panic!("--authority serve|etcd|both, not {w}"),
     };
+    checker_self_test();
     let each = Duration::from_secs_f64(minutes * 60.0 / kinds.len() as f64);
     let mut failed = false;
     for (n, kind) in kinds.iter().enumerate() {
@@ -919,5 +920,41 @@ fn check_sink(sink: &Path, report: &mut Report) {
         }
         t.token = token;
         t.seq = seq;
+    }
+}
+
+/// The checker must be able to fail: sinks with each kind of violation.
+fn checker_self_test() {
+    let cases: [(&str, &[(&str, i64, &str, i64)]); 5] = [
+        ("clean", &[("t", 1, "a", 1), ("t", 1, "a", 2), ("t", 3, "b", 1)]),
+        ("token down", &[("t", 2, "a", 1), ("t", 1, "b", 1)]),
+        ("shared token", &[("t", 2, "a", 1), ("t", 2, "b", 1)]),
+        ("interleaved", &[("t", 1, "a", 1), ("t", 2, "b", 1), ("t", 2, "a", 2)]),
+        ("seq", &[("t", 1, "a", 2), ("t", 1, "a", 1)]),
+    ];
+    for (name, rows) in cases {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sink = dir.path().join("sink.sqlite3");
+        let conn = rusqlite::Connection::open(&sink).expect("sink");
+        conn.execute_batch(
+            "CREATE TABLE writes (task TEXT, token INTEGER, attempt TEXT, seq INTEGER);
+             CREATE TABLE refused (task TEXT, token INTEGER, attempt TEXT);",
+        )
+        .expect("tables");
+        for (t, tok, a, seq) in rows {
+            conn.execute(
+                "INSERT INTO writes VALUES (?1, ?2, ?3, ?4)",
+                rusqlite::params![t, tok, a, seq],
+            )
+            .expect("row");
+        }
+        let mut r = Report::default();
+        check_sink(&sink, &mut r);
+        assert_eq!(
+            r.violations.is_empty(),
+            name == "clean",
+            "checker self-test {name}: {:?}",
+            r.violations
+        );
     }
 }
