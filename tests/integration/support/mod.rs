@@ -5,7 +5,9 @@
 pub mod authority;
 pub mod etcd;
 pub mod fence;
+pub mod netns;
 pub mod systemd;
+pub mod sysns;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -4,13 +4,13 @@
 //! expiry, a standby on another host takes over with a higher token, and the
 //! cut agent's late write is refused at the fenced sink once the link heals.
 
-mod support_netns;
+use crate::support::netns;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support_netns::{Net, Proc};
+use netns::{Net, Proc};
 
 const LONG: Duration = Duration::from_secs(60);
 

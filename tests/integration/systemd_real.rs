@@ -1,14 +1,14 @@
 //! The shipped units under a real systemd (booted in private namespaces by
-//! `support_sysns`): what only a service manager shows. Each test boots its
+//! `support::sysns`): what only a service manager shows. Each test boots its
 //! own systemd, starts `leaseagent-serve.service` as the authority on the
 //! namespace's loopback, and runs `leaseagent@TASK.service` instances with
 //! a drop-in for short timings, the way a user would shorten them.
 
-mod support_sysns;
+use crate::support::sysns;
 
 use std::time::Duration;
 
-use support_sysns::{Stage, Systemd};
+use sysns::{Stage, Systemd};
 
 const LONG: Duration = Duration::from_secs(60);
 const SERVE: &str = "leaseagent-serve.service";
