@@ -53,11 +53,24 @@ impl Scene {
 
     /// An agent on host `host` of `net` running the job as NAME.
     fn agent(&self, net: &Net, host: usize, authority: &str, name: &str, extra: &[&str]) -> Proc {
+        self.agent_with(net, host, authority, name, &["--ttl", "6s", "--grace", "2s"], extra)
+    }
+
+    fn agent_with(
+        &self,
+        net: &Net,
+        host: usize,
+        authority: &str,
+        name: &str,
+        timing: &[&str],
+        extra: &[&str],
+    ) -> Proc {
         let log = std::fs::File::create(self.path().join(format!("{name}.log"))).unwrap();
         let child = net
             .cmd(host, bin())
             .args(["--authority", authority, "--task", "part"])
-            .args(["--ttl", "6s", "--grace", "2s", "--holder", name])
+            .args(timing)
+            .args(["--holder", name])
             .args(extra)
             .arg("--")
             .arg("sh")
@@ -224,4 +237,142 @@ fn namespaces_are_removed_on_drop() {
     drop(net);
     let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&out.stdout).contains(&prefix));
+}
+
+/// A 3-member etcd cluster, member `i` on host `i` (client port 2379, peer 2380).
+fn etcd_cluster(net: &Net, scene: &Scene) -> Vec<Proc> {
+    let cluster = (1..=3)
+        .map(|i| format!("m{i}=http://{}:2380", net.ip(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for i in 1..=3 {
+        let ip = net.ip(i);
+        let log = std::fs::File::create(scene.path().join(format!("etcd{i}.log"))).unwrap();
+        let child = net
+            .cmd(i, "etcd")
+            .args(["--name", &format!("m{i}")])
+            .arg("--data-dir")
+            .arg(scene.path().join(format!("etcd{i}")))
+            .args(["--listen-client-urls", &format!("http://{ip}:2379")])
+            .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
+            .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
+            .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+            .args(["--initial-cluster", &cluster])
+            .args(["--initial-cluster-token", &net.prefix])
+            .args(["--initial-cluster-state", "new"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("etcd must be installed (.ci/install-etcd.sh)");
+        members.push(Proc(child));
+    }
+    let until = Instant::now() + LONG;
+    loop {
+        let ok = net
+            .cmd(2, "etcdctl")
+            .arg(format!(
+                "--endpoints={}:2379,{}:2379,{}:2379",
+                net.ip(1),
+                net.ip(2),
+                net.ip(3)
+            ))
+            .args(["endpoint", "health"])
+            .output()
+            .expect("etcdctl must be installed (.ci/install-etcd.sh)")
+            .status
+            .success();
+        if ok {
+            return members;
+        }
+        assert!(
+            Instant::now() < until,
+            "etcd cluster not healthy:\n{}",
+            scene.read("etcd1.log")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A lower bound of the expiry of the only lease, as the majority (members 2
+/// and 3, asked from host `host`) sees it: `timetolive` rounds down to seconds
+/// and the clock is read before asking.
+fn etcd_expiry_lower_bound(net: &Net, host: usize) -> Instant {
+    let eps = format!("--endpoints={}:2379,{}:2379", net.ip(2), net.ip(3));
+    let until = Instant::now() + LONG;
+    loop {
+        let before = Instant::now();
+        let list = net
+            .cmd(host, "etcdctl")
+            .args([&eps, "--command-timeout=2s", "lease", "list"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&list.stdout).into_owned();
+        let ids: Vec<&str> = text.lines().skip(1).map(str::trim).filter(|l| !l.is_empty()).collect();
+        if list.status.success() && ids.len() == 1 {
+            let ttl = net
+                .cmd(host, "etcdctl")
+                .args([&eps, "--command-timeout=2s", "lease", "timetolive", ids[0]])
+                .output()
+                .unwrap();
+            let t = String::from_utf8_lossy(&ttl.stdout).into_owned();
+            // "lease 694d... granted with TTL(8s), remaining(5s)"
+            let remaining = t
+                .split("remaining(")
+                .nth(1)
+                .and_then(|r| r.split('s').next())
+                .and_then(|n| n.parse::<u64>().ok());
+            if let (true, Some(r)) = (ttl.status.success(), remaining) {
+                return before + Duration::from_secs(r);
+            }
+        }
+        assert!(Instant::now() < until, "no lease on the majority: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_agent_with_a_cut_off_etcd_member_stops_before_the_majority_expires_it() {
+    let scene = Scene::new();
+    let net = Net::new(4);
+    let _etcd = etcd_cluster(&net, &scene);
+    let timing = ["--ttl", "8s", "--grace", "3s"];
+    // Agent A on host 1, next to member 1 and talking to it only.
+    let mut a = scene.agent_with(
+        &net,
+        1,
+        &format!("etcd://{}:2379", net.ip(1)),
+        "a",
+        &timing,
+        &[],
+    );
+    scene.wait_published("a");
+    let (a_token, a_job) = (scene.token("a"), scene.job_pid("a"));
+
+    // Host 1 (member 1 and agent A) is cut off from the majority.
+    net.cut(1);
+    let expiry = etcd_expiry_lower_bound(&net, 4);
+    let majority = format!("etcd://{}:2379,{}:2379", net.ip(2), net.ip(3));
+    let mut b = scene.agent_with(&net, 4, &majority, "b", &timing, &["--wait", "60s"]);
+
+    let dead = death_of(a_job, LONG);
+    assert!(
+        dead < expiry,
+        "job on the cut-off side died {:?} after the majority's expiry",
+        dead - expiry
+    );
+    eprintln!("cut-off job died {:?} before the majority's expiry", expiry - dead);
+    let code = a.wait(LONG).map(|s| s.code());
+    assert_eq!(code, Some(Some(124)), "cut-off agent's exit; log:\n{}", scene.read("a.log"));
+
+    scene.wait_published("b");
+    let b_token = scene.token("b");
+    assert!(b_token > a_token, "standby token {b_token} after {a_token}");
+
+    net.heal(1);
+    assert_eq!(scene.late_publish(&net, 1, a_token), 1, "late write not refused");
+    assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
+    let _ = b.0.kill();
+    let _ = b.wait(LONG);
 }
