@@ -229,8 +229,18 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_leaseagent")
+/// `program` run through `setpriv --pdeathsig KILL` (same pid, it execs):
+/// if this harness dies, its agents and authorities die with it.
+fn guarded(program: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--pdeathsig", "KILL", program]);
+    c
+}
+
+/// The binary under test; `CHAOS_LEASEAGENT` overrides it (a copy, for a
+/// long run that must survive rebuilds of `target/`).
+fn bin() -> String {
+    std::env::var("CHAOS_LEASEAGENT").unwrap_or_else(|_| env!("CARGO_BIN_EXE_leaseagent").to_string())
 }
 
 struct Member {
@@ -304,7 +314,7 @@ impl Authority {
         match self {
             Authority::Serve { port, db, child } => {
                 *child = Some(
-                    Command::new(bin())
+                    guarded(&bin())
                         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
                         .arg(&*db)
                         .stdin(Stdio::null())
@@ -328,7 +338,7 @@ impl Authority {
                 let c = format!("http://127.0.0.1:{}", m.client);
                 let p = format!("http://127.0.0.1:{}", m.peer);
                 m.child = Some(
-                    Command::new("etcd")
+                    guarded("etcd")
                         .args(["--name", &m.name])
                         .arg("--data-dir")
                         .arg(dir.join(&m.name))
@@ -401,7 +411,7 @@ impl Authority {
     /// Leases the authority still has (empty when all are released or expired).
     fn leases(&self) -> Option<Vec<String>> {
         let out = match self {
-            Authority::Serve { .. } => Command::new(bin())
+            Authority::Serve { .. } => guarded(&bin())
                 .args(["leases", "--json", "--authority", &self.direct_url()])
                 .output()
                 .ok()?,
@@ -661,7 +671,7 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                     ),
                 };
                 let pidfile = d.join("attempts").join(format!("{}.pid", s.attempt));
-                let child = Command::new(bin())
+                let child = guarded(&bin())
                     .args(["--authority", &url, "--task", &s.task])
                     .args(["--ttl", &format!("{TTL_S}s"), "--grace", "1s", "--wait", "5s"])
                     .args(["--holder", &s.attempt, "--"])
