@@ -1,5 +1,5 @@
 //! Fenced writes at the sink: the token check and the write in one
-//! transaction (issue #4).
+//! transaction.
 //!
 //! Why this exists: the lease only bounds how long an attempt *should* run.
 //! A process that was paused (SIGSTOP, a VM freeze, a GC pause, a laptop lid)
