@@ -39,8 +39,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use leaseagent::fence::sqlite::SqliteStore;
@@ -240,7 +240,8 @@ fn guarded(program: &str) -> Command {
 /// The binary under test; `CHAOS_LEASEAGENT` overrides it (a copy, for a
 /// long run that must survive rebuilds of `target/`).
 fn bin() -> String {
-    std::env::var("CHAOS_LEASEAGENT").unwrap_or_else(|_| env!("CARGO_BIN_EXE_leaseagent").to_string())
+    std::env::var("CHAOS_LEASEAGENT")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_leaseagent").to_string())
 }
 
 struct Member {
@@ -343,9 +344,17 @@ impl Authority {
                         .arg("--data-dir")
                         .arg(dir.join(&m.name))
                         .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-                        .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+                        .args([
+                            "--listen-peer-urls",
+                            &p,
+                            "--initial-advertise-peer-urls",
+                            &p,
+                        ])
                         .args(["--initial-cluster", cluster.as_str()])
-                        .args(["--initial-cluster-token", &format!("chaos-{}", std::process::id())])
+                        .args([
+                            "--initial-cluster-token",
+                            &format!("chaos-{}", std::process::id()),
+                        ])
                         .args(["--initial-cluster-state", "new"])
                         .stdin(Stdio::null())
                         .stdout(log.try_clone().expect("log"))
@@ -549,11 +558,7 @@ fn processes_of_run(run: &str) -> Vec<i32> {
                 continue;
             };
             let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
-            if env
-                .split(|b| *b == 0)
-                .any(|kv| kv == marker.as_bytes())
-                && alive(p)
-            {
+            if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) && alive(p) {
                 out.push(p);
             }
         }
@@ -651,7 +656,9 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                 s.stopped_until = None;
             }
             if s.cut_until.is_some_and(|t| now >= t) {
-                s.proxies.iter().for_each(|p| p.cut.store(false, Ordering::SeqCst));
+                s.proxies
+                    .iter()
+                    .for_each(|p| p.cut.store(false, Ordering::SeqCst));
                 s.cut_until = None;
             }
             // (Re)start.
@@ -673,7 +680,14 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                 let pidfile = d.join("attempts").join(format!("{}.pid", s.attempt));
                 let child = guarded(&bin())
                     .args(["--authority", &url, "--task", &s.task])
-                    .args(["--ttl", &format!("{TTL_S}s"), "--grace", "1s", "--wait", "5s"])
+                    .args([
+                        "--ttl",
+                        &format!("{TTL_S}s"),
+                        "--grace",
+                        "1s",
+                        "--wait",
+                        "5s",
+                    ])
                     .args(["--holder", &s.attempt, "--"])
                     .arg(&exe)
                     .arg("--job")
@@ -719,7 +733,10 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
         }
         for i in auth.ended() {
             if auth_down_until.map(|(m, _)| m) != Some(i) {
-                *report.faults.entry("authority ended by itself").or_default() += 1;
+                *report
+                    .faults
+                    .entry("authority ended by itself")
+                    .or_default() += 1;
                 auth.start_one(i);
             }
         }
@@ -756,7 +773,9 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                 _ => {
                     let s = &mut slots[i];
                     if s.cut_until.is_none() {
-                        s.proxies.iter().for_each(|p| p.cut.store(true, Ordering::SeqCst));
+                        s.proxies
+                            .iter()
+                            .for_each(|p| p.cut.store(true, Ordering::SeqCst));
                         s.cut_until = Some(now + pause);
                         *report.faults.entry("partition").or_default() += 1;
                     }
@@ -771,7 +790,9 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
         auth.start_one(i);
     }
     for s in slots.iter_mut() {
-        s.proxies.iter().for_each(|p| p.cut.store(false, Ordering::SeqCst));
+        s.proxies
+            .iter()
+            .for_each(|p| p.cut.store(false, Ordering::SeqCst));
         if let Some(c) = &s.child {
             signal(c.id(), rustix::process::Signal::CONT);
             signal(c.id(), rustix::process::Signal::TERM);
@@ -788,13 +809,18 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                     };
                     *report.exits.entry(key).or_default() += 1;
                     let pidfile = d.join("attempts").join(format!("{}.pid", s.attempt));
-                    pending.push((s.attempt.clone(), pidfile, Instant::now() + Duration::from_millis(500)));
+                    pending.push((
+                        s.attempt.clone(),
+                        pidfile,
+                        Instant::now() + Duration::from_millis(500),
+                    ));
                     break;
                 }
                 if Instant::now() >= until {
-                    report
-                        .violations
-                        .push(format!("agent of attempt {} ignored SIGTERM for 60s", s.attempt));
+                    report.violations.push(format!(
+                        "agent of attempt {} ignored SIGTERM for 60s",
+                        s.attempt
+                    ));
                     let _ = c.kill();
                     let _ = c.wait();
                     break;
@@ -902,9 +928,9 @@ fn check_sink(sink: &Path, report: &mut Report) {
         }
         if let Some(o) = t.owner.get(&token) {
             if *o != attempt {
-                report
-                    .violations
-                    .push(format!("{task}: token {token} written by {o} and {attempt}"));
+                report.violations.push(format!(
+                    "{task}: token {token} written by {o} and {attempt}"
+                ));
             }
         }
         t.owner.insert(token, attempt.clone());
@@ -935,11 +961,18 @@ fn check_sink(sink: &Path, report: &mut Report) {
 
 /// The checker must be able to fail: sinks with each kind of violation.
 fn checker_self_test() {
-    let cases: [(&str, &[(&str, i64, &str, i64)]); 5] = [
-        ("clean", &[("t", 1, "a", 1), ("t", 1, "a", 2), ("t", 3, "b", 1)]),
+    type Row = (&'static str, i64, &'static str, i64);
+    let cases: [(&str, &[Row]); 5] = [
+        (
+            "clean",
+            &[("t", 1, "a", 1), ("t", 1, "a", 2), ("t", 3, "b", 1)],
+        ),
         ("token down", &[("t", 2, "a", 1), ("t", 1, "b", 1)]),
         ("shared token", &[("t", 2, "a", 1), ("t", 2, "b", 1)]),
-        ("interleaved", &[("t", 1, "a", 1), ("t", 2, "b", 1), ("t", 2, "a", 2)]),
+        (
+            "interleaved",
+            &[("t", 1, "a", 1), ("t", 2, "b", 1), ("t", 2, "a", 2)],
+        ),
         ("seq", &[("t", 1, "a", 2), ("t", 1, "a", 1)]),
     ];
     for (name, rows) in cases {

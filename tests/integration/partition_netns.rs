@@ -53,7 +53,14 @@ impl Scene {
 
     /// An agent on host `host` of `net` running the job as NAME.
     fn agent(&self, net: &Net, host: usize, authority: &str, name: &str, extra: &[&str]) -> Proc {
-        self.agent_with(net, host, authority, name, &["--ttl", "6s", "--grace", "2s"], extra)
+        self.agent_with(
+            net,
+            host,
+            authority,
+            name,
+            &["--ttl", "6s", "--grace", "2s"],
+            extra,
+        )
     }
 
     fn agent_with(
@@ -79,7 +86,10 @@ impl Scene {
             .env("NAME", name)
             .env("SINK", self.path().join("sink"))
             .env("LA", bin())
-            .env("LEASEAGENT_STATE_DIR", self.path().join(format!("state-{name}")))
+            .env(
+                "LEASEAGENT_STATE_DIR",
+                self.path().join(format!("state-{name}")),
+            )
             .env("RUST_LOG", "leaseagent=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -127,7 +137,10 @@ impl Scene {
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
         Err(_) => false,
@@ -141,7 +154,10 @@ fn death_of(pid: i32, within: Duration) -> Instant {
         if !alive(pid) {
             return Instant::now();
         }
-        assert!(Instant::now() < until, "job {pid} still alive after {within:?}");
+        assert!(
+            Instant::now() < until,
+            "job {pid} still alive after {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -153,8 +169,12 @@ fn serve_expires_in(net: &Net, host: usize) -> Duration {
         .args(["leases", "--json", "--authority", "http://127.0.0.1:7878"])
         .output()
         .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("leases --json: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "leases --json: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
     let arr = v
         .as_array()
         .cloned()
@@ -202,7 +222,13 @@ fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
     // Measured after the answer: the real expiry is no later than this.
     let expires_in = serve_expires_in(&net, 1);
     let expiry = Instant::now() + expires_in;
-    let mut b = scene.agent(&net, 3, &format!("http://{}:7878", net.ip(1)), "b", &["--wait", "60s"]);
+    let mut b = scene.agent(
+        &net,
+        3,
+        &format!("http://{}:7878", net.ip(1)),
+        "b",
+        &["--wait", "60s"],
+    );
 
     let dead = death_of(a_job, LONG);
     assert!(
@@ -210,9 +236,17 @@ fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
         "job of the cut agent died {:?} after the authority's expiry",
         dead - expiry
     );
-    eprintln!("cut agent's job died {:?} before serve's expiry", expiry - dead);
+    eprintln!(
+        "cut agent's job died {:?} before serve's expiry",
+        expiry - dead
+    );
     let code = a.wait(LONG).map(|s| s.code());
-    assert_eq!(code, Some(Some(124)), "cut agent's exit; log:\n{}", scene.read("a.log"));
+    assert_eq!(
+        code,
+        Some(Some(124)),
+        "cut agent's exit; log:\n{}",
+        scene.read("a.log")
+    );
 
     scene.wait_published("b");
     let b_token = scene.token("b");
@@ -220,7 +254,11 @@ fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
     assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
 
     net.heal(2);
-    assert_eq!(scene.late_publish(&net, 2, a_token), 1, "late write not refused");
+    assert_eq!(
+        scene.late_publish(&net, 2, a_token),
+        1,
+        "late write not refused"
+    );
     assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
 
     let _ = b.0.kill();
@@ -257,7 +295,10 @@ fn etcd_cluster(net: &Net, scene: &Scene) -> Vec<Proc> {
             .args(["--listen-client-urls", &format!("http://{ip}:2379")])
             .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
             .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
-            .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://{ip}:2380"),
+            ])
             .args(["--initial-cluster", &cluster])
             .args(["--initial-cluster-token", &net.prefix])
             .args(["--initial-cluster-state", "new"])
@@ -309,7 +350,12 @@ fn etcd_expiry_lower_bound(net: &Net, host: usize) -> Instant {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&list.stdout).into_owned();
-        let ids: Vec<&str> = text.lines().skip(1).map(str::trim).filter(|l| !l.is_empty()).collect();
+        let ids: Vec<&str> = text
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
         if list.status.success() && ids.len() == 1 {
             let ttl = net
                 .cmd(host, "etcdctl")
@@ -362,16 +408,28 @@ fn an_agent_with_a_cut_off_etcd_member_stops_before_the_majority_expires_it() {
         "job on the cut-off side died {:?} after the majority's expiry",
         dead - expiry
     );
-    eprintln!("cut-off job died {:?} before the majority's expiry", expiry - dead);
+    eprintln!(
+        "cut-off job died {:?} before the majority's expiry",
+        expiry - dead
+    );
     let code = a.wait(LONG).map(|s| s.code());
-    assert_eq!(code, Some(Some(124)), "cut-off agent's exit; log:\n{}", scene.read("a.log"));
+    assert_eq!(
+        code,
+        Some(Some(124)),
+        "cut-off agent's exit; log:\n{}",
+        scene.read("a.log")
+    );
 
     scene.wait_published("b");
     let b_token = scene.token("b");
     assert!(b_token > a_token, "standby token {b_token} after {a_token}");
 
     net.heal(1);
-    assert_eq!(scene.late_publish(&net, 1, a_token), 1, "late write not refused");
+    assert_eq!(
+        scene.late_publish(&net, 1, a_token),
+        1,
+        "late write not refused"
+    );
     assert_eq!(scene.read("sink/out"), format!("b {b_token}\n"));
     let _ = b.0.kill();
     let _ = b.wait(LONG);

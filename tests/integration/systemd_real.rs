@@ -15,7 +15,8 @@ const SERVE: &str = "leaseagent-serve.service";
 
 /// The drop-in a user would write with `systemctl edit leaseagent@.service`:
 /// short timings, and a directory the jobs may write to.
-const DROPIN: &str = "[Service]\nWatchdogSec=5s\nRestartSec=1s\nTimeoutStopSec=30s\nReadWritePaths=/srv/out\n";
+const DROPIN: &str =
+    "[Service]\nWatchdogSec=5s\nRestartSec=1s\nTimeoutStopSec=30s\nReadWritePaths=/srv/out\n";
 
 /// An env file for `leaseagent@NAME.service` running `sleeper.sh` on TASK.
 fn env_file(name: &str, task: &str) -> String {
@@ -29,7 +30,10 @@ fn env_file(name: &str, task: &str) -> String {
 fn stage() -> Stage {
     Stage::new()
         .helper("sleeper.sh")
-        .file("/etc/systemd/system/leaseagent@.service.d/test.conf", DROPIN)
+        .file(
+            "/etc/systemd/system/leaseagent@.service.d/test.conf",
+            DROPIN,
+        )
         .file("/etc/leaseagent/demo.env", &env_file("demo", "demo"))
 }
 
@@ -53,7 +57,10 @@ fn boot(stage: &Stage) -> Systemd {
 fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
             state != Some("Z") && state != Some("X")
         }
         Err(_) => false,
@@ -94,7 +101,10 @@ fn status_token(status: &str) -> Option<u64> {
 fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let until = std::time::Instant::now() + within;
     while !f() {
-        assert!(std::time::Instant::now() < until, "{what}: not after {within:?}");
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: not after {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -142,7 +152,9 @@ fn stop_gives_the_job_sigterm_and_ends_inactive_success() {
     let sd = boot(&stage());
     let unit = "leaseagent@demo.service";
     sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || sd.read("/srv/out/demo.out").contains("ready"));
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
     let before = sd.cgroup_pids(unit);
     assert!(before.len() >= 3, "agent, keeper, job: {before:?}");
     sd.systemctl(&["stop", unit]);
@@ -152,7 +164,12 @@ fn stop_gives_the_job_sigterm_and_ends_inactive_success() {
         sd.read("/srv/out/demo.out"),
         sd.journal(unit)
     );
-    assert_eq!(sd.prop(unit, "ActiveState"), "inactive", "{}", sd.journal(unit));
+    assert_eq!(
+        sd.prop(unit, "ActiveState"),
+        "inactive",
+        "{}",
+        sd.journal(unit)
+    );
     assert_eq!(sd.prop(unit, "Result"), "success", "{}", sd.journal(unit));
     assert!(sd.cgroup_pids(unit).is_empty());
     for p in before {
@@ -216,7 +233,9 @@ fn a_stopped_agent_is_killed_by_the_watchdog_with_its_job() {
     let sd = boot(&stage());
     let unit = "leaseagent@demo.service";
     sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || sd.read("/srv/out/demo.out").contains("ready"));
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
     let agent = sd.main_pid(unit);
     let old = sd.cgroup_pids(unit);
     let job = job_pid(&sd, unit).unwrap();
@@ -244,7 +263,9 @@ fn sigkill_of_the_agent_leaves_nothing_in_the_cgroup() {
     ));
     let unit = "leaseagent@demo.service";
     sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || sd.read("/srv/out/demo.out").contains("ready"));
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
     let agent = sd.main_pid(unit);
     let old = sd.cgroup_pids(unit);
     assert!(old.len() >= 4, "agent, keeper, job, grandchild: {old:?}");
@@ -283,13 +304,17 @@ fn the_serve_unit_answers_healthz() {
 
 #[test]
 fn the_nightly_timer_is_scheduled() {
-    let sd = Systemd::boot(
-        &Stage::new().file("/etc/leaseagent/nightly-export.env", "LEASEAGENT_COMMAND=/bin/true\n"),
-    );
+    let sd = Systemd::boot(&Stage::new().file(
+        "/etc/leaseagent/nightly-export.env",
+        "LEASEAGENT_COMMAND=/bin/true\n",
+    ));
     let timer = "leaseagent@nightly-export.timer";
     sd.systemctl(&["start", timer]);
     assert_eq!(sd.prop(timer, "ActiveState"), "active");
-    assert_eq!(sd.prop(timer, "Triggers"), "leaseagent@nightly-export.service");
+    assert_eq!(
+        sd.prop(timer, "Triggers"),
+        "leaseagent@nightly-export.service"
+    );
     let shown = sd.prop(timer, "NextElapseUSecRealtime");
     // `date` inside reads the timestamp in the system's own time zone.
     let next = sd.text(&["date", "-d", &shown, "+%s"]);
@@ -313,7 +338,10 @@ fn the_nightly_timer_is_scheduled() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    assert!(next > now && next <= now + 86_400 + 60, "next {next}, now {now}");
+    assert!(
+        next > now && next <= now + 86_400 + 60,
+        "next {next}, now {now}"
+    );
     let listed = sd.text(&["systemctl", "list-timers", "--no-pager", "--all"]);
     assert!(listed.contains(timer), "{listed}");
 }

@@ -6,8 +6,8 @@ pub mod authority;
 pub mod etcd;
 pub mod fence;
 pub mod netns;
-pub mod systemd;
 pub mod sysns;
+pub mod systemd;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

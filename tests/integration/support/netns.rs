@@ -56,12 +56,20 @@ impl Net {
             net.hosts = i;
             let port = format!("p{i}");
             ip(&[
-                "link", "add", "eth0", "netns", &h, "type", "veth", "peer", "name", &port,
-                "netns", &sw,
+                "link", "add", "eth0", "netns", &h, "type", "veth", "peer", "name", &port, "netns",
+                &sw,
             ]);
             ip(&["-n", &sw, "link", "set", &port, "master", "br0"]);
             ip(&["-n", &sw, "link", "set", &port, "up"]);
-            ip(&["-n", &h, "addr", "add", &format!("{}/24", net.ip(i)), "dev", "eth0"]);
+            ip(&[
+                "-n",
+                &h,
+                "addr",
+                "add",
+                &format!("{}/24", net.ip(i)),
+                "dev",
+                "eth0",
+            ]);
             ip(&["-n", &h, "link", "set", "eth0", "up"]);
             ip(&["-n", &h, "link", "set", "lo", "up"]);
         }
@@ -89,7 +97,14 @@ impl Net {
 
     /// Host `i` loses its link: its packets vanish both ways.
     pub fn cut(&self, i: usize) {
-        ip(&["-n", &self.switch(), "link", "set", &format!("p{i}"), "down"]);
+        ip(&[
+            "-n",
+            &self.switch(),
+            "link",
+            "set",
+            &format!("p{i}"),
+            "down",
+        ]);
     }
 
     pub fn heal(&self, i: usize) {

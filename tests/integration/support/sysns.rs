@@ -117,10 +117,9 @@ impl Systemd {
         let until = Instant::now() + Duration::from_secs(60);
         sd.pid = loop {
             // The forked child of unshare becomes systemd (exec keeps the pid).
-            let kids = std::fs::read_to_string(format!(
-                "/proc/{unshare_pid}/task/{unshare_pid}/children"
-            ))
-            .unwrap_or_default();
+            let kids =
+                std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
+                    .unwrap_or_default();
             if let Some(p) = kids.split_whitespace().next() {
                 let p: i32 = p.parse().unwrap();
                 let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
@@ -228,7 +227,14 @@ impl Systemd {
     }
 
     pub fn journal(&self, unit: &str) -> String {
-        self.text(&["journalctl", "--no-pager", "-o", "short-monotonic", "-u", unit])
+        self.text(&[
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "short-monotonic",
+            "-u",
+            unit,
+        ])
     }
 
     pub fn journal_all(&self) -> String {
@@ -256,7 +262,9 @@ impl Systemd {
         if cg.is_empty() {
             return Vec::new();
         }
-        let dir = Path::new(HIERARCHIES).join("systemd").join(cg.trim_start_matches('/'));
+        let dir = Path::new(HIERARCHIES)
+            .join("systemd")
+            .join(cg.trim_start_matches('/'));
         let mut out = Vec::new();
         collect_procs(&dir, &mut out);
         out
@@ -269,7 +277,11 @@ impl Systemd {
             let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
                 continue;
             };
-            if std::fs::read_link(format!("/proc/{p}/ns/pid")).ok().as_ref() != Some(&ns) {
+            if std::fs::read_link(format!("/proc/{p}/ns/pid"))
+                .ok()
+                .as_ref()
+                != Some(&ns)
+            {
                 continue;
             }
             let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
