@@ -2,8 +2,8 @@
 # Boots a real systemd as PID 1 of a private namespace set, for the tests of
 # the shipped units. Run by the test harness as
 #
-#   unshare --pid --fork --mount --mount-proc --uts --ipc --net --propagation private \
-#       sh systemd-boot.sh WORKDIR CGROUP_NAME BINARY UNIT_DIR
+#   SYSNS_CGROUPS="DIR..." unshare --pid --fork --mount --mount-proc --uts --ipc --net \
+#       --propagation private sh systemd-boot.sh WORKDIR CGROUP_NAME BINARY UNIT_DIR
 #
 # Everything systemd could change on the machine is made private or masked
 # first, because other people work on the same machine:
@@ -16,7 +16,7 @@
 #   - /sys and /proc/sys read-only (no sysctl, no module or binfmt changes);
 #     the cgroup mounts below /sys stay writable;
 #   - a cgroup of its own, CGROUP_NAME, in the name=systemd and unified
-#     hierarchies: systemd takes the cgroup it starts in as its root, so two
+#     hierarchies (or the one v2 hierarchy): systemd takes the cgroup it starts in as its root, so two
 #     booted systemds never share a unit's cgroup;
 #   - every unit that the sysinit/sockets/timers/... targets pull in by default
 #     is masked (journald and its sockets excepted, for `journalctl`), every
@@ -30,9 +30,16 @@ NAME="$2"
 BIN="$3"
 UNITS="$4"
 
-# Into our own cgroup before anything else ($$ is 1 here: the pid namespace's init).
-echo $$ > "/sys/fs/cgroup/systemd/$NAME/cgroup.procs"
-echo $$ > "/sys/fs/cgroup/unified/$NAME/cgroup.procs"
+# Into our own cgroups before anything else ($$ is 1 here: the pid namespace's
+# init). SYSNS_CGROUPS: the directories the harness created (name=systemd and
+# unified on a hybrid machine, one directory on a pure cgroup v2 machine).
+[ -n "${SYSNS_CGROUPS:-}" ] || { echo "SYSNS_CGROUPS not set" >&2; exit 2; }
+for cg in $SYSNS_CGROUPS; do
+    case "$cg" in
+        */"$NAME") echo $$ > "$cg/cgroup.procs" ;;
+        *) echo "not our cgroup: $cg" >&2; exit 2 ;;
+    esac
+done
 
 mount --make-rprivate /
 rm -rf "$W/etc"

@@ -88,8 +88,9 @@ impl Systemd {
                 std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755)).unwrap();
             }
         }
-        for h in ["systemd", "unified"] {
-            std::fs::create_dir(Path::new(HIERARCHIES).join(h).join(&name)).unwrap();
+        for h in own_cgroups(&name) {
+            std::fs::create_dir(&h)
+                .unwrap_or_else(|e| panic!("create cgroup {}: {e}", h.display()));
         }
         let log = std::fs::File::create(work.join("boot.log")).unwrap();
         let repo = env!("CARGO_MANIFEST_DIR");
@@ -102,6 +103,14 @@ impl Systemd {
             .arg(&name)
             .arg(env!("CARGO_BIN_EXE_leaseagent"))
             .arg(format!("{repo}/systemd"))
+            .env(
+                "SYSNS_CGROUPS",
+                own_cgroups(&name)
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -262,9 +271,7 @@ impl Systemd {
         if cg.is_empty() {
             return Vec::new();
         }
-        let dir = Path::new(HIERARCHIES)
-            .join("systemd")
-            .join(cg.trim_start_matches('/'));
+        let dir = tracking_hierarchy().join(cg.trim_start_matches('/'));
         let mut out = Vec::new();
         collect_procs(&dir, &mut out);
         out
@@ -317,6 +324,10 @@ impl Systemd {
 
     fn cgroup_dirs(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
+        let v2 = Path::new(HIERARCHIES).join(&self.name);
+        if v2.is_dir() {
+            out.push(v2);
+        }
         if let Ok(rd) = std::fs::read_dir(HIERARCHIES) {
             for h in rd.flatten() {
                 let d = h.path().join(&self.name);
@@ -334,6 +345,9 @@ impl Systemd {
         if pid > 0 && Path::new(&format!("/proc/{pid}")).exists() {
             left.push(format!("process {pid}"));
         }
+        if Path::new(HIERARCHIES).join(name).exists() {
+            left.push(format!("cgroup {HIERARCHIES}/{name}"));
+        }
         if let Ok(rd) = std::fs::read_dir(HIERARCHIES) {
             for h in rd.flatten() {
                 let d = h.path().join(name);
@@ -350,6 +364,31 @@ impl Systemd {
             left.push("a mount".to_string());
         }
         left
+    }
+}
+
+/// The hierarchy systemd tracks processes in: `name=systemd` on a hybrid
+/// (v1) machine, the unified one on a pure cgroup v2 machine.
+fn tracking_hierarchy() -> PathBuf {
+    let v1 = Path::new(HIERARCHIES).join("systemd");
+    if v1.is_dir() {
+        v1
+    } else {
+        PathBuf::from(HIERARCHIES)
+    }
+}
+
+/// The cgroups a booted systemd starts in (and takes as its root).
+fn own_cgroups(name: &str) -> Vec<PathBuf> {
+    let base = Path::new(HIERARCHIES);
+    if base.join("systemd").is_dir() {
+        let mut v = vec![base.join("systemd").join(name)];
+        if base.join("unified").is_dir() {
+            v.push(base.join("unified").join(name));
+        }
+        v
+    } else {
+        vec![base.join(name)]
     }
 }
 
