@@ -211,6 +211,7 @@ impl Machine {
         (self.deadline - self.grace).min(self.kill_time())
     }
 
+    #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
     }
