@@ -492,7 +492,8 @@ struct Report {
     faults: BTreeMap<&'static str, u64>,
     attempts: u64,
     exits: BTreeMap<String, u64>,
-    /// Last log line of agents that exited 125, digits dropped.
+    /// Exit code and last log line (or panic line) of agents that exited
+    /// 125 (digits dropped, to group them) or 101 (a panic, with its line).
     failures: BTreeMap<String, u64>,
     accepted: u64,
     refused: u64,
@@ -513,7 +514,7 @@ impl Report {
             self.violations.len()
         );
         for (f, n) in &self.failures {
-            println!("  exit 125 x{n}: {f}");
+            println!("  exit x{n}: {f}");
         }
         for v in self.violations.iter().take(20) {
             println!("  VIOLATION {v}");
@@ -620,19 +621,27 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                         Some(c) => format!("exit {c}"),
                         None => "signal".to_string(),
                     };
-                    if st.code() == Some(125) {
+                    if matches!(st.code(), Some(101) | Some(125)) {
                         let log = std::fs::read_to_string(
                             d.join("attempts").join(format!("{}.log", s.attempt)),
                         )
                         .unwrap_or_default();
-                        let last = log.lines().rev().find(|l| !l.trim().is_empty());
+                        // A panic's message is the line naming the panic.
+                        let last = log
+                            .lines()
+                            .find(|l| l.contains("panicked at"))
+                            .or_else(|| log.lines().rev().find(|l| !l.trim().is_empty()));
                         let reason: String = last
                             .unwrap_or("")
                             .chars()
-                            .filter(|c| !c.is_ascii_digit())
+                            .filter(|c| st.code() == Some(101) || !c.is_ascii_digit())
                             .take(90)
                             .collect();
-                        *report.failures.entry(reason).or_default() += 1;
+                        let code = st.code().unwrap_or(0);
+                        *report
+                            .failures
+                            .entry(format!("{code} {reason}"))
+                            .or_default() += 1;
                     }
                     *report.exits.entry(key).or_default() += 1;
                     let pidfile = d.join("attempts").join(format!("{}.pid", s.attempt));
