@@ -359,3 +359,30 @@ fn teardown_leaves_no_process_cgroup_or_directory() {
         assert!(!alive(p), "{p} ({}) left behind", cmdline(p));
     }
 }
+
+#[test]
+fn booting_changes_nothing_on_the_machine() {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let watched = [
+        "/proc/sys/kernel/hostname",
+        "/proc/sys/kernel/pid_max",
+        "/proc/sys/fs/nr_open",
+        "/proc/sys/net/unix/max_dgram_qlen",
+        "/etc/passwd",
+        "/etc/machine-id",
+    ];
+    let before: Vec<String> = watched.iter().map(|p| read(p)).collect();
+    let canary = tempfile::Builder::new()
+        .prefix("leaseagent-canary")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let sd = boot(&stage());
+    sd.systemctl(&["start", "leaseagent@demo.service"]);
+    // Inside, /tmp is another one, and sysusers added a user to the copy of /etc.
+    assert!(!sd.path(canary.path().to_str().unwrap()).exists());
+    assert!(sd.read("/etc/passwd").contains("leaseagent:"));
+    drop(sd);
+    assert!(canary.path().exists(), "the machine's /tmp was touched");
+    let after: Vec<String> = watched.iter().map(|p| read(p)).collect();
+    assert_eq!(before, after, "{watched:?} changed");
+}
