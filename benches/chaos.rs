@@ -17,8 +17,8 @@
 //! (serve, or one etcd member); SIGSTOP of an agent for 1-8 s, then SIGCONT
 //! (its job keeps running: a zombie once the lease is gone); kill -9 of an
 //! agent; a partition of one agent (its proxy stops forwarding, bytes wait,
-//! nothing is reset) for 1-8 s. A stopped agent is restarted after a short
-//! pause, as systemd would.
+//! nothing is reset) for 1-8 s. An agent that ended is restarted after a
+//! pause, as systemd would: 0.1-0.5 s, or 1-2 s after exit 125.
 //!
 //! The checker, afterwards, from the sink and the processes:
 //! - per task, accepted writes in non-decreasing token order, and strictly
@@ -654,7 +654,15 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                     s.child = None;
                     s.killed = false;
                     s.stopped_until = None;
-                    s.restart_at = now + Duration::from_millis(100 + fastrand::u64(0..400));
+                    // Like a unit's RestartSec=: short after a job's end,
+                    // longer after "authority unreachable" (125), so a dead
+                    // authority does not turn the soak into spawn churn.
+                    let pause = if st.code() == Some(125) {
+                        1000 + fastrand::u64(0..1000)
+                    } else {
+                        100 + fastrand::u64(0..400)
+                    };
+                    s.restart_at = now + Duration::from_millis(pause);
                 }
             }
             // Thaw, heal.
