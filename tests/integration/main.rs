@@ -21,6 +21,8 @@ mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
+mod partition_netns;
 mod systemd_help;
 mod systemd_notify;
+mod systemd_real;
 mod systemd_units;
