@@ -272,7 +272,7 @@ fn run(cfg: RunConfig) -> u8 {
     match crate::child::spawn_keeper(
         &cfg.command,
         &env,
-        crate::notify::JOB_ENV_REMOVE,
+        &crate::child::job_env_remove(),
         tx.clone(),
     ) {
         Ok(k) => sup.keeper = Some(k),

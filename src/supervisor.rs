@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::authority::{Authority, Grant, RenewError};
-use crate::child::{JobGroup, Keeper};
+use crate::child::Keeper;
 use crate::clock::{BootInstant, MAX_WAIT};
 use crate::lease_state::{LeaseStateFile, LeaseView, StateWriter};
 use crate::machine::{Action, Event, Machine};
@@ -45,7 +45,6 @@ pub struct Supervisor {
 impl Supervisor {
     /// Runs until the machine says exit; returns the exit status.
     pub fn run(mut self) -> u8 {
-        let mut group: Option<JobGroup> = None;
         let mut last_status = String::new();
         let watchdog = self.notifier.watchdog_interval();
         let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
@@ -64,18 +63,14 @@ impl Supervisor {
                 Ok(e) => e,
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Event::Tick,
             };
-            if let Event::ChildStarted { pid } = event {
-                group = JobGroup::for_kill(pid);
-            }
             let now = BootInstant::now();
             let actions = self.machine.step(event, now);
             for action in actions {
                 match action {
                     Action::SignalGroup(sig) => {
-                        if let Some(g) = group {
-                            if let Err(e) = g.signal(sig) {
-                                log::warn!("cannot signal process group {}: {e}", g.pgid());
-                            }
+                        // The keeper stops the whole tree (child.rs).
+                        if let Some(k) = self.keeper.as_mut() {
+                            k.signal(sig);
                         }
                     }
                     Action::Log(level, msg) => log::log!(level, "{msg}"),

@@ -23,6 +23,7 @@ pub mod etcd;
 pub mod http;
 pub mod http_operator;
 pub mod transport;
+pub mod untrusted;
 
 use std::fmt;
 use std::time::Duration;
