@@ -92,13 +92,17 @@ fn stderr_of(child: &mut Child) -> String {
 fn escapees_die_when_the_command_ends_and_before_the_release() {
     let fake = FakeAuthority::start();
     let e = Escaper::new();
-    let mut child = spawn(e.command(&fake.url(), "tree-end", &["--grace", "2s"], 0));
+    let mut child = spawn(e.command(&fake.url(), "tree-end", &["--grace", "2s"], 1));
     let pids = e.escapees();
     // They really left the job's group (the job's group is its leader's pid,
     // which is no longer around to ask; compare with each other instead).
-    let groups: std::collections::HashSet<i32> =
-        pids.iter().map(|&p| pgrp_and_session(p).0).collect();
-    assert_eq!(groups.len(), 3, "three different process groups");
+    // (setsid runs after the pid was written: poll.)
+    let distinct = wait_for(Duration::from_secs(10), || {
+        let groups: std::collections::HashSet<i32> =
+            pids.iter().map(|&p| pgrp_and_session(p).0).collect();
+        (groups.len() == 3).then_some(())
+    });
+    assert!(distinct.is_some(), "three different process groups");
     let status = wait_exit(&mut child, T).expect("agent exits");
     let err = stderr_of(&mut child);
     assert_eq!(status.code(), Some(0), "{err}");
