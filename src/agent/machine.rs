@@ -159,6 +159,10 @@ pub struct Machine {
     stop: Option<Stop>,
     cancel: Option<i32>,
     keeper_lost: bool,
+    /// The keeper never confirmed the job's whole tree gone (it was lost,
+    /// or SIGKILL left survivors): the lease is not released but left to
+    /// expire, so the task is not granted again while they may run.
+    tree_unproven: bool,
     /// The lease was lost while the leader still ran: the exit status is 124.
     lost_while_running: bool,
     /// Relayable signals that arrived before the group was known.
@@ -185,6 +189,7 @@ impl Machine {
             stop: None,
             cancel: None,
             keeper_lost: false,
+            tree_unproven: false,
             lost_while_running: false,
             early_signals: Vec::new(),
             task: task.to_string(),
@@ -305,6 +310,7 @@ impl Machine {
             Event::KeeperLost => {
                 if self.job_alive() {
                     self.keeper_lost = true;
+                    self.tree_unproven = true;
                     out.push(Action::Log(
                         log::Level::Error,
                         "the keeper process died; killing the job's process group".into(),
@@ -384,8 +390,9 @@ impl Machine {
                 if now >= k + TREE_GONE_TIMEOUT {
                     out.push(Action::Log(
                         log::Level::Warn,
-                        "processes the command started are still running outside its process group; not waiting for them".into(),
+                        "processes of the command's tree are still alive after SIGKILL (D state, or the keeper is stopped); not waiting for them".into(),
                     ));
+                    self.tree_unproven = true;
                     self.finish(now, out);
                 }
             }
@@ -705,7 +712,21 @@ impl Machine {
                 format!("lease lost: task {} token {}: the command ended after the lease's deadline (was the agent paused?)", self.task, self.token),
             ));
         }
-        if let Lease::Refused(_) = self.lease {
+        // Deadline passed without a renewal: the authority has already
+        // dropped the lease; a release would only wait on it.
+        let expired = self.lease == Lease::Expired && now >= self.deadline;
+        if self.tree_unproven {
+            out.push(Action::Log(
+                log::Level::Error,
+                format!(
+                    "not releasing task {} token {}: the command's process tree is not known to be gone; the lease will expire by itself",
+                    self.task, self.token
+                ),
+            ));
+            out.push(Action::Exit(exit_status));
+        } else if expired {
+            out.push(Action::Exit(exit_status));
+        } else if let Lease::Refused(_) = self.lease {
             // The authority already dropped the lease; releasing would only be refused.
             out.push(Action::Exit(exit_status));
         } else {
@@ -788,10 +809,32 @@ mod tests {
         assert!(signals(&a).is_empty());
         let a = m.step(Event::TreeGone, at(3002));
         assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Lost,
-            exit_code: None
-        }));
+        // Past the deadline the authority has dropped the lease already:
+        // nothing to release, exit at once.
+        assert!(!a.iter().any(|x| matches!(x, Action::Release { .. })));
+    }
+
+    #[test]
+    fn a_lost_keeper_or_survivors_leave_the_lease_to_expire() {
+        let mut m = started(30_000, 500);
+        let a = m.step(Event::KeeperLost, at(100));
+        assert!(signals(&a).contains(&SIGKILL));
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(!a.iter().any(|x| matches!(x, Action::Release { .. })));
+
+        let mut m = started(30_000, 500);
+        m.step(Event::Signal(SIGTERM), at(100));
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Signaled(15),
+                at: at(200),
+            },
+            at(200),
+        );
+        m.step(Event::Tick, at(600)); // SIGKILL to what is left
+        let a = m.step(Event::Tick, at(600) + TREE_GONE_TIMEOUT);
+        assert!(exit_of(&a).is_some());
+        assert!(!a.iter().any(|x| matches!(x, Action::Release { .. })));
     }
 
     #[test]
