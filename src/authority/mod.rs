@@ -261,7 +261,11 @@ pub fn open(spec: &AuthoritySpec) -> Result<Box<dyn Authority>, String> {
     match spec {
         AuthoritySpec::Http(base) => Ok(Box::new(http::HttpAuthority::new(base))),
         AuthoritySpec::Etcd(endpoints) => Ok(Box::new(etcd::EtcdAuthority::new(endpoints.clone()))),
-        AuthoritySpec::Sqlite(path) => Ok(Box::new(embedded::EmbeddedAuthority::new(path.clone()))),
+        AuthoritySpec::Sqlite(path) => {
+            // Its directory must be this user's alone; no symlinks followed.
+            crate::sys::paths::prepare_db_file(path)?;
+            Ok(Box::new(embedded::EmbeddedAuthority::new(path.clone())))
+        }
     }
 }
 
