@@ -8,6 +8,7 @@ mod support;
 
 mod agent_basic;
 mod agent_failures;
+mod agent_files;
 mod agent_tree;
 mod authority_e2e;
 mod authority_embedded;
