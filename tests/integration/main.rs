@@ -7,6 +7,7 @@
 mod support;
 
 mod agent_basic;
+mod agent_distrust;
 mod agent_failures;
 mod agent_files;
 mod agent_tree;
