@@ -174,7 +174,9 @@ fn acquire(
 /// written through if another user could have prepared it.
 fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
     match crate::sys::paths::runtime_dir() {
-        Ok((path, fd)) => Some(crate::agent::state_file::StateWriter::in_checked_dir(&path, fd)),
+        Ok((path, fd)) => Some(crate::agent::state_file::StateWriter::in_checked_dir(
+            &path, fd,
+        )),
         Err(e) => {
             log::warn!("no lease state file for `leaseagent check`: {e}");
             None

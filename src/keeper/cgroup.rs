@@ -67,8 +67,7 @@ impl JobCgroup {
             return Err(format!("{} has no cgroup.kill", parent.display()));
         }
         let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
-        std::fs::create_dir(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let cg = JobCgroup { dir, parent };
         if let Err(e) = cg.enter().and_then(|()| cg.leave()) {
             // Back where we were, or nowhere to kill ourselves from.

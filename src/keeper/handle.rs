@@ -31,10 +31,10 @@ use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, Signal, kill_process_group};
 
-use crate::time::clock::BootInstant;
+use crate::agent::machine::Event;
 use crate::keeper::KEEPER_ARG;
 use crate::keeper::protocol::{Command as Ctl, Report, SpawnFailure};
-use crate::agent::machine::Event;
+use crate::time::clock::BootInstant;
 
 const SIGTERM: i32 = 15;
 const SIGKILL: i32 = 9;
@@ -218,11 +218,6 @@ impl Keeper {
             Ok(()) | Err(rustix::io::Errno::SRCH) => {}
             Err(e) => log::warn!("cannot signal process group {}: {e}", pgid.as_raw_nonzero()),
         }
-    }
-
-    /// Whether the keeper reported the job's whole tree gone.
-    pub fn tree_gone(&self) -> bool {
-        self.seen.tree_gone.load(Ordering::SeqCst)
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally

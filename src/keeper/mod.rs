@@ -80,9 +80,6 @@ pub const RELAYED: &[i32] = &[
     signal_hook::consts::SIGUSR2,
 ];
 
-/// Byte the agent sends for "done": kill what is left (nothing, normally), exit.
-pub const DONE: u8 = b'D';
-
 /// While killing: the first rounds of SIGKILL come this fast, then slower.
 const KILL_ROUND_FIRST: Duration = Duration::from_millis(10);
 const KILL_ROUND_MAX: Duration = Duration::from_millis(500);
@@ -195,7 +192,9 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     if let Err(e) = set_child_subreaper(Some(rustix::process::getpid())) {
         return fail(
             &mut out,
-            format!("keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"),
+            format!(
+                "keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"
+            ),
         );
     }
     let cgroup = match cgroup::JobCgroup::create() {
@@ -218,7 +217,10 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         if let Some(cg) = &cgroup {
             if let Err(e) = cg.enter() {
                 cg.remove();
-                return fail(&mut out, format!("keeper: cannot enter the job's cgroup: {e}"));
+                return fail(
+                    &mut out,
+                    format!("keeper: cannot enter the job's cgroup: {e}"),
+                );
             }
         }
         let spawned = Command::new(program).args(rest).process_group(0).spawn();
@@ -228,7 +230,10 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
                 if spawned.is_ok() {
                     tree::kill_all(rustix::process::getpid().as_raw_nonzero().get());
                 }
-                return fail(&mut out, format!("keeper: cannot leave the job's cgroup: {e}"));
+                return fail(
+                    &mut out,
+                    format!("keeper: cannot leave the job's cgroup: {e}"),
+                );
             }
         }
         spawned
@@ -362,7 +367,9 @@ impl Keeper {
                 Ok(Some((pid, status))) => {
                     if pid.as_raw_nonzero().get() == self.job_pid && !self.leader_reaped {
                         self.leader_reaped = true;
-                        let at_ms = crate::time::clock::BootInstant::now().since_boot().as_millis() as u64;
+                        let at_ms = crate::time::clock::BootInstant::now()
+                            .since_boot()
+                            .as_millis() as u64;
                         let status = match (status.exit_status(), status.terminating_signal()) {
                             (Some(code), _) => ChildStatus::Exited(code),
                             (None, Some(sig)) => ChildStatus::Signaled(sig),
@@ -457,7 +464,9 @@ impl Keeper {
     /// One round of SIGKILL: cgroup.kill, then the tree walk; survivors of
     /// earlier rounds are reported once.
     fn kill_round(&mut self) {
-        let Some(k) = self.killing.as_mut() else { return };
+        let Some(k) = self.killing.as_mut() else {
+            return;
+        };
         let now = Instant::now();
         if now < k.next_round {
             return;
@@ -506,8 +515,10 @@ fn signal_in_cgroup(pid: i32, cg: &cgroup::JobCgroup, sig: Signal) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .is_ok_and(|c| c.lines().any(|l| l.starts_with("0::") && l.ends_with(&name)));
+    let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+        c.lines()
+            .any(|l| l.starts_with("0::") && l.ends_with(&name))
+    });
     if inside {
         let _ = rustix::process::pidfd_send_signal(&fd, sig);
     }

@@ -241,12 +241,24 @@ mod tests {
         };
         let line = r.to_string();
         assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line:?}");
-        assert!(matches!(line.parse::<Report>(), Ok(Report::Survivor { pid: 9, .. })));
+        assert!(matches!(
+            line.parse::<Report>(),
+            Ok(Report::Survivor { pid: 9, .. })
+        ));
     }
 
     #[test]
     fn malformed_lines_are_refused() {
-        for line in ["", "Q", "P x", "P", "X exit 3", "X oops 3 4", "G extra", "E weird m"] {
+        for line in [
+            "",
+            "Q",
+            "P x",
+            "P",
+            "X exit 3",
+            "X oops 3 4",
+            "G extra",
+            "E weird m",
+        ] {
             assert!(line.parse::<Report>().is_err(), "{line:?}");
         }
     }

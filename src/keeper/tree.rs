@@ -199,7 +199,9 @@ mod tests {
             .unwrap();
         let found = (0..400).find_map(|_| {
             let d = descendants(me);
-            let sleeper = d.iter().find(|p| p.ppid != me && command_of(p.pid).starts_with("sleep"));
+            let sleeper = d
+                .iter()
+                .find(|p| p.ppid != me && command_of(p.pid).starts_with("sleep"));
             if sleeper.is_none() {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }

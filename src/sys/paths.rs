@@ -109,9 +109,9 @@ pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused
         DirRule::NotWritableByOthers if mode & 0o022 != 0 => Err(refused(format!(
             "mode {mode:04o} lets other users write to it (chmod go-w)"
         ))),
-        DirRule::Exactly0700 if mode & 0o777 != 0o700 => Err(refused(format!(
-            "mode {mode:04o}, expected 0700"
-        ))),
+        DirRule::Exactly0700 if mode & 0o777 != 0o700 => {
+            Err(refused(format!("mode {mode:04o}, expected 0700")))
+        }
         _ => Ok(fd),
     }
 }
@@ -124,7 +124,9 @@ pub fn create_temp(dir: &OwnedFd, prefix: &str, mode: u32) -> std::io::Result<(F
     for _ in 0..16 {
         let name: String = format!(
             "{prefix}{}",
-            (0..12).map(|_| fastrand::alphanumeric()).collect::<String>()
+            (0..12)
+                .map(|_| fastrand::alphanumeric())
+                .collect::<String>()
         );
         match rustix::fs::openat(
             dir,
@@ -164,8 +166,7 @@ pub fn prepare_db_file(path: &Path) -> Result<(), String> {
     let name = path
         .file_name()
         .ok_or_else(|| format!("{}: not a file name", path.display()))?;
-    let dirfd =
-        open_private_dir(&dir, DirRule::NotWritableByOthers).map_err(|e| e.to_string())?;
+    let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers).map_err(|e| e.to_string())?;
     let me = rustix::process::geteuid().as_raw();
     for suffix in ["", "-wal", "-shm"] {
         let mut n = name.to_os_string();
@@ -174,11 +175,7 @@ pub fn prepare_db_file(path: &Path) -> Result<(), String> {
         let fd = rustix::fs::openat(
             &dirfd,
             n.as_os_str(),
-            OFlags::CREATE
-                | OFlags::NOFOLLOW
-                | OFlags::CLOEXEC
-                | OFlags::RDWR
-                | OFlags::NONBLOCK,
+            OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR | OFlags::NONBLOCK,
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| match e {
@@ -230,7 +227,10 @@ mod tests {
         let (_, a) = create_temp(&fd, ".x-", 0o600).unwrap();
         let (_, b) = create_temp(&fd, ".x-", 0o600).unwrap();
         assert_ne!(a, b);
-        let mode = std::fs::metadata(t.path().join(&a)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(t.path().join(&a))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
     }
 

@@ -29,13 +29,27 @@ fn a_ttl_above_the_ask_is_capped_at_the_ask() {
     );
     fake.set_renew(Reply::Blackhole);
     let mut c = agent(&fake.url(), "distrust");
-    c.args(["--ttl", "3s", "--heartbeat", "1s", "--grace", "500ms", "--", "sleep", "1000"]);
+    c.args([
+        "--ttl",
+        "3s",
+        "--heartbeat",
+        "1s",
+        "--grace",
+        "500ms",
+        "--",
+        "sleep",
+        "1000",
+    ]);
     let started = Instant::now();
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(124), "{}", out.stderr);
     // Uncapped, the job would run for an hour. Capped: the last renewal
     // (~1 s) + 3 s; 20 s leaves room for a busy machine.
-    assert!(started.elapsed() < Duration::from_secs(20), "{}", out.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{}",
+        out.stderr
+    );
     assert!(out.stderr.contains("ttl 3s"), "{}", out.stderr);
 }
 
@@ -67,7 +81,9 @@ fn a_holder_with_newline_and_escape_is_printed_escaped() {
     assert!(!out.stderr.contains('\u{1b}'), "{:?}", out.stderr);
     assert!(!out.stderr.contains('\u{7}'), "{:?}", out.stderr);
     assert!(
-        !out.stderr.lines().any(|l| l.starts_with("leaseagent: info: released")),
+        !out.stderr
+            .lines()
+            .any(|l| l.starts_with("leaseagent: info: released")),
         "forged line: {:?}",
         out.stderr
     );
@@ -95,7 +111,10 @@ fn out_of_range_tokens_and_odd_lease_ids_are_malformed() {
     }
     // The largest token SQLite and `serve` can store is fine.
     let fake = FakeAuthority::start();
-    fake.set_acquire(Reply::Raw(200, grant_body("9223372036854775807", "lease-1", 3000)));
+    fake.set_acquire(Reply::Raw(
+        200,
+        grant_body("9223372036854775807", "lease-1", 3000),
+    ));
     let mut c = agent(&fake.url(), "distrust");
     c.args(["--", "true"]);
     let out = run_agent(c, T);

@@ -47,7 +47,9 @@ fn agent_default(state_dir: &Path) -> Command {
 }
 
 fn no_entries(dir: &Path) -> bool {
-    std::fs::read_dir(dir).map(|r| r.count() == 0).unwrap_or(true)
+    std::fs::read_dir(dir)
+        .map(|r| r.count() == 0)
+        .unwrap_or(true)
 }
 
 #[test]
@@ -64,7 +66,11 @@ fn a_runtime_dir_made_by_another_user_is_refused_and_never_written() {
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("refusing directory"), "{}", out.stderr);
-    assert!(out.stderr.contains(planted.to_str().unwrap()), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(planted.to_str().unwrap()),
+        "{}",
+        out.stderr
+    );
     assert!(no_entries(&planted), "nothing written into the planted dir");
     // The inherited variable is not passed on when no file was made.
     assert!(out.stdout.contains("STATE=unset"), "{}", out.stdout);
@@ -83,7 +89,10 @@ fn a_runtime_dir_that_is_a_symlink_is_refused_and_never_written_through() {
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
     assert!(out.stderr.contains("symlink"), "{}", out.stderr);
-    assert!(no_entries(victim.path()), "nothing written through the link");
+    assert!(
+        no_entries(victim.path()),
+        "nothing written through the link"
+    );
 }
 
 #[test]
@@ -213,5 +222,9 @@ fn the_job_loses_watchdog_listen_and_inherited_state_variables() {
         );
         assert_ne!(line, "LEASEAGENT_STATE_FILE=/etc/passwd");
     }
-    assert!(out.stdout.lines().any(|l| l == "KEEP_ME=yes"), "{}", out.stdout);
+    assert!(
+        out.stdout.lines().any(|l| l == "KEEP_ME=yes"),
+        "{}",
+        out.stdout
+    );
 }

@@ -30,7 +30,13 @@ impl Escaper {
     fn out(&self) -> PathBuf {
         self.dir.path().join("out")
     }
-    fn command(&self, authority: &str, task: &str, flags: &[&str], hold: u32) -> std::process::Command {
+    fn command(
+        &self,
+        authority: &str,
+        task: &str,
+        flags: &[&str],
+        hold: u32,
+    ) -> std::process::Command {
         let mut c = agent(authority, task);
         c.env("OUT", self.out())
             .env("PIDS", self.pids_file())
