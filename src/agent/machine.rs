@@ -387,7 +387,10 @@ impl Machine {
             if stop.killed_at.is_none() && now >= stop.kill_at {
                 self.kill(now, out);
             }
-            if let (Some(k), Job::Exited { .. }) = (stop.killed_at, &self.job) {
+            // No exit report either (the keeper is stopped or gone): the
+            // same bounded wait, then finish without releasing.
+            if let (Some(k), Job::Exited { .. } | Job::Running { .. }) = (stop.killed_at, &self.job)
+            {
                 if now >= k + TREE_GONE_TIMEOUT {
                     out.push(Action::Log(
                         log::Level::Warn,

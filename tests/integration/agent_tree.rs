@@ -44,15 +44,20 @@ impl Escaper {
         c.args(flags).arg("--").arg(helper("escape.sh"));
         c
     }
-    /// The three escapees, once the job said ready; each checked to be
-    /// outside the job's group.
-    fn escapees(&self) -> Vec<i32> {
-        let pids = wait_for(T, || {
+    /// The job's leader and its three escapees, once the job said ready.
+    fn leader_and_escapees(&self) -> (i32, Vec<i32>) {
+        let mut pids = wait_for(T, || {
             let ready = std::fs::read_to_string(self.out()).unwrap_or_default();
             let pids = read_pids(&self.pids_file());
-            (ready.contains("ready") && pids.len() >= 3).then_some(pids)
+            (ready.contains("ready") && pids.len() >= 4).then_some(pids)
         })
         .expect("job did not start its escapees");
+        let leader = pids.remove(0);
+        (leader, pids)
+    }
+    /// The three escapees, once the job said ready.
+    fn escapees(&self) -> Vec<i32> {
+        let (_, pids) = self.leader_and_escapees();
         for &p in &pids {
             assert!(alive(p), "escapee {p} should be running");
         }
@@ -167,4 +172,114 @@ fn escapees_die_on_cancel() {
     }
     let releases = fake.requests_to("/v1/release");
     assert_eq!(releases[0].body["outcome"], "cancelled", "{err}");
+}
+
+/// The agent's keeper process (its child running `leaseagent-keeper`).
+fn keeper_of(agent: i32) -> i32 {
+    wait_for(T, || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: i32 = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (ppid == agent && cmd.starts_with(b"leaseagent-keeper")).then_some(pid)
+        })
+    })
+    .expect("keeper process")
+}
+
+/// Makes the next new process get pid `want` (as root, through
+/// /proc/sys/kernel/ns_last_pid), running `sleep 1000` in its own group.
+/// Other processes on the machine may take the pid first: retried.
+fn recycle_pid(want: i32) -> Option<Child> {
+    use std::os::unix::process::CommandExt;
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string())
+            .expect("writing ns_last_pid needs root");
+        let mut c = std::process::Command::new("sleep")
+            .arg("1000")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        if c.id() as i32 == want {
+            return Some(c);
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    None
+}
+
+#[test]
+fn a_keeper_never_signals_a_recycled_group_after_the_tree_was_reaped() {
+    let fake = FakeAuthority::start();
+    // The release hangs: the agent is still there, its job long reaped.
+    fake.script("/v1/release", vec![Reply::Blackhole]);
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let mut c = agent(&fake.url(), "tree-recycle");
+    c.args(["--ttl", "30s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}", pids.display()));
+    let mut child = spawn(c);
+    let keeper = keeper_of(child.id() as i32);
+    wait_for(T, || (!fake.requests_to("/v1/release").is_empty()).then_some(()))
+        .expect("agent reached its release");
+    let pgid = read_pids(&pids)[0];
+    assert!(!exists(pgid), "the job was reaped before the release");
+    let mut decoy = recycle_pid(pgid).expect("could not recycle the job's pid");
+    // The agent dies now: the keeper must not kill what holds the old pgid.
+    child.kill().unwrap();
+    let _ = child.wait();
+    wait_for(T, || (!exists(keeper)).then_some(())).expect("keeper exits");
+    let decoy_alive = alive(decoy.id() as i32);
+    let _ = decoy.kill();
+    let _ = decoy.wait();
+    assert!(decoy_alive, "an unrelated process with the recycled pgid was killed");
+}
+
+#[test]
+fn a_stopped_keeper_does_not_save_the_group_and_its_tree_dies_when_it_resumes() {
+    let fake = FakeAuthority::start();
+    let e = Escaper::new();
+    let mut child = spawn(e.command(
+        &fake.url(),
+        "tree-stopped-keeper",
+        &["--ttl", "10s", "--heartbeat", "300ms", "--grace", "1s"],
+        1000,
+    ));
+    let (leader, pids) = e.leader_and_escapees();
+    let keeper = keeper_of(child.id() as i32);
+    kill(keeper, 19); // SIGSTOP
+    fake.set_renew(Reply::Refuse("superseded"));
+    let status = wait_exit(&mut child, T).expect("agent exits");
+    let err = stderr_of(&mut child);
+    kill(keeper, 18); // SIGCONT
+    assert_eq!(status.code(), Some(124), "{err}");
+    // The agent's own SIGKILL to the group got the leader.
+    assert!(!alive(leader), "job leader alive after the agent exited; {err}");
+    // Refused: nothing to release (the authority dropped it).
+    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    // Resumed, the keeper finishes the job's whole tree.
+    assert_gone(&pids, Duration::from_secs(10));
+}
+
+#[test]
+fn a_lost_keeper_leaves_the_lease_to_expire_instead_of_releasing_it() {
+    let fake = FakeAuthority::start();
+    let e = Escaper::new();
+    let mut child = spawn(e.command(&fake.url(), "tree-lost-keeper", &["--ttl", "30s"], 1000));
+    let (leader, pids) = e.leader_and_escapees();
+    let keeper = keeper_of(child.id() as i32);
+    kill(keeper, 9);
+    let status = wait_exit(&mut child, T).expect("agent exits");
+    let err = stderr_of(&mut child);
+    // Processes that left the group were re-parented away from the keeper:
+    // cleaned up here, and the reason the lease is not released.
+    for &p in &pids {
+        kill(p, 9);
+    }
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(!alive(leader), "{err}");
+    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    assert!(err.contains("not releasing"), "{err}");
 }
