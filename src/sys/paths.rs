@@ -168,20 +168,30 @@ pub fn prepare_db_file(path: &Path) -> Result<(), String> {
         .ok_or_else(|| format!("{}: not a file name", path.display()))?;
     let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers).map_err(|e| e.to_string())?;
     let me = rustix::process::geteuid().as_raw();
+    // The database is created here; SQLite makes its WAL and SHM files with
+    // the database's mode, so those are only checked if they exist.
     for suffix in ["", "-wal", "-shm"] {
         let mut n = name.to_os_string();
         n.push(suffix);
         let shown = dir.join(&n);
-        let fd = rustix::fs::openat(
+        let create = if suffix.is_empty() {
+            OFlags::CREATE
+        } else {
+            OFlags::empty()
+        };
+        let fd = match rustix::fs::openat(
             &dirfd,
             n.as_os_str(),
-            OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR | OFlags::NONBLOCK,
+            create | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR | OFlags::NONBLOCK,
             Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP => format!("refusing {}: it is a symlink", shown.display()),
-            e => format!("cannot open {}: {e}", shown.display()),
-        })?;
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) if !suffix.is_empty() => continue,
+            Err(rustix::io::Errno::LOOP) => {
+                return Err(format!("refusing {}: it is a symlink", shown.display()));
+            }
+            Err(e) => return Err(format!("cannot open {}: {e}", shown.display())),
+        };
         let st = rustix::fs::fstat(&fd).map_err(|e| format!("{}: {e}", shown.display()))?;
         if st.st_mode & 0o170000 != 0o100000 {
             return Err(format!("refusing {}: not a regular file", shown.display()));

@@ -120,3 +120,46 @@ fn out_of_range_tokens_and_odd_lease_ids_are_malformed() {
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
 }
+
+#[test]
+fn a_lease_lost_to_silence_ends_the_agent_without_waiting_on_a_release() {
+    let fake = FakeAuthority::start();
+    fake.set_renew(Reply::Blackhole);
+    fake.script("/v1/release", vec![Reply::Blackhole]);
+    let dir = tempfile::tempdir().unwrap();
+    let pids = dir.path().join("pids");
+    let mut c = agent(&fake.url(), "distrust-silence");
+    c.args([
+        "--ttl",
+        "3s",
+        "--heartbeat",
+        "1s",
+        "--grace",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
+    c.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let job = wait_for(T, || read_pids(&pids).first().copied()).expect("job started");
+    wait_for(T, || (!alive(job)).then_some(())).expect("job killed at the deadline");
+    let died = Instant::now();
+    let status = wait_exit(&mut child, T).expect("agent exits");
+    let lingered = died.elapsed();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert_eq!(status.code(), Some(124), "{err}");
+    // Past the deadline there is nothing to release: no call, no wait on
+    // it (a blackholed release would hold the agent for its 3 s timeout).
+    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    assert!(
+        lingered < Duration::from_millis(2500),
+        "{lingered:?}; {err}"
+    );
+}

@@ -180,7 +180,13 @@ fn keeper_of(agent: i32) -> i32 {
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid: i32 = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+            let ppid: i32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             (ppid == agent && cmd.starts_with(b"leaseagent-keeper")).then_some(pid)
         })
@@ -222,8 +228,10 @@ fn a_keeper_never_signals_a_recycled_group_after_the_tree_was_reaped() {
         .arg(format!("echo $$ > {}", pids.display()));
     let mut child = spawn(c);
     let keeper = keeper_of(child.id() as i32);
-    wait_for(T, || (!fake.requests_to("/v1/release").is_empty()).then_some(()))
-        .expect("agent reached its release");
+    wait_for(T, || {
+        (!fake.requests_to("/v1/release").is_empty()).then_some(())
+    })
+    .expect("agent reached its release");
     let pgid = read_pids(&pids)[0];
     assert!(!exists(pgid), "the job was reaped before the release");
     let mut decoy = recycle_pid(pgid).expect("could not recycle the job's pid");
@@ -234,7 +242,10 @@ fn a_keeper_never_signals_a_recycled_group_after_the_tree_was_reaped() {
     let decoy_alive = alive(decoy.id() as i32);
     let _ = decoy.kill();
     let _ = decoy.wait();
-    assert!(decoy_alive, "an unrelated process with the recycled pgid was killed");
+    assert!(
+        decoy_alive,
+        "an unrelated process with the recycled pgid was killed"
+    );
 }
 
 #[test]
@@ -251,12 +262,20 @@ fn a_stopped_keeper_does_not_save_the_group_and_its_tree_dies_when_it_resumes() 
     let keeper = keeper_of(child.id() as i32);
     kill(keeper, 19); // SIGSTOP
     fake.set_renew(Reply::Refuse("superseded"));
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let status = wait_exit(&mut child, T);
+    let leader_alive = alive(leader);
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    // The keeper shares the agent's stderr: resume it before reading.
     kill(keeper, 18); // SIGCONT
+    let err = stderr_of(&mut child);
+    let status = status.expect("agent exits");
+    assert!(
+        !leader_alive,
+        "job leader alive after the agent exited; {err}"
+    );
     assert_eq!(status.code(), Some(124), "{err}");
-    // The agent's own SIGKILL to the group got the leader.
-    assert!(!alive(leader), "job leader alive after the agent exited; {err}");
     // Refused: nothing to release (the authority dropped it).
     assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
     // Resumed, the keeper finishes the job's whole tree.
