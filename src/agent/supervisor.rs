@@ -137,7 +137,14 @@ impl Supervisor {
 
     fn release(&mut self, outcome: crate::lease::Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
-        let timeout = self.release_timeout;
+        // A release cannot matter after the deadline (the lease is gone by
+        // then): never wait on one past it.
+        let timeout = self
+            .release_timeout
+            .min(BootInstant::now().until(self.machine.deadline()));
+        if timeout.is_zero() {
+            return;
+        }
         match self.authority.release(&lease, outcome, exit_code, timeout) {
             Ok(()) => log::info!(
                 "released task {} token {} ({})",

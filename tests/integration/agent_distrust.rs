@@ -155,9 +155,9 @@ fn a_lease_lost_to_silence_ends_the_agent_without_waiting_on_a_release() {
         let _ = e.read_to_string(&mut err);
     }
     assert_eq!(status.code(), Some(124), "{err}");
-    // Past the deadline there is nothing to release: no call, no wait on
-    // it (a blackholed release would hold the agent for its 3 s timeout).
-    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    // A release can only matter before the deadline: the agent waits on
+    // one no longer than that (a blackholed release used to hold it for
+    // its whole 3 s timeout after the job was dead).
     assert!(
         lingered < Duration::from_millis(2500),
         "{lingered:?}; {err}"
