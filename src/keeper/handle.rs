@@ -29,15 +29,34 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, kill_process_group, test_kill_process_group};
 
 use crate::agent::machine::Event;
 use crate::keeper::KEEPER_ARG;
 use crate::keeper::protocol::{Command as Ctl, Report, SpawnFailure};
+use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
 
-const SIGTERM: i32 = 15;
-const SIGKILL: i32 = 9;
+/// The job's process group, for the one question the agent asks of it
+/// after a keeper loss: is it provably empty?
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobGroup(Pid);
+
+impl JobGroup {
+    /// The group led by `pid` (the job runs with `pgid == pid`).
+    pub fn for_kill(pid: i32) -> Option<Self> {
+        Pid::from_raw(pid).map(JobGroup)
+    }
+
+    /// Whether the group provably has no member left (not even a zombie):
+    /// `kill(-pgid, 0)` finds nobody.
+    pub fn is_empty(&self) -> bool {
+        matches!(
+            test_kill_process_group(self.0),
+            Err(rustix::io::Errno::SRCH)
+        )
+    }
+}
 
 /// What the report reader has learnt, shared with the handle.
 #[derive(Default)]
@@ -182,18 +201,21 @@ fn read_reports(reader: std::fs::File, events: &Sender<Event>, seen: &Seen) {
 impl Keeper {
     /// Stops or signals the job: SIGTERM/SIGKILL to its whole tree (through
     /// the keeper), other signals to its group's members. SIGKILL also goes
-    /// straight to the group while its leader lives.
-    pub fn signal(&mut self, sig: i32) {
+    /// straight to the group while its leader lives; a failure of that is
+    /// returned as `(pgid, error)` for the report.
+    pub fn signal(&mut self, sig: Sig) -> Option<(i32, String)> {
         let cmd = match sig {
-            SIGTERM => Ctl::Term,
-            SIGKILL => Ctl::Kill,
-            s => Ctl::Relay(s),
+            Sig::Term => Ctl::Term,
+            Sig::Kill => Ctl::Kill,
+            s => Ctl::Relay(s.number()),
         };
-        if sig == SIGKILL {
-            self.kill_group_directly();
-        }
+        let failed = if sig == Sig::Kill {
+            self.kill_group_directly()
+        } else {
+            None
+        };
         if self.seen.tree_gone.load(Ordering::SeqCst) {
-            return;
+            return failed;
         }
         if let Some(ctl) = self.ctl.as_mut() {
             match ctl.write(&[cmd.to_byte()]) {
@@ -204,19 +226,18 @@ impl Keeper {
                 Err(_) => self.ctl = None,
             }
         }
+        failed
     }
 
     /// `kill(-pgid, SIGKILL)` while the leader is not known to have exited.
-    fn kill_group_directly(&self) {
+    fn kill_group_directly(&self) -> Option<(i32, String)> {
         if self.seen.leader_exited.load(Ordering::SeqCst) {
-            return;
+            return None;
         }
-        let Some(pgid) = Pid::from_raw(self.seen.job_pid.load(Ordering::SeqCst)) else {
-            return;
-        };
-        match kill_process_group(pgid, Signal::KILL) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => {}
-            Err(e) => log::warn!("cannot signal process group {}: {e}", pgid.as_raw_nonzero()),
+        let pgid = Pid::from_raw(self.seen.job_pid.load(Ordering::SeqCst))?;
+        match kill_process_group(pgid, Sig::Kill.to_rustix()) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => None,
+            Err(e) => Some((pgid.as_raw_nonzero().get(), e.to_string())),
         }
     }
 

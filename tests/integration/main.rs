@@ -7,6 +7,7 @@
 mod support;
 
 mod agent_basic;
+mod agent_deadline;
 mod agent_distrust;
 mod agent_failures;
 mod agent_files;
@@ -14,6 +15,8 @@ mod agent_tree;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
+mod cli_help;
+mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
 mod fence_check;
@@ -21,6 +24,8 @@ mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
+mod partition_netns;
 mod systemd_help;
 mod systemd_notify;
+mod systemd_real;
 mod systemd_units;
