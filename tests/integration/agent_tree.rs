@@ -298,9 +298,84 @@ fn a_lost_keeper_still_gets_the_group_killed_by_the_agent() {
         kill(p, 9);
     }
     assert_eq!(status.code(), Some(125), "{err}");
-    assert!(!alive(leader), "the agent's own SIGKILL reaches the group; {err}");
+    assert!(
+        !alive(leader),
+        "the agent's own SIGKILL reaches the group; {err}"
+    );
     // Released only with a provably empty group, as `failed`.
     for r in fake.requests_to("/v1/release") {
         assert_eq!(r.body["outcome"], "failed", "{err}");
     }
+}
+
+/// The cgroup v2 mount point (fails the test if there is none).
+fn cgroup2_mount() -> std::path::PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next() == Some("cgroup2"))
+                .then(|| left.split_whitespace().nth(4).map(std::path::PathBuf::from))?
+        })
+        .expect("a cgroup v2 hierarchy is needed (mounted, writable by root)")
+}
+
+#[test]
+fn in_a_writable_cgroup_the_job_gets_its_own_and_cgroup_kill_takes_the_tree() {
+    let fake = FakeAuthority::start();
+    fake.script("/v1/renew", vec![Reply::Refuse("superseded")]);
+    let cg = cgroup2_mount().join(format!("leaseagent-test-{}", std::process::id()));
+    std::fs::create_dir(&cg).expect("create a test cgroup (as root)");
+    let e = Escaper::new();
+    let inner = e.command(
+        &fake.url(),
+        "tree-cgroup",
+        &["--ttl", "10s", "--heartbeat", "300ms", "--grace", "1s"],
+        1000,
+    );
+    // Enter the test cgroup, then become the agent.
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+            cg.display()
+        ))
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.stdin(Stdio::null());
+    let mut child = spawn(c);
+    let pids = e.escapees();
+    let status = wait_exit(&mut child, T).expect("agent exits");
+    let err = stderr_of(&mut child);
+    let leftovers: Vec<_> = std::fs::read_dir(&cg)
+        .unwrap()
+        .flatten()
+        .filter(|d| {
+            d.file_name()
+                .to_string_lossy()
+                .starts_with("leaseagent-job-")
+        })
+        .map(|d| d.path())
+        .collect();
+    let gone = pids.iter().all(|&p| !alive(p));
+    for &p in &pids {
+        kill(p, 9);
+    }
+    for d in &leftovers {
+        let _ = std::fs::remove_dir(d);
+    }
+    let _ = std::fs::remove_dir(&cg);
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(err.contains("cgroup.kill"), "the log says how: {err}");
+    assert!(gone, "escapees outlived the agent; {err}");
+    assert!(
+        leftovers.is_empty(),
+        "the job's cgroup is removed: {leftovers:?}"
+    );
 }
