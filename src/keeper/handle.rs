@@ -207,7 +207,7 @@ impl Keeper {
         let cmd = match sig {
             Sig::Term => Ctl::Term,
             Sig::Kill => Ctl::Kill,
-            s => Ctl::Relay(s.number()),
+            s => Ctl::Relay(s),
         };
         let failed = if sig == Sig::Kill {
             self.kill_group_directly()

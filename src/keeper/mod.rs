@@ -65,20 +65,11 @@ use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::process::{Signal, WaitOptions, set_child_subreaper};
 
 use crate::exit::ChildStatus;
+use crate::sys::signal::Sig;
 use protocol::{Command as Ctl, Report, SpawnFailure};
 
 /// The hidden first argument that selects keeper mode.
 pub const KEEPER_ARG: &str = "__keeper";
-
-/// Signals the agent relays; the keeper must not die of them.
-pub const RELAYED: &[i32] = &[
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGUSR2,
-];
 
 /// While killing: the first rounds of SIGKILL come this fast, then slower.
 const KILL_ROUND_FIRST: Duration = Duration::from_millis(10);
@@ -155,7 +146,8 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         });
         ExitCode::SUCCESS
     };
-    for &sig in RELAYED {
+    // The signals the agent relays: the keeper must not die of them.
+    for sig in Sig::RELAYED.map(Sig::number) {
         // Handled, not ignored: the disposition resets to default in the job.
         if let Err(e) = signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false))) {
             return fail(&mut out, format!("keeper: cannot handle signal {sig}: {e}"));
@@ -428,10 +420,8 @@ impl Keeper {
 
     /// A relayed signal: to the members of the job's process group, found
     /// in the tree (never `kill(-pgid)`, which could hit a recycled group).
-    fn relay(&mut self, sig: i32) {
-        if let Some(s) = Signal::from_named_raw(sig) {
-            tree::signal_all(self.me, s, Some(self.job_pid));
-        }
+    fn relay(&mut self, sig: Sig) {
+        tree::signal_all(self.me, sig.to_rustix(), Some(self.job_pid));
     }
 
     /// SIGTERM to every descendant, and to everything in the job's cgroup.

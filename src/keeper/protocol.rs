@@ -11,6 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::exit::ChildStatus;
+use crate::sys::signal::Sig;
 
 /// What the agent asks of the keeper; one byte on the ctl pipe.
 ///
@@ -19,7 +20,7 @@ use crate::exit::ChildStatus;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Relay this signal to the members of the job's process group.
-    Relay(i32),
+    Relay(Sig),
     /// SIGTERM to every descendant, whatever its group or session.
     Term,
     /// SIGKILL to every descendant, repeated until none is left.
@@ -32,8 +33,8 @@ pub enum Command {
 impl Command {
     pub fn to_byte(self) -> u8 {
         match self {
-            // Signal numbers are 1..=64, below every letter used here.
-            Command::Relay(sig) => (sig.clamp(1, 64)) as u8,
+            // Signal numbers are below every letter used here.
+            Command::Relay(sig) => sig.number() as u8,
             Command::Term => b'T',
             Command::Kill => b'K',
             Command::Done => b'D',
@@ -42,7 +43,7 @@ impl Command {
 
     pub fn from_byte(b: u8) -> Option<Self> {
         match b {
-            1..=64 => Some(Command::Relay(i32::from(b))),
+            1..=64 => Sig::from_number(i32::from(b)).map(Command::Relay),
             b'T' => Some(Command::Term),
             b'K' => Some(Command::Kill),
             b'D' => Some(Command::Done),
@@ -266,9 +267,9 @@ mod tests {
     #[test]
     fn commands_round_trip() {
         for c in [
-            Command::Relay(1),
-            Command::Relay(10),
-            Command::Relay(64),
+            Command::Relay(Sig::Hup),
+            Command::Relay(Sig::Usr1),
+            Command::Relay(Sig::Int),
             Command::Term,
             Command::Kill,
             Command::Done,
@@ -276,6 +277,7 @@ mod tests {
             assert_eq!(Command::from_byte(c.to_byte()), Some(c));
         }
         assert_eq!(Command::from_byte(0), None);
+        assert_eq!(Command::from_byte(63), None);
         assert_eq!(Command::from_byte(b'z'), None);
     }
 }
