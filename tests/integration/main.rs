@@ -7,11 +7,13 @@
 mod support;
 
 mod agent_basic;
+mod agent_deadline;
 mod agent_failures;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
 mod cli_help;
+mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
 mod fence_check;
