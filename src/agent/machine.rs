@@ -288,6 +288,13 @@ impl Machine {
         (self.deadline - self.grace).min(self.kill_time())
     }
 
+    /// Whether a command started at `now` would already be due for SIGTERM:
+    /// the grant took so long to arrive that the lease has less than `grace`
+    /// left. Such a command is never started.
+    pub fn too_late_to_start(&self, now: BootInstant) -> bool {
+        now >= self.term_time()
+    }
+
     #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
@@ -823,6 +830,22 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_with_less_than_grace_left_is_too_late_to_start() {
+        let t0 = BootInstant::from_since_boot(Duration::from_secs(1));
+        let ttl = Duration::from_secs(2);
+        let settings = Settings {
+            asked_ttl: ttl,
+            heartbeat: Duration::from_millis(600),
+            grace: Duration::from_millis(1500),
+            drift_ppm: 0,
+            remap_exit: false,
+        };
+        let m = Machine::new(1, t0, ttl, settings);
+        assert!(!m.too_late_to_start(t0 + Duration::from_millis(400)));
+        assert!(m.too_late_to_start(t0 + Duration::from_millis(900)));
+    }
     use proptest::prelude::*;
 
     fn at(ms: u64) -> BootInstant {

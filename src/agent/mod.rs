@@ -397,6 +397,20 @@ fn start(
     log_grant(cfg, &grant, &*auth);
     let settings = cfg.settings();
     let machine = Machine::new(grant.token, sent, grant.ttl, settings);
+    if machine.too_late_to_start(BootInstant::now()) {
+        log::error!(
+            "the grant of task {} token {} arrived with less than the grace left on the lease; not starting the command",
+            grant.task,
+            grant.token
+        );
+        let _ = auth.release(
+            &grant.lease_ref(),
+            Outcome::Lost,
+            None,
+            release_timeout(grant.ttl),
+        );
+        return exit::LEASE_LOST;
+    }
     let state = state_writer();
     let env = job_env(&grant, &*auth, state.as_ref());
     let tx = events.0.clone();

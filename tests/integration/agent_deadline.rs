@@ -381,6 +381,38 @@ fn a_sigterm_during_acquire_releases_without_starting_the_command() {
 }
 
 #[test]
+fn a_grant_that_arrives_with_less_than_grace_left_never_starts_the_command() {
+    // ttl 2 s, grace 1.5 s: a grant answered 900 ms after it was asked has
+    // at most 1.1 s of lease left, less than the grace the command would
+    // need to stop. The command must not start.
+    let fake = FakeAuthority::start();
+    fake.script(
+        "/v1/acquire",
+        vec![Reply::Delay(Duration::from_millis(900))],
+    );
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "late-grant");
+    c.env("OUT", dir.path("out"));
+    c.args(["--ttl", "2s", "--grace", "1500ms", "--", "sh", "-c"])
+        .arg("echo started >> \"$OUT\"");
+    let out = run_agent(c, T);
+    assert_eq!(out.status.code(), Some(124), "{}", out.stderr);
+    assert!(
+        !dir.path("out").exists(),
+        "the command must not have started: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("not starting the command"),
+        "{}",
+        out.stderr
+    );
+    let released = fake.requests_to("/v1/release");
+    assert_eq!(released.len(), 1, "{}", out.stderr);
+    assert_eq!(released[0].body["outcome"], "lost");
+}
+
+#[test]
 fn remap_exit_tells_the_jobs_own_124_from_a_lost_lease() {
     for (flags, expected) in [(&[][..], 124), (&["--remap-exit"][..], 1)] {
         let fake = FakeAuthority::start();
