@@ -7,6 +7,7 @@
 mod support;
 
 mod agent_basic;
+mod agent_deadline;
 mod agent_failures;
 mod authority_e2e;
 mod authority_embedded;
