@@ -183,6 +183,16 @@ pub struct Group {
     pub flags: &'static [Flag],
 }
 
+impl Group {
+    /// A command's first (or only) group: "Options:".
+    pub const fn options(flags: &'static [Flag]) -> Group {
+        Group {
+            heading: None,
+            flags,
+        }
+    }
+}
+
 /// How a command's help is laid out and a few parsing rules (module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Style {
