@@ -17,13 +17,16 @@
 //!
 //! ## Adding a flag
 //!
-//! One entry in the command's flag list in `defs.rs`, e.g.
+//! One entry in the command's flag list in `defs.rs` (`RUN_FLAGS`,
+//! `SERVE_FLAGS`, ...), e.g.
 //! `Flag::value("ca-file", "FILE", "CA certificates to trust")`, plus, where
 //! the command's arguments are built (`cmd/mod.rs`), one line reading it
 //! (`m.os("ca-file")`, `m.switch("force")`, `m.parse("ttl", dur)?`). Help
 //! is generated from the entry. Builders: `.short('q')`, `.env("VAR")`,
 //! `.default_value("30s")` (applied when absent, shown), `.default_note("ttl/3")`
 //! (shown only), `.required()`, `.optional_value()` (`--wait [DUR]`).
+//! A run-path help text is broken by hand with `\n` (written `\n\` at a
+//! line end so the table stays formatted).
 //! Flags shared by several commands are one `const` (see `AUTHORITY`); a
 //! set of them that help should show under its own heading is a [`Group`]
 //! (`Group { heading: Some("Trust"), flags: &[..] }`) in each command's
