@@ -9,78 +9,76 @@ const AUTHORITY: Flag = Flag::value("authority", "URL", "Lease authority")
     .env("LEASEAGENT_AUTHORITY")
     .default_note("the embedded per-host authority");
 
-const RUN_FLAGS: &[Flag] = &[
-    Flag::value(
-        "authority",
-        "URL",
-        "Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...],\n\
-             sqlite:PATH",
-    )
-    .env("LEASEAGENT_AUTHORITY")
-    .default_note("the embedded per-host authority"),
-    Flag::value(
-        "task",
-        "NAME",
-        "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
-    )
-    .env("LEASEAGENT_TASK"),
-    Flag::value("ttl", "DUR", "Lease duration asked for").default_value("30s"),
-    Flag::value("heartbeat", "DUR", "Renewal interval; must be below --ttl").default_note("ttl/3"),
-    Flag::value(
-        "grace",
-        "DUR",
-        "SIGTERM -> SIGKILL grace when the command is stopped",
-    )
-    .default_note("ttl/6"),
-    Flag::value(
-        "holder",
-        "NAME",
-        "Who holds the lease, as the authority shows it",
-    )
-    .default_note("HOSTNAME/PID"),
-    Flag::value(
-        "on-expiry",
-        "P",
-        "What the authority does when this lease expires: redispatch, grace, hold",
-    )
-    .default_value("redispatch"),
-    Flag::value(
-        "expiry-grace",
-        "DUR",
-        "With --on-expiry grace: how long after expiry the task stays blocked",
-    )
-    .default_note("ttl"),
-    Flag::value(
-        "wait",
-        "DUR",
-        "Wait up to DUR (forever without DUR) while another holder has the task",
-    )
-    .optional_value(),
-    Flag::value(
-        "clock-drift",
-        "PPM",
-        "Clock-rate difference budgeted between this host and the authority:\n\
-             the deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
-    )
-    .default_value("1000"),
-    Flag::switch(
-        "remap-exit",
-        "The command's own exit codes 124 and 125 become 1, so 124/125 always\n\
-             mean the agent's (lease lost / agent failed)",
-    ),
-];
-
 /// `leaseagent [OPTIONS] -- COMMAND [ARG...]`.
 pub static RUN: CommandDef = CommandDef {
     name: "",
     about: "\
 Run a command under a lease: renewed from a dedicated thread, stopped before
 the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
-    usage: Some(concat!(
-        "leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]\n",
-        "       leaseagent SUBCOMMAND [ARGS]"
-    )),
-    groups: &[Group::options(RUN_FLAGS)],
+    usage: Some(
+        "leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]\n       leaseagent SUBCOMMAND [ARGS]",
+    ),
+    groups: &[Group {
+        heading: None,
+        flags: &[
+        Flag::value(
+            "authority",
+            "URL",
+            "Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
+        )
+        .env("LEASEAGENT_AUTHORITY")
+        .default_note("the embedded per-host authority"),
+        Flag::value(
+            "task",
+            "NAME",
+            "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
+        )
+        .env("LEASEAGENT_TASK"),
+        Flag::value("ttl", "DUR", "Lease duration asked for").default_value("30s"),
+        Flag::value("heartbeat", "DUR", "Renewal interval; must be below --ttl")
+            .default_note("ttl/3"),
+        Flag::value(
+            "grace",
+            "DUR",
+            "SIGTERM -> SIGKILL grace when the command is stopped",
+        )
+        .default_note("ttl/6"),
+        Flag::value(
+            "holder",
+            "NAME",
+            "Who holds the lease, as the authority shows it",
+        )
+        .default_note("HOSTNAME/PID"),
+        Flag::value(
+            "on-expiry",
+            "P",
+            "What the authority does when this lease expires: redispatch, grace, hold",
+        )
+        .default_value("redispatch"),
+        Flag::value(
+            "expiry-grace",
+            "DUR",
+            "With --on-expiry grace: how long after expiry the task stays blocked",
+        )
+        .default_note("ttl"),
+        Flag::value(
+            "wait",
+            "DUR",
+            "Wait up to DUR (forever without DUR) while another holder has the task",
+        )
+        .optional_value(),
+        Flag::value(
+            "clock-drift",
+            "PPM",
+            "Clock-rate difference budgeted between this host and the authority:\nthe deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
+        )
+        .default_value("1000"),
+        Flag::switch(
+            "remap-exit",
+            "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
+        ),
+    ],
+    }],
     positionals: &[],
     notes: Some("DUR is a whole number with a unit: 250ms, 2s, 5m, 1h."),
     examples: "\
@@ -109,33 +107,34 @@ Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
     style: Style::Run,
 };
 
-const SERVE_FLAGS: &[Flag] = &[
-    Flag::value(
-        "listen",
-        "ADDR",
-        "Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)",
-    )
-    .required(),
-    Flag::value(
-        "db",
-        "PATH",
-        "SQLite database file holding tokens and leases (created if missing)",
-    )
-    .required(),
-    Flag::value(
-        "max-connections",
-        "N",
-        "Most open connections; beyond this, new ones get 503",
-    )
-    .default_value("1024"),
-];
-
 /// `leaseagent serve`.
 pub static SERVE: CommandDef = CommandDef {
     name: "serve",
     about: "The reference lease authority (lease protocol v1) with its state in SQLite",
     usage: None,
-    groups: &[Group::options(SERVE_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value(
+                "listen",
+                "ADDR",
+                "Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)",
+            )
+            .required(),
+            Flag::value(
+                "db",
+                "PATH",
+                "SQLite database file holding tokens and leases (created if missing)",
+            )
+            .required(),
+            Flag::value(
+                "max-connections",
+                "N",
+                "Most open connections; beyond this, new ones get 503",
+            )
+            .default_value("1024"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -151,22 +150,23 @@ Examples:
     style: Style::Sub,
 };
 
-const PUBLISH_FLAGS: &[Flag] = &[
-    Flag::value("token", "N", "Fencing token of this attempt").default_note("$LEASE_TOKEN"),
-    Flag::value(
-        "lock-timeout",
-        "DUR",
-        "Longest wait for another publisher of DEST",
-    )
-    .default_value("30s"),
-];
-
 /// `leaseagent publish`.
 pub static PUBLISH: CommandDef = CommandDef {
     name: "publish",
     about: "Move a job's output into place only if its fencing token is not superseded",
     usage: None,
-    groups: &[Group::options(PUBLISH_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value("token", "N", "Fencing token of this attempt").default_note("$LEASE_TOKEN"),
+            Flag::value(
+                "lock-timeout",
+                "DUR",
+                "Longest wait for another publisher of DEST",
+            )
+            .default_value("30s"),
+        ],
+    }],
     positionals: &[
         Positional {
             name: "SRC",
@@ -198,27 +198,28 @@ Examples:
     style: Style::Sub,
 };
 
-const CHECK_FLAGS: &[Flag] = &[
-    Flag::value(
-        "min-remaining",
-        "DUR",
-        "Succeed only if the lease is valid for at least this much longer",
-    )
-    .default_value("0s"),
-    Flag::switch(
-        "quiet",
-        "Print nothing on stderr; the exit status alone answers",
-    )
-    .short('q'),
-    Flag::switch("json", "Print the lease view as one JSON object on stdout"),
-];
-
 /// `leaseagent check`.
 pub static CHECK: CommandDef = CommandDef {
     name: "check",
     about: "Exit 0 while this job's lease is valid for at least --min-remaining",
     usage: None,
-    groups: &[Group::options(CHECK_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            Flag::value(
+                "min-remaining",
+                "DUR",
+                "Succeed only if the lease is valid for at least this much longer",
+            )
+            .default_value("0s"),
+            Flag::switch(
+                "quiet",
+                "Print nothing on stderr; the exit status alone answers",
+            )
+            .short('q'),
+            Flag::switch("json", "Print the lease view as one JSON object on stdout"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -231,17 +232,18 @@ Examples:
     style: Style::Sub,
 };
 
-const LEASES_FLAGS: &[Flag] = &[
-    AUTHORITY,
-    Flag::switch("json", "Print JSON instead of a table"),
-];
-
 /// `leaseagent leases`.
 pub static LEASES: CommandDef = CommandDef {
     name: "leases",
     about: "List the leases an authority holds",
     usage: None,
-    groups: &[Group::options(LEASES_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch("json", "Print JSON instead of a table"),
+        ],
+    }],
     positionals: &[],
     notes: None,
     examples: "\
@@ -254,21 +256,22 @@ Examples:
     style: Style::Sub,
 };
 
-const REVOKE_FLAGS: &[Flag] = &[
-    AUTHORITY,
-    Flag::switch(
-        "force",
-        "Free the task at once instead of after the lease's current expiry",
-    ),
-    Flag::switch("json", "Print JSON instead of text"),
-];
-
 /// `leaseagent revoke`.
 pub static REVOKE: CommandDef = CommandDef {
     name: "revoke",
     about: "Revoke a task's current lease",
     usage: None,
-    groups: &[Group::options(REVOKE_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch(
+                "force",
+                "Free the task at once instead of after the lease's current expiry",
+            ),
+            Flag::switch("json", "Print JSON instead of text"),
+        ],
+    }],
     positionals: &[Positional {
         name: "TASK",
         help: "The task whose current lease is revoked",
@@ -284,17 +287,18 @@ Examples:
     style: Style::Sub,
 };
 
-const CLEAR_FLAGS: &[Flag] = &[
-    AUTHORITY,
-    Flag::switch("json", "Print JSON instead of text"),
-];
-
 /// `leaseagent clear`.
 pub static CLEAR: CommandDef = CommandDef {
     name: "clear",
     about: "Free a task held for an operator (after an expiry with --on-expiry hold)",
     usage: None,
-    groups: &[Group::options(CLEAR_FLAGS)],
+    groups: &[Group {
+        heading: None,
+        flags: &[
+            AUTHORITY,
+            Flag::switch("json", "Print JSON instead of text"),
+        ],
+    }],
     positionals: &[Positional {
         name: "TASK",
         help: "The task held for an operator",

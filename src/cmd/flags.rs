@@ -17,16 +17,14 @@
 //!
 //! ## Adding a flag
 //!
-//! One entry in the command's flag list in `defs.rs` (`RUN_FLAGS`,
-//! `SERVE_FLAGS`, ...), e.g.
+//! One entry in the command's flag list in `defs.rs`, e.g.
 //! `Flag::value("ca-file", "FILE", "CA certificates to trust")`, plus, where
 //! the command's arguments are built (`cmd/mod.rs`), one line reading it
 //! (`m.os("ca-file")`, `m.switch("force")`, `m.parse("ttl", dur)?`). Help
 //! is generated from the entry. Builders: `.short('q')`, `.env("VAR")`,
 //! `.default_value("30s")` (applied when absent, shown), `.default_note("ttl/3")`
 //! (shown only), `.required()`, `.optional_value()` (`--wait [DUR]`).
-//! A run-path help text is broken by hand with `\n` (written `\n\` at a
-//! line end so the table stays formatted).
+//! A run-path help text is broken by hand with `\n`.
 //! Flags shared by several commands are one `const` (see `AUTHORITY`); a
 //! set of them that help should show under its own heading is a [`Group`]
 //! (`Group { heading: Some("Trust"), flags: &[..] }`) in each command's
@@ -184,16 +182,6 @@ pub struct Group {
     /// Shown as `HEADING:` above the group.
     pub heading: Option<&'static str>,
     pub flags: &'static [Flag],
-}
-
-impl Group {
-    /// A command's first (or only) group: "Options:".
-    pub const fn options(flags: &'static [Flag]) -> Group {
-        Group {
-            heading: None,
-            flags,
-        }
-    }
 }
 
 /// How a command's help is laid out and a few parsing rules (module doc).
