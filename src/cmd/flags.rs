@@ -24,6 +24,7 @@
 //! is generated from the entry. Builders: `.short('q')`, `.env("VAR")`,
 //! `.default_value("30s")` (applied when absent, shown), `.default_note("ttl/3")`
 //! (shown only), `.required()`, `.optional_value()` (`--wait [DUR]`).
+//! A run-path help text is broken by hand with `\n`.
 //! Flags shared by several commands are one `const` (see `AUTHORITY`); a
 //! set of them that help should show under its own heading is a [`Group`]
 //! (`Group { heading: Some("Trust"), flags: &[..] }`) in each command's
