@@ -23,6 +23,8 @@ pub enum Command {
     Leases(crate::opcmd::LeasesArgs),
     Revoke(crate::opcmd::RevokeArgs),
     Clear(crate::opcmd::ClearArgs),
+    /// `leaseagent token new`: a bearer token for `serve --auth-file`.
+    TokenNew,
     /// Internal: the process-group keeper between the agent and the job.
     Keeper(Vec<OsString>),
     /// Help or version was printed, or usage was wrong: exit with this status.
@@ -197,13 +199,25 @@ fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
     Ok(raw)
 }
 
+const TOKEN_HELP: &str = "\
+Usage: leaseagent token new
+
+Prints a fresh random bearer token (256 bits) on stdout, and on stderr the
+`token_sha256 = \"...\"` line to paste into `leaseagent serve --auth-file`.
+
+Example:
+  leaseagent token new > /etc/leaseagent/token 2>> /etc/leaseagent/auth.toml.new";
+
 const SERVE_EXAMPLES: &str = "\
 Examples:
-  # the lease authority for a fleet of workers, its state in one SQLite file
-  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3
+  # the lease authority for the hosts of a fleet: TLS, and principals with tokens
+  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3 \\
+    --tls-cert /etc/leaseagent/server.pem --tls-key /etc/leaseagent/server.key \\
+    --auth-file /etc/leaseagent/auth.toml
 
   # on each worker
-  leaseagent --authority http://leases.internal:7878 --task nightly-export -- ./export.sh
+  leaseagent --authority https://leases.internal:7878 --ca-file /etc/leaseagent/ca.pem \\
+    --auth-token-file /etc/leaseagent/token --task nightly-export -- ./export.sh
 
   # as a systemd service (systemd/leaseagent-serve.service)
   systemctl enable --now leaseagent-serve.service";
@@ -353,6 +367,17 @@ pub fn parse(argv: Vec<OsString>) -> Command {
         "clear" => sub(rest, first, CLEAR_EXAMPLES, |c: ClearCli| {
             Command::Clear(c.args)
         }),
+        "token" => match rest.get(1).and_then(|a| a.to_str()) {
+            Some("new") if rest.len() == 2 => Ok(Command::TokenNew),
+            Some("--help" | "-h") => {
+                println!("{TOKEN_HELP}");
+                Err(0)
+            }
+            _ => {
+                eprintln!("leaseagent token: error: usage is `leaseagent token new`\n\n{TOKEN_HELP}");
+                Err(crate::exit::AGENT_FAILED)
+            }
+        },
         crate::keeper::KEEPER_ARG => Ok(Command::Keeper(rest[1..].to_vec())),
         _ => match parse_run(rest) {
             Ok(raw) => raw.validate().map(Command::Run).map_err(|msg| {

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
         Command::Leases(a) => leaseagent::opcmd::leases(a),
         Command::Revoke(a) => leaseagent::opcmd::revoke(a),
         Command::Clear(a) => leaseagent::opcmd::clear(a),
+        Command::TokenNew => leaseagent::serve::auth::token_new(),
         Command::Keeper(args) => leaseagent::keeper::main(args),
         Command::Exit(code) => ExitCode::from(code),
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
+use super::auth::{Action, Auth, Principal};
 use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::authority::RefusalReason;
@@ -18,6 +19,7 @@ use crate::engine::{EngineError, parse_policy};
 pub struct Api {
     pub engine: Arc<ServeEngine>,
     pub latency: Latency,
+    pub auth: Arc<Auth>,
 }
 
 type Obj = Map<String, Value>;
@@ -112,9 +114,12 @@ fn engine_error(e: EngineError) -> Response {
 }
 
 impl Api {
-    fn acquire(&self, body: &[u8]) -> Result<Response, Response> {
+    fn acquire(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let holder = req_str(&o, "holder")?.to_string();
         crate::engine::validate_holder(&holder).map_err(bad)?;
         let ttl_ms = req_u64(&o, "ttl_ms")?;
@@ -174,9 +179,12 @@ impl Api {
         Ok(Response::json(200, "{}"))
     }
 
-    fn revoke(&self, body: &[u8]) -> Result<Response, Response> {
+    fn revoke(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let force = opt_bool(&o, "force")?;
         let token = self.engine.revoke(&task, force).map_err(engine_error)?;
         Ok(Response::json(
@@ -185,9 +193,12 @@ impl Api {
         ))
     }
 
-    fn clear(&self, body: &[u8]) -> Result<Response, Response> {
+    fn clear(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let token = self.engine.clear(&task).map_err(engine_error)?;
         Ok(Response::json(
             200,
@@ -195,45 +206,176 @@ impl Api {
         ))
     }
 
-    fn route(&self, req: &Request) -> Response {
-        let post = |f: fn(&Api, &[u8]) -> Result<Response, Response>| {
-            if req.method == "POST" {
-                f(self, &req.body).unwrap_or_else(|r| r)
-            } else {
-                not_allowed(&req.method, &req.path)
+    /// The principal the request speaks for, or the 401 to answer.
+    fn principal(&self, req: &Request) -> Result<Principal, Response> {
+        if !self.auth.enabled() {
+            return Ok(Principal::anyone());
+        }
+        let principals = self.auth.current();
+        match principals.identify(req.bearer.as_deref(), &req.cert_names) {
+            Some(p) => Ok(p.clone()),
+            None => {
+                let mut r = Response::json(401, "{\"error\":\"unauthenticated\"}");
+                r.headers.push(("www-authenticate", "Bearer".to_string()));
+                Err(r)
             }
-        };
-        let get = |f: &dyn Fn() -> Response| {
-            if req.method == "GET" || req.method == "HEAD" {
-                f()
-            } else {
-                not_allowed(&req.method, &req.path)
-            }
-        };
-        match req.path.as_str() {
-            "/v1/renew" => post(Api::renew),
-            "/v1/acquire" => post(Api::acquire),
-            "/v1/release" => post(Api::release),
-            "/v1/revoke" => post(Api::revoke),
-            "/v1/clear" => post(Api::clear),
-            "/v1/leases" => {
-                get(&|| Response::json(200, json!({"leases": self.engine.leases()}).to_string()))
-            }
-            "/healthz" => get(&|| {
-                if self.engine.healthy() {
-                    Response::json(200, "{\"ok\":true}")
-                } else {
-                    Response::error(503, "unavailable", "the lease database failed a commit")
-                }
-            }),
-            "/metrics" => get(&|| Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                body: metrics::render(&self.engine, &self.latency).into_bytes(),
-            }),
-            p => Response::error(404, "not_found", &format!("no such endpoint: {p}")),
         }
     }
+
+    /// The endpoint, its method, and what it needs; `Err` is 404/405.
+    fn endpoint(req: &Request) -> Result<(Endpoint, Action), Response> {
+        let (e, a, m) = match req.path.as_str() {
+            "/v1/renew" => (Endpoint::Renew, Action::Hold, "POST"),
+            "/v1/acquire" => (Endpoint::Acquire, Action::Hold, "POST"),
+            "/v1/release" => (Endpoint::Release, Action::Hold, "POST"),
+            "/v1/revoke" => (Endpoint::Revoke, Action::Operate, "POST"),
+            "/v1/clear" => (Endpoint::Clear, Action::Operate, "POST"),
+            "/v1/leases" => (Endpoint::Leases, Action::Read, "GET"),
+            "/metrics" => (Endpoint::Metrics, Action::Read, "GET"),
+            "/healthz" => (Endpoint::Health, Action::Read, "GET"),
+            p => return Err(Response::error(404, "not_found", &format!("no such endpoint: {p}"))),
+        };
+        let ok = req.method == m || (m == "GET" && req.method == "HEAD");
+        if !ok {
+            return Err(not_allowed(&req.method, &req.path));
+        }
+        Ok((e, a))
+    }
+
+    fn health(&self) -> Response {
+        if self.engine.healthy() {
+            Response::json(200, "{\"ok\":true}")
+        } else {
+            Response::error(503, "unavailable", "the lease database failed a commit")
+        }
+    }
+
+    /// Routes a request; `blocking` says whether this call may wait
+    /// (`None`: this request must go to a blocking thread).
+    fn route(&self, req: &Request, blocking: bool) -> Option<Response> {
+        if req.path == "/healthz" {
+            return Some(match Self::endpoint(req) {
+                Ok(_) => self.health(),
+                Err(r) => r,
+            });
+        }
+        let who = match self.principal(req) {
+            Ok(p) => p,
+            Err(r) => return Some(r),
+        };
+        let (ep, action) = match Self::endpoint(req) {
+            Ok(x) => x,
+            Err(r) => return Some(r),
+        };
+        if !who.role.may(action) {
+            return Some(forbidden());
+        }
+        let quick = matches!(ep, Endpoint::Renew | Endpoint::Release);
+        if !quick && !blocking {
+            return None;
+        }
+        let body = &req.body[..];
+        let r = match ep {
+            Endpoint::Renew => self.renew(body),
+            Endpoint::Release => self.release(body),
+            Endpoint::Acquire => self.acquire(body, &who),
+            Endpoint::Revoke => self.revoke(body, &who),
+            Endpoint::Clear => self.clear(body, &who),
+            Endpoint::Leases => Ok(self.list(req, &who)),
+            Endpoint::Metrics => Ok(Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                headers: Vec::new(),
+                body: metrics::render(&self.engine, &self.latency).into_bytes(),
+            }),
+            Endpoint::Health => Ok(self.health()),
+        };
+        Some(r.unwrap_or_else(|r| r))
+    }
+
+    /// `GET /v1/leases[?limit=N&after=TASK]`: the leases in the caller's
+    /// scope, sorted by task, without lease ids.
+    fn list(&self, req: &Request, who: &Principal) -> Response {
+        let mut limit: usize = 1000;
+        let mut after: Option<String> = None;
+        for pair in req.query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "limit" => match v.parse::<usize>() {
+                    Ok(n) if (1..=10_000).contains(&n) => limit = n,
+                    _ => return bad("`limit` must be an integer from 1 to 10000"),
+                },
+                "after" => match percent_decode(v) {
+                    Some(t) => after = Some(t),
+                    None => return bad("`after` is not valid percent-encoded UTF-8"),
+                },
+                _ => return bad(format!("unknown query parameter `{k}`")),
+            }
+        }
+        let mut leases: Vec<Value> = Vec::new();
+        let mut more = false;
+        for l in self.engine.leases() {
+            if after.as_deref().is_some_and(|a| l.task.as_str() <= a) || !who.covers(&l.task) {
+                continue;
+            }
+            if leases.len() == limit {
+                more = true;
+                break;
+            }
+            let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut v {
+                m.remove("lease_id");
+            }
+            leases.push(v);
+        }
+        let mut out = json!({"leases": leases});
+        if more {
+            if let Some(last) = leases.last().and_then(|l| l.get("task")).cloned() {
+                out["next_after"] = last;
+            }
+        }
+        Response::json(200, out.to_string())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Renew,
+    Acquire,
+    Release,
+    Revoke,
+    Clear,
+    Leases,
+    Metrics,
+    Health,
+}
+
+fn forbidden() -> Response {
+    Response::json(403, "{\"error\":\"forbidden\"}")
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn not_allowed(method: &str, path: &str) -> Response {
@@ -245,9 +387,18 @@ fn not_allowed(method: &str, path: &str) -> Response {
 }
 
 impl Handler for Api {
+    fn quick(&self, req: &Request) -> Option<Response> {
+        let start = Instant::now();
+        let resp = self.route(req, false)?;
+        self.latency.observe(start.elapsed());
+        Some(resp)
+    }
+
     fn handle(&self, req: &Request) -> Response {
         let start = Instant::now();
-        let resp = self.route(req);
+        let resp = self
+            .route(req, true)
+            .unwrap_or_else(|| Response::error(500, "internal", "unrouted request"));
         self.latency.observe(start.elapsed());
         resp
     }
