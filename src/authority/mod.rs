@@ -233,6 +233,8 @@ impl fmt::Display for RenewError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
     pub task: String,
+    /// Not shown by `serve`'s listing (a lease id is a capability): empty there.
+    #[serde(default)]
     pub lease_id: String,
     pub token: u64,
     pub holder: String,
