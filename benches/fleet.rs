@@ -61,7 +61,12 @@ impl Conn {
     }
 
     /// One request; returns (status, body).
-    async fn call(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    async fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> std::io::Result<(u16, String)> {
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
@@ -156,7 +161,14 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("fleet.db");
     let mut server = Command::new(&bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--max-connections", "65536", "--db"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-connections",
+            "65536",
+            "--db",
+        ])
         .arg(&db)
         .stderr(Stdio::piped())
         .spawn()

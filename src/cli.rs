@@ -374,7 +374,9 @@ pub fn parse(argv: Vec<OsString>) -> Command {
                 Err(0)
             }
             _ => {
-                eprintln!("leaseagent token: error: usage is `leaseagent token new`\n\n{TOKEN_HELP}");
+                eprintln!(
+                    "leaseagent token: error: usage is `leaseagent token new`\n\n{TOKEN_HELP}"
+                );
                 Err(crate::exit::AGENT_FAILED)
             }
         },

@@ -123,7 +123,9 @@ struct Answer {
 
 fn parse_answer(raw: &[u8]) -> Answer {
     let text = String::from_utf8_lossy(raw);
-    let end = text.find("\r\n\r\n").unwrap_or_else(|| panic!("no head in {text:?}"));
+    let end = text
+        .find("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {text:?}"));
     let head = text[..end].to_string();
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = serde_json::from_str(&text[end + 4..]).unwrap_or(Value::Null);
@@ -131,7 +133,9 @@ fn parse_answer(raw: &[u8]) -> Answer {
 }
 
 fn http_req(method: &str, path: &str, token: Option<&str>, body: &str) -> Vec<u8> {
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     format!(
         "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
@@ -207,10 +211,7 @@ impl Pki {
     }
 }
 
-fn tls_client(
-    ca: &Path,
-    client: Option<(&Path, &Path)>,
-) -> Arc<rustls::ClientConfig> {
+fn tls_client(ca: &Path, client: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();
@@ -238,11 +239,7 @@ fn tls_client(
 }
 
 /// HTTPS: one request; `Err` is the TLS/IO failure.
-fn tls_call(
-    addr: &str,
-    cfg: &Arc<rustls::ClientConfig>,
-    raw: &[u8],
-) -> Result<Answer, String> {
+fn tls_call(addr: &str, cfg: &Arc<rustls::ClientConfig>, raw: &[u8]) -> Result<Answer, String> {
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     let conn = rustls::ClientConnection::new(cfg.clone(), name).map_err(|e| e.to_string())?;
     let sock = TcpStream::connect(addr).map_err(|e| e.to_string())?;
@@ -340,7 +337,10 @@ fn mutual_tls_names_the_principal_by_certificate() {
     };
     assert_eq!(tls_call(&s.addr, &w1, &acq("w1-a")).unwrap().status, 200);
     let a = tls_call(&s.addr, &w1, &acq("other")).unwrap();
-    assert_eq!((a.status, a.body["error"].as_str()), (403, Some("forbidden")));
+    assert_eq!(
+        (a.status, a.body["error"].as_str()),
+        (403, Some("forbidden"))
+    );
     // w2 is found by its CN, and is a reader.
     let w2 = tls_client(&ca, Some((&w2c, &w2k)));
     let a = tls_call(&s.addr, &w2, &acq("w2-a")).unwrap();
@@ -374,7 +374,12 @@ fn roles_file(dir: &Path, extra: &str) -> PathBuf {
 fn auth_file_roles_answer_401_and_403_as_specified() {
     let dir = tempfile::tempdir().unwrap();
     let auth = roles_file(dir.path(), "");
-    let s = Serve::start(&["--listen", "127.0.0.1:0", "--auth-file", auth.to_str().unwrap()]);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ]);
     let acq = |task: &str| format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
 
     // No credential, or an unknown one: 401 with WWW-Authenticate: Bearer.
@@ -392,15 +397,45 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
     assert_eq!(call(&s.addr, "GET", "/healthz", None, "").status, 200);
 
     // agent: acquire in scope; not out of scope; no revoke, no listing.
-    let a = call(&s.addr, "POST", "/v1/acquire", Some("agent-token"), &acq("nightly-a"));
+    let a = call(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        Some("agent-token"),
+        &acq("nightly-a"),
+    );
     assert_eq!(a.status, 200, "{a:?}");
-    let a = call(&s.addr, "POST", "/v1/acquire", Some("agent-token"), &acq("etl/x/y"));
+    let a = call(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        Some("agent-token"),
+        &acq("etl/x/y"),
+    );
     assert_eq!(a.status, 200, "{a:?}");
-    let a = call(&s.addr, "POST", "/v1/acquire", Some("agent-token"), &acq("weekly"));
-    assert_eq!((a.status, a.body.clone()), (403, json!({"error": "forbidden"})));
-    let a = call(&s.addr, "POST", "/v1/revoke", Some("agent-token"), r#"{"task":"nightly-a"}"#);
+    let a = call(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        Some("agent-token"),
+        &acq("weekly"),
+    );
+    assert_eq!(
+        (a.status, a.body.clone()),
+        (403, json!({"error": "forbidden"}))
+    );
+    let a = call(
+        &s.addr,
+        "POST",
+        "/v1/revoke",
+        Some("agent-token"),
+        r#"{"task":"nightly-a"}"#,
+    );
     assert_eq!(a.status, 403);
-    assert_eq!(call(&s.addr, "GET", "/v1/leases", Some("agent-token"), "").status, 403);
+    assert_eq!(
+        call(&s.addr, "GET", "/v1/leases", Some("agent-token"), "").status,
+        403
+    );
 
     // reader: lists its scope only, /metrics, nothing else.
     let a = call(&s.addr, "GET", "/v1/leases", Some("reader-token"), "");
@@ -412,8 +447,17 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
         .map(|l| l["task"].as_str().unwrap())
         .collect();
     assert_eq!(tasks, ["etl/x/y"]);
-    assert_eq!(call(&s.addr, "GET", "/metrics", Some("reader-token"), "").status, 200);
-    let a = call(&s.addr, "POST", "/v1/acquire", Some("reader-token"), &acq("etl/z"));
+    assert_eq!(
+        call(&s.addr, "GET", "/metrics", Some("reader-token"), "").status,
+        200
+    );
+    let a = call(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        Some("reader-token"),
+        &acq("etl/z"),
+    );
     assert_eq!(a.status, 403);
 
     // operator: everything, and sees every lease (without lease ids).
@@ -434,13 +478,19 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
 fn sighup_rereads_the_auth_file_and_keeps_the_old_one_if_bad() {
     let dir = tempfile::tempdir().unwrap();
     let auth = roles_file(dir.path(), "");
-    let s = Serve::start(&["--listen", "127.0.0.1:0", "--auth-file", auth.to_str().unwrap()]);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ]);
     // A keep-alive connection opened before the reload.
     let mut ka = TcpStream::connect(&s.addr).unwrap();
     ka.set_read_timeout(Some(T)).unwrap();
     let mut r = BufReader::new(ka.try_clone().unwrap());
     let mut ka_get = |tok: &str| -> u16 {
-        let req = format!("GET /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n\r\n");
+        let req =
+            format!("GET /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n\r\n");
         ka.write_all(req.as_bytes()).unwrap();
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
@@ -514,14 +564,22 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
     let out = Command::new(bin())
         .args(["serve", "--listen", "0.0.0.0:0", "--db"])
         .arg(&db)
-        .args(["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()])
+        .args([
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
     // With --insecure-listen, or TLS and an auth file, it serves.
     let s = Serve::start(&["--listen", "0.0.0.0:0", "--insecure-listen"]);
     let port = s.addr.rsplit(':').next().unwrap();
-    assert_eq!(call(&format!("127.0.0.1:{port}"), "GET", "/healthz", None, "").status, 200);
+    assert_eq!(
+        call(&format!("127.0.0.1:{port}"), "GET", "/healthz", None, "").status,
+        200
+    );
     let auth = roles_file(dir.path(), "");
     let _s = Serve::start(&[
         "--listen",
@@ -545,7 +603,12 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
     let out = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--db"])
         .arg(&db)
-        .args(["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()])
+        .args([
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
@@ -562,7 +625,10 @@ fn token_new_prints_a_random_token_and_its_sha256_line() {
     assert_ne!(tok, tok2);
     // base64url without padding: 6 bits a character; at least 128 bits.
     assert!(tok.len() * 6 >= 128, "{tok}");
-    assert!(tok.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+    assert!(
+        tok.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+    );
     let err = String::from_utf8(a.stderr).unwrap();
     assert_eq!(err.trim(), format!("token_sha256 = \"{}\"", sha(&tok)));
     // And the token works against an auth file with that line.
@@ -570,12 +636,23 @@ fn token_new_prints_a_random_token_and_its_sha256_line() {
     let auth = write_file(
         dir.path(),
         "auth.toml",
-        &format!("[[principal]]\nname = \"x\"\nrole = \"agent\"\n{}\ntasks = [\"*\"]\n", err.trim()),
+        &format!(
+            "[[principal]]\nname = \"x\"\nrole = \"agent\"\n{}\ntasks = [\"*\"]\n",
+            err.trim()
+        ),
         0o600,
     );
-    let s = Serve::start(&["--listen", "127.0.0.1:0", "--auth-file", auth.to_str().unwrap()]);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ]);
     let body = r#"{"task":"t","holder":"h","ttl_ms":5000}"#;
-    assert_eq!(call(&s.addr, "POST", "/v1/acquire", Some(&tok), body).status, 200);
+    assert_eq!(
+        call(&s.addr, "POST", "/v1/acquire", Some(&tok), body).status,
+        200
+    );
 }
 
 // ---- framing ----
@@ -601,37 +678,58 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
     let cases: Vec<(&str, String, u16)> = vec![
         (
             "space before the colon",
-            format!("POST /v1/renew HTTP/1.1\r\nHost: x\r\nContent-Length : {}\r\n\r\n{second}", second.len()),
+            format!(
+                "POST /v1/renew HTTP/1.1\r\nHost: x\r\nContent-Length : {}\r\n\r\n{second}",
+                second.len()
+            ),
             400,
         ),
         (
             "chunked",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                body.len()
+            ),
             411,
         ),
         (
             "space before the colon of Transfer-Encoding",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                body.len()
+            ),
             400,
         ),
         (
             "+N",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: +{}\r\n\r\n{body}", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: +{}\r\n\r\n{body}",
+                body.len()
+            ),
             400,
         ),
         (
             "leading zeros",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 0{}\r\n\r\n{body}", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 0{}\r\n\r\n{body}",
+                body.len()
+            ),
             400,
         ),
         (
             "bare LF",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\nContent-Length: {}\r\n\r\n{body}", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
             400,
         ),
         (
             "conflicting lengths",
-            format!("POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nContent-Length: 2\r\n\r\n{body}", body.len()),
+            format!(
+                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nContent-Length: 2\r\n\r\n{body}",
+                body.len()
+            ),
             400,
         ),
         (
@@ -641,7 +739,10 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         ),
         (
             "head too large",
-            format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(40_000)),
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "a".repeat(40_000)
+            ),
             431,
         ),
     ];
@@ -666,7 +767,10 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
     assert_eq!(a.body["leases"], json!([]), "{a:?}");
 
     // HEAD: the head of GET, no body.
-    let (out, clean) = raw_exchange(&s.addr, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let (out, clean) = raw_exchange(
+        &s.addr,
+        b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
     let text = String::from_utf8_lossy(&out);
     assert!(clean && text.starts_with("HTTP/1.1 200"), "{text}");
     assert!(text.ends_with("\r\n\r\n"), "HEAD got a body: {text:?}");
@@ -679,7 +783,12 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
 
 #[test]
 fn idle_connections_from_one_peer_do_not_starve_another() {
-    let s = Serve::start(&["--listen", "127.0.0.1:0", "--max-connections-per-peer", "64"]);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-connections-per-peer",
+        "64",
+    ]);
     let server: SocketAddr = s.addr.parse().unwrap();
     let from = |ip: [u8; 4]| -> TcpStream {
         let sock = rustix::net::socket(
@@ -700,20 +809,37 @@ fn idle_connections_from_one_peer_do_not_starve_another() {
     // Another peer is served normally.
     let mut other = from([127, 0, 0, 3]);
     other
-        .write_all(&http_req("POST", "/v1/acquire", None, r#"{"task":"t","holder":"h","ttl_ms":5000}"#))
+        .write_all(&http_req(
+            "POST",
+            "/v1/acquire",
+            None,
+            r#"{"task":"t","holder":"h","ttl_ms":5000}"#,
+        ))
         .unwrap();
     let mut out = Vec::new();
     other.read_to_end(&mut out).unwrap();
-    assert_eq!(parse_answer(&out).status, 200, "{}", String::from_utf8_lossy(&out));
+    assert_eq!(
+        parse_answer(&out).status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     // The hog's extra connection: 503 overloaded, but /healthz is answered.
     let mut extra = from([127, 0, 0, 2]);
-    extra.write_all(&http_req("GET", "/v1/leases", None, "")).unwrap();
+    extra
+        .write_all(&http_req("GET", "/v1/leases", None, ""))
+        .unwrap();
     let mut out = Vec::new();
     extra.read_to_end(&mut out).unwrap();
     let a = parse_answer(&out);
-    assert_eq!((a.status, a.body["error"].as_str()), (503, Some("overloaded")));
+    assert_eq!(
+        (a.status, a.body["error"].as_str()),
+        (503, Some("overloaded"))
+    );
     let mut extra = from([127, 0, 0, 2]);
-    extra.write_all(&http_req("GET", "/healthz", None, "")).unwrap();
+    extra
+        .write_all(&http_req("GET", "/healthz", None, ""))
+        .unwrap();
     let mut out = Vec::new();
     extra.read_to_end(&mut out).unwrap();
     assert_eq!(parse_answer(&out).status, 200);
@@ -746,7 +872,9 @@ fn healthz_is_answered_while_renewals_saturate_the_server() {
             std::thread::spawn(move || {
                 let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let (st, _) = raw_request(&addr, &http_req("POST", "/v1/renew", None, &renew), T).unwrap();
+                    let (st, _) =
+                        raw_request(&addr, &http_req("POST", "/v1/renew", None, &renew), T)
+                            .unwrap();
                     assert_eq!(st, 200);
                     n += 1;
                 }

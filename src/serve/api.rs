@@ -233,7 +233,13 @@ impl Api {
             "/v1/leases" => (Endpoint::Leases, Action::Read, "GET"),
             "/metrics" => (Endpoint::Metrics, Action::Read, "GET"),
             "/healthz" => (Endpoint::Health, Action::Read, "GET"),
-            p => return Err(Response::error(404, "not_found", &format!("no such endpoint: {p}"))),
+            p => {
+                return Err(Response::error(
+                    404,
+                    "not_found",
+                    &format!("no such endpoint: {p}"),
+                ));
+            }
         };
         let ok = req.method == m || (m == "GET" && req.method == "HEAD");
         if !ok {
@@ -298,7 +304,13 @@ impl Api {
     fn list(&self, req: &Request, who: &Principal) -> Response {
         let mut limit: usize = 1000;
         let mut after: Option<String> = None;
-        for pair in req.query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        for pair in req
+            .query
+            .as_deref()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {

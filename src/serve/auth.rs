@@ -40,12 +40,10 @@ pub enum Action {
 
 impl Role {
     pub fn may(self, a: Action) -> bool {
-        match (self, a) {
-            (Role::Operator, _) => true,
-            (Role::Reader, Action::Read) => true,
-            (Role::Agent, Action::Hold) => true,
-            _ => false,
-        }
+        matches!(
+            (self, a),
+            (Role::Operator, _) | (Role::Reader, Action::Read) | (Role::Agent, Action::Hold)
+        )
     }
 }
 
@@ -93,7 +91,9 @@ impl Principal {
 
     /// The task is in this principal's scope.
     pub fn covers(&self, task: &str) -> bool {
-        self.tasks.iter().any(|p| glob(p.as_bytes(), task.as_bytes()))
+        self.tasks
+            .iter()
+            .any(|p| glob(p.as_bytes(), task.as_bytes()))
     }
 }
 
@@ -156,16 +156,19 @@ impl Principals {
         for (n, p) in raw.principal.into_iter().enumerate() {
             let at = format!("principal {} (`{}`)", n + 1, p.name);
             if p.name.is_empty() || p.name.len() > 128 || p.name.chars().any(char::is_control) {
-                return Err(format!("{at}: `name` must be 1 to 128 printable characters"));
+                return Err(format!(
+                    "{at}: `name` must be 1 to 128 printable characters"
+                ));
             }
             if list.iter().any(|q: &Principal| q.name == p.name) {
                 return Err(format!("{at}: the name is used twice"));
             }
             let token_sha256 = match &p.token_sha256 {
                 None => None,
-                Some(h) => Some(unhex32(h).ok_or_else(|| {
-                    format!("{at}: `token_sha256` must be 64 hex digits")
-                })?),
+                Some(h) => Some(
+                    unhex32(h)
+                        .ok_or_else(|| format!("{at}: `token_sha256` must be 64 hex digits"))?,
+                ),
             };
             match (&token_sha256, &p.cert_name) {
                 (None, None) => {
@@ -214,7 +217,10 @@ impl Principals {
             // Compare every hash fully: no early exit on the first byte.
             let found = self.list.iter().find(|p| {
                 p.token_sha256.is_some_and(|t| {
-                    t.iter().zip(h.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+                    t.iter()
+                        .zip(h.iter())
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0
                 })
             });
             if found.is_some() {
@@ -260,7 +266,10 @@ impl Auth {
     }
 
     pub fn current(&self) -> Arc<Principals> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Re-reads the file (SIGHUP); on error keeps the old principals.
@@ -275,7 +284,9 @@ impl Auth {
             }
             Err(e) => {
                 log::error!("auth file not reloaded, keeping the old one: {e}");
-                eprintln!("leaseagent serve: error: auth file not reloaded, keeping the old one: {e}");
+                eprintln!(
+                    "leaseagent serve: error: auth file not reloaded, keeping the old one: {e}"
+                );
             }
         }
     }
@@ -334,7 +345,15 @@ mod tests {
         let names = vec!["w1.example.org".to_string()];
         assert_eq!(p.identify(None, &names).unwrap().name, "w");
         assert!(p.identify(None, &[]).is_none());
-        assert!(Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n").is_err());
-        assert!(Principals::parse("[[principal]]\nname=\"x\"\nrole=\"boss\"\ntoken_sha256=\"00\"\ntasks=[\"*\"]\n").is_err());
+        assert!(
+            Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
+                .is_err()
+        );
+        assert!(
+            Principals::parse(
+                "[[principal]]\nname=\"x\"\nrole=\"boss\"\ntoken_sha256=\"00\"\ntasks=[\"*\"]\n"
+            )
+            .is_err()
+        );
     }
 }

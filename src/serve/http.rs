@@ -35,8 +35,8 @@
 //!   a pipelined request that arrive in the same read as the previous body
 //!   are not checked (agents do not pipeline).
 
-use std::convert::Infallible;
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -565,8 +565,8 @@ type Body = Full<Bytes>;
 
 fn to_hyper(resp: Response, close: bool) -> hyper::Response<Body> {
     let mut r = hyper::Response::new(Full::new(Bytes::from(resp.body)));
-    *r.status_mut() =
-        hyper::StatusCode::from_u16(resp.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    *r.status_mut() = hyper::StatusCode::from_u16(resp.status)
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let h = r.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static(resp.content_type));
     for (name, value) in resp.headers {
@@ -584,7 +584,10 @@ fn to_hyper(resp: Response, close: bool) -> hyper::Response<Body> {
 /// leading zero (except "0" itself).
 fn plain_length(v: &HeaderValue) -> Option<u64> {
     let b = v.as_bytes();
-    if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) || (b.len() > 1 && b[0] == b'0')
+    if b.is_empty()
+        || b.len() > 19
+        || !b.iter().all(u8::is_ascii_digit)
+        || (b.len() > 1 && b[0] == b'0')
     {
         return None;
     }
@@ -598,9 +601,14 @@ async fn serve_request(
     names: Arc<Vec<String>>,
     over: bool,
 ) -> Result<hyper::Response<Body>, Infallible> {
-    let refuse = |status: u16, code: &str, msg: &str| Ok(to_hyper(Response::error(status, code, msg), true));
+    let refuse =
+        |status: u16, code: &str, msg: &str| Ok(to_hyper(Response::error(status, code, msg), true));
     if state.bare_lf.load(Ordering::Relaxed) {
-        return refuse(400, "bad_request", "a bare LF in the request head: lines end with CRLF");
+        return refuse(
+            400,
+            "bad_request",
+            "a bare LF in the request head: lines end with CRLF",
+        );
     }
     if req.headers().contains_key(TRANSFER_ENCODING) {
         return refuse(
@@ -618,7 +626,11 @@ async fn serve_request(
     }
     let max_body = server.limits.max_body;
     if length.is_some_and(|n| n > max_body as u64) {
-        return refuse(413, "too_large", &format!("request body over {max_body} bytes"));
+        return refuse(
+            413,
+            "too_large",
+            &format!("request body over {max_body} bytes"),
+        );
     }
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
@@ -647,7 +659,11 @@ async fn serve_request(
         body,
     };
     let resp = if over && request.path != "/healthz" {
-        Response::error(503, "overloaded", "too many open connections from this address or in all")
+        Response::error(
+            503,
+            "overloaded",
+            "too many open connections from this address or in all",
+        )
     } else if let Some(r) = server.handler.quick(&request) {
         r
     } else {
@@ -703,7 +719,7 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             // Finish the request in progress (if any), then close.
             stop_deadline = Some(Instant::now() + Duration::from_secs(3));
             conn.as_mut().graceful_shutdown();
-            if let Poll::Ready(_) = conn.as_mut().poll(cx) {
+            if conn.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(());
             }
         }

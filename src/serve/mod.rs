@@ -88,7 +88,10 @@ fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, Str
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
     if chain.is_empty() {
-        return Err(format!("--tls-cert {}: no certificate in the file", cert.display()));
+        return Err(format!(
+            "--tls-cert {}: no certificate in the file",
+            cert.display()
+        ));
     }
     let pkey = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
@@ -109,12 +112,17 @@ fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, Str
                     .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
             }
             if roots.is_empty() {
-                return Err(format!("--client-ca {}: no certificate in the file", ca.display()));
+                return Err(format!(
+                    "--client-ca {}: no certificate in the file",
+                    ca.display()
+                ));
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -243,7 +251,9 @@ pub fn main(args: ServeArgs) -> ExitCode {
 fn is_loopback(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
     }
 }
 
