@@ -1,5 +1,5 @@
 //! The embedded per-host authority: the lease engine opened in-process on a
-//! SQLite file shared by every agent on the host (issue #3).
+//! SQLite file shared by every agent on the host.
 //!
 //! Each handle opens its own connection lazily, once, on first use (and
 //! again only after a failed open); [`Authority::clone_box`] gives a handle
@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::engine::EngineError;
-use crate::engine::core::AcquireSpec;
-use crate::engine::shared::SharedEngine;
+use crate::engine::file::SharedEngine;
+use crate::engine::rules::AcquireSpec;
 
 pub struct EmbeddedAuthority {
     path: PathBuf,

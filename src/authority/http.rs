@@ -14,10 +14,10 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::json;
-
 use super::*;
+use crate::protocol::v1::{
+    AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
+};
 
 pub use super::transport::BODY_LIMIT;
 
@@ -31,33 +31,6 @@ pub struct HttpAuthority {
 struct Answer {
     status: u16,
     body: Vec<u8>,
-}
-
-#[derive(Deserialize)]
-struct GrantBody {
-    lease_id: String,
-    #[serde(default)]
-    task: Option<String>,
-    token: u64,
-    ttl_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct RenewBody {
-    ttl_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: String,
-    #[serde(default)]
-    message: Option<String>,
-    #[serde(default)]
-    holder: Option<String>,
-    #[serde(default)]
-    retry_after_ms: Option<u64>,
-    #[serde(default)]
-    lease_id: Option<String>,
 }
 
 impl HttpAuthority {
@@ -75,7 +48,7 @@ impl HttpAuthority {
     fn call(
         &self,
         path: &str,
-        body: serde_json::Value,
+        body: impl serde::Serialize,
         timeout: Duration,
     ) -> Result<Answer, String> {
         let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
@@ -84,6 +57,11 @@ impl HttpAuthority {
             super::transport::call(&self.agent, &url, Some(&bytes), timeout, BODY_LIMIT)?;
         Ok(Answer { status, body })
     }
+}
+
+/// A duration in whole milliseconds, as the protocol sends it.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
@@ -107,7 +85,9 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
         return None;
     }
     let e: ErrorBody = parse(body)?;
-    let reason = RefusalReason::parse(&e.error)?;
+    let ErrorCode::Refused(reason) = e.code()? else {
+        return None;
+    };
     Some(RenewError::Refused {
         reason,
         message: e.message.unwrap_or_default(),
@@ -124,15 +104,13 @@ impl Authority for HttpAuthority {
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
-        let mut body = json!({
-            "task": req.task,
-            "holder": req.holder,
-            "ttl_ms": req.ttl.as_millis() as u64,
-            "on_expiry": req.on_expiry.as_str(),
-        });
-        if req.on_expiry == ExpiryPolicy::Grace {
-            body["grace_ms"] = json!(req.grace.as_millis() as u64);
-        }
+        let body = AcquireBody {
+            task: req.task.clone(),
+            holder: req.holder.clone(),
+            ttl_ms: millis(req.ttl),
+            on_expiry: req.on_expiry.as_str().to_string(),
+            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| millis(req.grace)),
+        };
         let a = self
             .call("/v1/acquire", body, timeout)
             .map_err(AcquireError::Transient)?;
@@ -164,11 +142,11 @@ impl Authority for HttpAuthority {
             409 => {
                 let e: Option<ErrorBody> = parse(&a.body);
                 match e {
-                    Some(e) if e.error == "held" => Err(AcquireError::Held {
+                    Some(e) if e.code() == Some(ErrorCode::Held) => Err(AcquireError::Held {
                         holder: e.holder.unwrap_or_else(|| "another holder".into()),
                         retry_after: e.retry_after_ms.map(Duration::from_millis),
                     }),
-                    Some(e) if e.error == "held_for_operator" => {
+                    Some(e) if e.code() == Some(ErrorCode::HeldForOperator) => {
                         Err(AcquireError::HeldForOperator {
                             holder: e.holder.unwrap_or_default(),
                             lease_id: e.lease_id.unwrap_or_default(),
@@ -188,7 +166,10 @@ impl Authority for HttpAuthority {
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
-        let body = json!({"lease_id": lease.lease_id, "token": lease.token});
+        let body = LeaseRefBody {
+            lease_id: lease.lease_id.clone(),
+            token: lease.token,
+        };
         let a = self
             .call("/v1/renew", body, timeout)
             .map_err(RenewError::Transient)?;
@@ -214,12 +195,12 @@ impl Authority for HttpAuthority {
         exit_code: Option<i32>,
         timeout: Duration,
     ) -> Result<(), RenewError> {
-        let body = json!({
-            "lease_id": lease.lease_id,
-            "token": lease.token,
-            "outcome": outcome.as_str(),
-            "exit_code": exit_code,
-        });
+        let body = ReleaseBody {
+            lease_id: lease.lease_id.clone(),
+            token: lease.token,
+            outcome: outcome.as_str().to_string(),
+            exit_code,
+        };
         let a = self
             .call("/v1/release", body, timeout)
             .map_err(RenewError::Transient)?;

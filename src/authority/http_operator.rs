@@ -6,24 +6,23 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
+use super::transport::BODY_LIMIT;
 use super::{LeaseInfo, OperatorError};
+use crate::protocol::v1::{ClearBody, ErrorBody, ErrorCode, LeasesBody, RevokeBody};
 
 /// (status, body) of one call.
 fn call(
     base: &str,
     path: &str,
-    body: Option<Value>,
+    body: Option<Vec<u8>>,
     timeout: Duration,
     limit: u64,
 ) -> Result<(u16, String), OperatorError> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
-    let bytes = body.map(|b| b.to_string().into_bytes());
     let (status, body) = super::transport::call(
         &super::transport::agent(),
         &url,
-        bytes.as_deref(),
+        body.as_deref(),
         timeout,
         limit,
     )
@@ -31,22 +30,20 @@ fn call(
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+fn json(body: &impl serde::Serialize) -> Result<Vec<u8>, OperatorError> {
+    serde_json::to_vec(body).map_err(|e| OperatorError::Failed(e.to_string()))
+}
+
 /// Turns a non-200 answer into an error carrying the authority's message.
 fn failure(status: u16, text: &str) -> OperatorError {
-    let v: Option<Value> = serde_json::from_str(text).ok();
-    let code = v
+    let body: Option<ErrorBody> = serde_json::from_str(text).ok();
+    let code = body.as_ref().map(|b| b.error.as_str()).unwrap_or("");
+    let msg = body
         .as_ref()
-        .and_then(|v| v.get("error"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let msg = v
-        .as_ref()
-        .and_then(|v| v.get("message"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+        .and_then(|b| b.message.clone())
         .unwrap_or_else(|| format!("HTTP {status}"));
-    match (status, code) {
-        (404, "not_found") => OperatorError::NotFound(msg),
+    match (status, body.as_ref().and_then(ErrorBody::code)) {
+        (404, Some(ErrorCode::NotFound)) => OperatorError::NotFound(msg),
         (404 | 405, _) => OperatorError::Unsupported(format!(
             "the authority does not support this operator call (HTTP {status})"
         )),
@@ -59,18 +56,17 @@ pub fn leases(base: &str, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorE
     if status != 200 {
         return Err(failure(status, &text));
     }
-    #[derive(serde::Deserialize)]
-    struct Listing {
-        leases: Vec<LeaseInfo>,
-    }
-    serde_json::from_str::<Listing>(&text)
+    serde_json::from_str::<LeasesBody>(&text)
         .map(|l| l.leases)
         .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))
 }
 
 pub fn revoke(base: &str, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-    let body = serde_json::json!({"task": task, "force": force});
-    let (status, text) = call(base, "/v1/revoke", Some(body), timeout, 64 * 1024)?;
+    let body = RevokeBody {
+        task: task.to_string(),
+        force,
+    };
+    let (status, text) = call(base, "/v1/revoke", Some(json(&body)?), timeout, BODY_LIMIT)?;
     if status != 200 {
         return Err(failure(status, &text));
     }
@@ -78,8 +74,10 @@ pub fn revoke(base: &str, task: &str, force: bool, timeout: Duration) -> Result<
 }
 
 pub fn clear(base: &str, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-    let body = serde_json::json!({"task": task});
-    let (status, text) = call(base, "/v1/clear", Some(body), timeout, 64 * 1024)?;
+    let body = ClearBody {
+        task: task.to_string(),
+    };
+    let (status, text) = call(base, "/v1/clear", Some(json(&body)?), timeout, BODY_LIMIT)?;
     if status != 200 {
         return Err(failure(status, &text));
     }

@@ -1,9 +1,9 @@
 //! The lease engine on SQLite, shared by `leaseagent serve` and the embedded
-//! default authority (issue #3).
+//! default authority.
 //!
 //! One set of rules ([`core`]) over one schema ([`store`]), run two ways:
 //!
-//! - [`memory::ServeEngine`] (behind `leaseagent serve`): every task's record
+//! - [`batched::ServeEngine`] (behind `leaseagent serve`): every task's record
 //!   lives in memory; the database holds the token counter and who holds
 //!   what. Renewals only touch memory (expiry on the monotonic boot clock),
 //!   which is what makes them cheap. A grant goes to a single writer thread
@@ -12,7 +12,7 @@
 //!   each of them: a grant is never answered before it is on disk, and under
 //!   load one fsync covers many grants. After a restart every lease on record
 //!   expires one ttl after the restart (the protocol's Restart rule).
-//! - [`shared::SharedEngine`] (the embedded default): each agent process
+//! - [`file::SharedEngine`] (the embedded default): each agent process
 //!   opens the same file; every call is one `BEGIN IMMEDIATE` transaction,
 //!   so concurrent agents are serialised by SQLite's write lock and exactly
 //!   one of them gets a free task. The database is the only shared place, so
@@ -23,20 +23,16 @@
 //! whatever crashes, because the counter is committed in the same fsync'd
 //! transaction as the grant it belongs to, before the grant is answered.
 
-pub mod core;
-pub mod memory;
-pub mod shared;
+pub mod batched;
+pub mod file;
+pub mod rules;
 pub mod store;
 
 use std::fmt;
 
-use crate::authority::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, RefusalReason};
 
-/// The reference bounds on `ttl_ms` (lease protocol v1).
-pub const MIN_TTL_MS: u64 = 1_000;
-pub const MAX_TTL_MS: u64 = 86_400_000;
-/// The largest `grace_ms` accepted.
-pub const MAX_GRACE_MS: u64 = 86_400_000;
+pub use crate::lease::{MAX_GRACE_MS, MAX_TTL_MS, MIN_TTL_MS};
 
 /// Why an engine call did not succeed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,31 +76,14 @@ impl From<store::StoreError> for EngineError {
     }
 }
 
-/// Checks a task name: 1 to 200 bytes of `A-Z a-z 0-9 . _ - : / @`.
+/// Checks a task name (the protocol's rule, [`crate::lease::check_task`]).
 pub fn validate_task(task: &str) -> Result<(), String> {
-    if task.is_empty() || task.len() > 200 {
-        return Err("`task` must be 1 to 200 bytes".into());
-    }
-    if let Some(c) = task
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '@')))
-    {
-        return Err(format!(
-            "`task` may only contain A-Z a-z 0-9 . _ - : / @ (found {c:?})"
-        ));
-    }
-    Ok(())
+    crate::lease::check_task(task).map_err(|e| format!("`task` {e}"))
 }
 
-/// Checks a holder: 1 to 200 bytes of printable UTF-8.
+/// Checks a holder (the protocol's rule, [`crate::lease::check_holder`]).
 pub fn validate_holder(holder: &str) -> Result<(), String> {
-    if holder.is_empty() || holder.len() > 200 {
-        return Err("`holder` must be 1 to 200 bytes".into());
-    }
-    if holder.chars().any(|c| c.is_control()) {
-        return Err("`holder` must be printable UTF-8 (no control characters)".into());
-    }
-    Ok(())
+    crate::lease::check_holder(holder).map_err(|e| format!("`holder` {e}"))
 }
 
 /// Checks `ttl_ms` against the reference bounds.
@@ -128,7 +107,7 @@ pub fn validate_grace(grace_ms: u64) -> Result<(), String> {
 }
 
 /// Validates a whole acquire request.
-pub fn validate_acquire(spec: &core::AcquireSpec) -> Result<(), EngineError> {
+pub fn validate_acquire(spec: &rules::AcquireSpec) -> Result<(), EngineError> {
     validate_task(&spec.task)
         .and_then(|_| validate_holder(&spec.holder))
         .and_then(|_| validate_ttl(spec.ttl_ms))
@@ -138,7 +117,12 @@ pub fn validate_acquire(spec: &core::AcquireSpec) -> Result<(), EngineError> {
 
 /// Now, in milliseconds on the boot clock (monotonic, counts suspend).
 pub fn now_ms() -> u64 {
-    u64::try_from(crate::clock::BootInstant::now().since_boot().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(
+        crate::time::clock::BootInstant::now()
+            .since_boot()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
 }
 
 /// The expiry policy's wire name, or an error naming the field.

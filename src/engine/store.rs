@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::authority::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, RefusalReason};
 
-use super::core::{Lease, TaskRow};
+use super::rules::{Lease, TaskRow};
 
 /// A database failure.
 #[derive(Debug)]

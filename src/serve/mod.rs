@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::memory::ServeEngine;
+use crate::engine::batched::ServeEngine;
 
 /// Arguments of `leaseagent serve`.
 #[derive(clap::Args, Debug, Clone)]

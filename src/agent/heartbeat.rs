@@ -1,0 +1,135 @@
+//! The heartbeat thread: renews the lease and does nothing else.
+//!
+//! It is an OS thread of its own: no async runtime, no shared
+//! lock, nothing the job or the supervisor loop does can delay it. It owns its
+//! own authority handle and reports every answer to the supervisor as an
+//! event; it decides nothing about the job.
+//!
+//! Timing rules:
+//! - A renewal is sent every `heartbeat` after the previous successful one's
+//!   send time; after a transient failure it retries sooner (a quarter of the
+//!   heartbeat, at least 50 ms), so two lost heartbeats in a row do not cost
+//!   the lease with default flags.
+//! - Each request's timeout is at most the heartbeat and never reaches past
+//!   the local deadline (`last successful send + ttl`, tracked here with the
+//!   same rule the supervisor uses): an answer that could only arrive after
+//!   the deadline is useless anyway.
+//! - The send instant is read on the boot clock *before* the request goes
+//!   out; that instant, not the answer's arrival, is what the deadline counts
+//!   from.
+//! - Waits are capped at [`crate::time::clock::MAX_WAIT`] and the boot clock re-read,
+//!   so a suspend does not push the next renewal out by the suspend's length.
+//! - A refusal ends the thread: the lease is gone for good.
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::agent::machine::Event;
+use crate::authority::{Authority, LeaseRef, RenewError};
+use crate::time::clock::{BootInstant, MAX_WAIT};
+
+/// Timing of the renewals.
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    pub heartbeat: Duration,
+    /// The deadline the grant gave (acquire send time + granted ttl).
+    pub deadline: BootInstant,
+    /// The grant's send time (the first renewal is due a heartbeat after it).
+    pub granted_at: BootInstant,
+}
+
+impl Schedule {
+    /// The pause before retrying after a transient failure.
+    pub fn retry_interval(&self) -> Duration {
+        (self.heartbeat / 4)
+            .max(Duration::from_millis(50))
+            .min(self.heartbeat)
+    }
+}
+
+/// Handle to stop the thread: dropping it stops renewals. An in-flight
+/// request finishes within its timeout; nobody waits for it.
+pub struct Heartbeat {
+    _stop: Sender<()>,
+}
+
+/// Starts the heartbeat thread.
+pub fn spawn(
+    mut authority: Box<dyn Authority>,
+    lease: LeaseRef,
+    schedule: Schedule,
+    events: Sender<Event>,
+) -> std::io::Result<Heartbeat> {
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || run(&mut *authority, &lease, schedule, &events, &stop_rx))?;
+    Ok(Heartbeat { _stop: stop_tx })
+}
+
+/// Sleeps until `until` on the boot clock; false when told to stop.
+fn sleep_until(until: BootInstant, stop: &Receiver<()>) -> bool {
+    loop {
+        let left = BootInstant::now().until(until);
+        if left.is_zero() {
+            return true;
+        }
+        match stop.recv_timeout(left.min(MAX_WAIT)) {
+            Err(RecvTimeoutError::Timeout) => continue,
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+}
+
+fn run(
+    authority: &mut dyn Authority,
+    lease: &LeaseRef,
+    s: Schedule,
+    events: &Sender<Event>,
+    stop: &Receiver<()>,
+) {
+    let mut deadline = s.deadline;
+    let mut next = s.granted_at + s.heartbeat;
+    loop {
+        if !sleep_until(next, stop) {
+            return;
+        }
+        let sent_at = BootInstant::now();
+        let left = sent_at.until(deadline);
+        if left.is_zero() {
+            // Past the deadline: the supervisor has killed the job; any answer
+            // now would be `expired`. Wait to be stopped.
+            next = sent_at + s.heartbeat;
+            continue;
+        }
+        let timeout = s.heartbeat.min(left);
+        let event = match authority.renew(lease, timeout) {
+            Ok(r) => {
+                deadline = deadline.max(sent_at + r.ttl);
+                next = sent_at + s.heartbeat;
+                log::debug!(
+                    "renewed task {} token {}: ttl {}",
+                    lease.task,
+                    lease.token,
+                    crate::time::duration::format(r.ttl)
+                );
+                Event::Renewed {
+                    sent_at,
+                    ttl: r.ttl,
+                }
+            }
+            Err(RenewError::Refused { reason, message }) => {
+                let _ = events.send(Event::Refused { reason, message });
+                return;
+            }
+            Err(RenewError::Transient(error)) => {
+                next = BootInstant::now() + s.retry_interval();
+                Event::RenewFailed { error }
+            }
+        };
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+}

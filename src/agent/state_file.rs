@@ -1,0 +1,138 @@
+//! The agent's view of its lease, published for the job.
+//!
+//! The agent writes a small JSON file (atomically: write a temp file, then
+//! rename) whenever its view changes: after the grant, after each successful
+//! renewal, when renewals start failing, when the lease is lost. The job finds
+//! it through `LEASEAGENT_STATE_FILE`; `leaseagent check` reads it.
+//!
+//! Times are on `CLOCK_BOOTTIME` (one clock for the whole host), tagged with
+//! the boot id, so a reader in another process computes the time left as
+//! `deadline_boot_ms - now_boot_ms` without any wall clock. A file whose boot
+//! id differs from the current one describes a lease from a previous boot,
+//! which cannot be valid.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::clock::BootInstant;
+
+/// The environment variable that names the state file for the job.
+pub const ENV_STATE_FILE: &str = "LEASEAGENT_STATE_FILE";
+
+/// What the agent believes about its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseView {
+    /// Held, last renewal (or the grant) succeeded.
+    Valid,
+    /// Renewals are failing; the lease is valid until the deadline at most.
+    Renewing,
+    /// Refused or expired: the attempt must not write anything.
+    Lost,
+    /// The agent is stopping the command (signal, release).
+    Stopping,
+}
+
+/// The file's contents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStateFile {
+    pub task: String,
+    pub lease_id: String,
+    pub token: u64,
+    pub state: LeaseView,
+    /// Local deadline (last successful renewal's send time + ttl), in ms on
+    /// CLOCK_BOOTTIME.
+    pub deadline_boot_ms: u64,
+    pub boot_id: String,
+    pub agent_pid: u32,
+}
+
+impl LeaseStateFile {
+    /// Time the lease has left as the agent sees it, 0 when lost or from
+    /// another boot.
+    pub fn remaining(&self, now: BootInstant, boot_id: &str) -> std::time::Duration {
+        if self.boot_id != boot_id || matches!(self.state, LeaseView::Lost) {
+            return std::time::Duration::ZERO;
+        }
+        now.until(BootInstant::from_since_boot(
+            std::time::Duration::from_millis(self.deadline_boot_ms),
+        ))
+    }
+
+    pub fn read(path: &Path) -> std::io::Result<Self> {
+        let bytes = std::fs::read(path)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Writes the state file atomically; owned by the supervisor loop alone.
+pub struct StateWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+}
+
+impl StateWriter {
+    /// A writer for a fresh file in `dir` named after the agent's pid.
+    pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let pid = std::process::id();
+        Ok(StateWriter {
+            path: dir.join(format!("lease-{pid}.json")),
+            tmp: dir.join(format!(".lease-{pid}.json.tmp")),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the file's contents (write to a temp file, then rename, so a
+    /// reader never sees half a file). No fsync: the file only matters while
+    /// this agent runs.
+    pub fn write(&self, state: &LeaseStateFile) -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&self.tmp)?;
+        let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;
+        f.write_all(&bytes)?;
+        drop(f);
+        std::fs::rename(&self.tmp, &self.path)
+    }
+
+    /// Removes the file (the agent is done).
+    pub fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn round_trip_and_remaining() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = StateWriter::in_dir(dir.path()).unwrap();
+        let now = BootInstant::now();
+        let s = LeaseStateFile {
+            task: "t".into(),
+            lease_id: "l".into(),
+            token: 7,
+            state: LeaseView::Valid,
+            deadline_boot_ms: (now + Duration::from_secs(10)).since_boot().as_millis() as u64,
+            boot_id: "b".into(),
+            agent_pid: 1,
+        };
+        w.write(&s).unwrap();
+        let back = LeaseStateFile::read(w.path()).unwrap();
+        assert_eq!(back, s);
+        let left = back.remaining(now, "b");
+        assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(10));
+        assert_eq!(back.remaining(now, "other-boot"), Duration::ZERO);
+        w.remove();
+        assert!(!w.path().exists());
+    }
+}

@@ -1,0 +1,121 @@
+//! End to end: two `leaseagent` runs on one task. The second waits and gets
+//! the task as soon as the first job ends (release, not expiry: the ttl is
+//! longer than the second's --wait), with a higher token. Against
+//! `leaseagent serve` and against the embedded default.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::authority::{Server, bin, poll};
+
+fn agent(dir: &Path, authority: Option<&str>, name: &str, extra: &[&str], script: &str) -> Child {
+    let mut c = Command::new(bin());
+    if let Some(a) = authority {
+        c.args(["--authority", a]);
+    }
+    c.args(["--task", "e2e", "--ttl", "60s"])
+        .args(extra)
+        .args(["--", "sh", "-c", script])
+        .current_dir(dir)
+        .env("LEASEAGENT_STATE_DIR", dir.join("state"))
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
+    c.spawn().unwrap()
+}
+
+fn read_token(p: &Path) -> Option<u64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+fn second_waits_then_gets_the_task_on_release(
+    dir: &Path,
+    authority: Option<&str>,
+    server: Option<&Server>,
+) {
+    let mut first = agent(
+        dir,
+        authority,
+        "first",
+        &[],
+        "echo $LEASE_TOKEN > first.token; while [ ! -e go ]; do sleep 0.05; done",
+    );
+    let t1 = poll("the first job to start", Duration::from_secs(30), || {
+        read_token(&dir.join("first.token"))
+    });
+    let mut second = agent(
+        dir,
+        authority,
+        "second",
+        &["--wait", "40s"],
+        "echo $LEASE_TOKEN > second.token",
+    );
+    // The second agent is refused (held) and keeps waiting.
+    match server {
+        Some(s) => poll(
+            "the second agent to be told held",
+            Duration::from_secs(30),
+            || {
+                let (_, m) = s.get("/metrics");
+                m.lines()
+                    .any(|l| {
+                        l.starts_with("leaseagent_acquire_refused_total{reason=\"held\"}")
+                            && !l.ends_with(" 0")
+                    })
+                    .then_some(())
+            },
+        ),
+        None => poll(
+            "the second agent to report it is waiting",
+            Duration::from_secs(30),
+            || {
+                let log = std::fs::read_to_string(dir.join("second.log")).unwrap_or_default();
+                log.contains("waiting (").then_some(())
+            },
+        ),
+    }
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second agent should be waiting"
+    );
+    assert!(
+        !dir.join("second.token").exists(),
+        "the second job ran while the first held the task"
+    );
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let s1 = first.wait().unwrap();
+    assert!(
+        s1.success(),
+        "first: {s1:?}\n{}",
+        std::fs::read_to_string(dir.join("first.log")).unwrap()
+    );
+    let s2 = poll(
+        "the second agent to finish",
+        Duration::from_secs(45),
+        || second.try_wait().unwrap(),
+    );
+    assert!(
+        s2.success(),
+        "second (got the task only by release, within its 40s wait < 60s ttl): {s2:?}\n{}",
+        std::fs::read_to_string(dir.join("second.log")).unwrap()
+    );
+    let t2 = read_token(&dir.join("second.token")).unwrap();
+    assert!(t2 > t1, "second token {t2} not above first {t1}");
+}
+
+#[test]
+fn second_agent_gets_the_task_on_release_against_serve() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&d.path().join("serve.db"));
+    second_waits_then_gets_the_task_on_release(d.path(), Some(&s.url()), Some(&s));
+}
+
+#[test]
+fn second_agent_gets_the_task_on_release_with_the_embedded_default() {
+    let d = tempfile::tempdir().unwrap();
+    second_waits_then_gets_the_task_on_release(d.path(), None, None);
+}

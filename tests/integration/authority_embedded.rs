@@ -1,0 +1,390 @@
+//! The embedded default authority with several OS processes on one
+//! database: each child process is this test binary re-run with
+//! `LA_EMBEDDED_CHILD` set, using `EmbeddedAuthority` like an agent would.
+
+use crate::support;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use leaseagent::testing::EmbeddedAuthority;
+use leaseagent::testing::{
+    AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
+};
+use support::authority::poll;
+
+const T: Duration = Duration::from_secs(10);
+
+fn req(
+    task: &str,
+    holder: &str,
+    ttl_ms: u64,
+    policy: ExpiryPolicy,
+    grace_ms: u64,
+) -> AcquireRequest {
+    AcquireRequest {
+        task: task.into(),
+        holder: holder.into(),
+        ttl: Duration::from_millis(ttl_ms),
+        on_expiry: policy,
+        grace: Duration::from_millis(grace_ms),
+    }
+}
+
+/// Starts a child process running `op` against the database at `db`.
+fn child(db: &Path, op: &str, args: &[&str]) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "authority_embedded::child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LA_EMBEDDED_CHILD", op)
+        .env("LA_DB", db)
+        .env("LA_ARGS", args.join(" "))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The result in a line the child printed (after `@`; the test harness
+/// may have printed its own text before it on the same line).
+fn at(l: &str) -> Option<&str> {
+    l.find('@').map(|i| &l[i + 1..])
+}
+
+/// Lines the child printed with the prefix `@`.
+fn results(c: Child) -> Vec<String> {
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| at(l).map(str::to_string))
+        .collect()
+}
+
+/// The child side. Without `LA_EMBEDDED_CHILD` it checks that a malformed
+/// task is rejected without touching any database.
+#[test]
+fn child_process_entry() {
+    let Ok(op) = std::env::var("LA_EMBEDDED_CHILD") else {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("x.db");
+        let mut a = EmbeddedAuthority::new(db.clone());
+        assert!(matches!(
+            a.acquire(&req("a b", "h", 1000, ExpiryPolicy::Redispatch, 0), T),
+            Err(AcquireError::Rejected(_))
+        ));
+        assert!(!db.exists());
+        return;
+    };
+    let db = std::env::var("LA_DB").unwrap();
+    let args: Vec<String> = std::env::var("LA_ARGS")
+        .unwrap()
+        .split(' ')
+        .map(str::to_string)
+        .collect();
+    let pid = std::process::id();
+    match op.as_str() {
+        // Several threads, each with its own handle, wait for a start file
+        // and race for one task.
+        "race" => {
+            let (task, threads, start) = (
+                args[0].clone(),
+                args[1].parse::<usize>().unwrap(),
+                args[2].clone(),
+            );
+            let hs: Vec<_> = (0..threads)
+                .map(|i| {
+                    let (db, task, start) = (db.clone(), task.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        let mut a = EmbeddedAuthority::new(db.into());
+                        poll("start", Duration::from_secs(30), || {
+                            Path::new(&start).exists().then_some(())
+                        });
+                        match a.acquire(
+                            &req(
+                                &task,
+                                &format!("{pid}/{i}"),
+                                30000,
+                                ExpiryPolicy::Redispatch,
+                                0,
+                            ),
+                            T,
+                        ) {
+                            Ok(g) => format!("GRANT {}", g.token),
+                            Err(AcquireError::Held { .. }) => "HELD".to_string(),
+                            Err(e) => format!("ERROR {e}"),
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                println!("@{}", h.join().unwrap());
+            }
+        }
+        // Acquire and release N times (retrying while held), printing tokens.
+        "churn" => {
+            let (task, n) = (args[0].clone(), args[1].parse::<usize>().unwrap());
+            let mut a = EmbeddedAuthority::new(db.into());
+            let mut done = 0;
+            while done < n {
+                match a.acquire(
+                    &req(&task, &format!("{pid}"), 1000, ExpiryPolicy::Redispatch, 0),
+                    T,
+                ) {
+                    Ok(g) => {
+                        println!("@{}", g.token);
+                        // On a loaded machine the lease may expire first: that is fine.
+                        let _ = a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), T);
+                        done += 1;
+                    }
+                    Err(AcquireError::Held { .. }) => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        _ => panic!("unknown child op {op}"),
+    }
+}
+
+#[test]
+fn grants_from_several_processes_strictly_increase_and_are_unique() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let kids: Vec<Child> = (0..4).map(|_| child(&db, "churn", &["seq", "5"])).collect();
+    let mut all = Vec::new();
+    for k in kids {
+        let toks: Vec<u64> = results(k).iter().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(toks.len(), 5);
+        assert!(toks.windows(2).all(|w| w[1] > w[0]), "{toks:?}");
+        all.extend(toks);
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=20).collect::<Vec<u64>>());
+}
+
+#[test]
+fn forty_racers_in_ten_processes_get_exactly_one_grant() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let start = d.path().join("go");
+    let s = start.to_str().unwrap();
+    let kids: Vec<Child> = (0..10)
+        .map(|_| child(&db, "race", &["race", "4", s]))
+        .collect();
+    std::fs::write(&start, b"").unwrap();
+    let lines: Vec<String> = kids.into_iter().flat_map(results).collect();
+    assert_eq!(lines.len(), 40, "{lines:?}");
+    assert_eq!(
+        lines.iter().filter(|l| l.starts_with("GRANT")).count(),
+        1,
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| *l == "HELD").count(),
+        39,
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn kill_9_during_churn_never_reuses_a_token() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let mut seen = HashSet::new();
+    let mut last_max = 0;
+    for round in 0..5 {
+        let mut kids: Vec<Child> = (0..3)
+            .map(|_| child(&db, "churn", &["crash", "1000000"]))
+            .collect();
+        // Read tokens from the first child until it has granted a few, then kill all.
+        let out = kids[0].stdout.take().unwrap();
+        let mut lines = BufReader::new(out).lines();
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            let l = lines.next().expect("child output").unwrap();
+            if let Some(t) = at(&l) {
+                got.push(t.parse::<u64>().unwrap());
+            }
+        }
+        for k in &mut kids {
+            let _ = k.kill();
+        }
+        for l in lines.map_while(Result::ok) {
+            if let Some(t) = at(&l) {
+                got.push(t.parse().unwrap());
+            }
+        }
+        for mut k in kids.drain(1..) {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(k.stdout.as_mut().unwrap(), &mut s);
+            let _ = k.wait();
+            got.extend(s.lines().filter_map(at).map(|t| t.parse::<u64>().unwrap()));
+        }
+        let _ = kids[0].wait();
+        for t in &got {
+            assert!(seen.insert(*t), "token {t} reused (round {round})");
+        }
+        let min = *got.iter().min().unwrap();
+        assert!(
+            min > last_max,
+            "round {round}: token {min} not above {last_max}"
+        );
+        last_max = *got.iter().max().unwrap();
+    }
+}
+
+#[test]
+fn renew_after_expiry_is_expired_and_another_process_sees_the_lease() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let mut a = EmbeddedAuthority::new(db.clone());
+    let g = a
+        .acquire(&req("e", "me", 1000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    let lines = results(child(&db, "race", &["e", "1", d.path().to_str().unwrap()]));
+    assert_eq!(
+        lines,
+        vec!["HELD".to_string()],
+        "another process must see the live lease"
+    );
+    poll("expiry", Duration::from_secs(10), || {
+        a.leases(T).unwrap().is_empty().then_some(())
+    });
+    assert!(matches!(
+        a.renew(&g.lease_ref(), T),
+        Err(RenewError::Refused {
+            reason: RefusalReason::Expired,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_lease_from_another_boot_has_expired() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let mut a = EmbeddedAuthority::new(db.clone());
+    let g = a
+        .acquire(&req("b", "me", 3_600_000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    assert!(matches!(
+        a.acquire(&req("b", "other", 1000, ExpiryPolicy::Redispatch, 0), T),
+        Err(AcquireError::Held { .. })
+    ));
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute(
+        "UPDATE tasks SET boot_id = '00000000-0000-0000-0000-000000000000'",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let g2 = a
+        .acquire(&req("b", "other", 1000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    assert!(g2.token > g.token);
+}
+
+fn cli(state: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(support::authority::bin())
+        .args(args)
+        .env("LEASEAGENT_STATE_DIR", state)
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn grace_hold_clear_and_revoke_on_the_default_authority_with_the_cli() {
+    let state = tempfile::tempdir().unwrap();
+    // The default authority: the database under LEASEAGENT_STATE_DIR.
+    let db = state.path().join("leases.sqlite3");
+    let mut a = EmbeddedAuthority::new(db.clone());
+    let (code, out) = cli(state.path(), &["leases"]);
+    assert_eq!((code, out.trim()), (0, "no leases"));
+
+    a.acquire(&req("grace", "g", 1000, ExpiryPolicy::Grace, 60_000), T)
+        .unwrap();
+    let held = a
+        .acquire(&req("hold", "h", 1000, ExpiryPolicy::Hold, 0), T)
+        .unwrap();
+    poll("grace and held states", Duration::from_secs(10), || {
+        let (_, out) = cli(state.path(), &["leases", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        let st = |t: &str| {
+            v["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["task"] == t)
+                .map(|l| l["state"].clone())
+        };
+        (st("grace") == Some("grace".into()) && st("hold") == Some("held_for_operator".into()))
+            .then_some(())
+    });
+    assert!(matches!(
+        a.acquire(&req("grace", "x", 1000, ExpiryPolicy::Redispatch, 0), T),
+        Err(AcquireError::Held { .. })
+    ));
+    match a.acquire(&req("hold", "x", 1000, ExpiryPolicy::Redispatch, 0), T) {
+        Err(AcquireError::HeldForOperator { holder, lease_id }) => {
+            assert_eq!((holder.as_str(), lease_id), ("h", held.lease_id.clone()));
+        }
+        other => panic!("{other:?}"),
+    }
+    let (code, out) = cli(state.path(), &["leases"]);
+    assert!(
+        code == 0 && out.contains("TASK") && out.contains("held_for_operator"),
+        "{out}"
+    );
+    assert_eq!(cli(state.path(), &["clear", "hold"]).0, 0);
+    assert_eq!(cli(state.path(), &["clear", "hold"]).0, 1);
+    let g = a
+        .acquire(&req("hold", "x", 2000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    assert!(g.token > held.token);
+
+    // Revoke without force: refused at renewal, free only after expiry.
+    let (code, out) = cli(state.path(), &["revoke", "hold"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(matches!(
+        a.renew(&g.lease_ref(), T),
+        Err(RenewError::Refused {
+            reason: RefusalReason::Revoked,
+            ..
+        })
+    ));
+    assert!(
+        a.acquire(&req("hold", "y", 1000, ExpiryPolicy::Redispatch, 0), T)
+            .is_err()
+    );
+    let g2 = poll("revoked lease to expire", Duration::from_secs(10), || {
+        a.acquire(&req("hold", "y", 30_000, ExpiryPolicy::Redispatch, 0), T)
+            .ok()
+    });
+    // With force: free at once.
+    let (code, out) = cli(state.path(), &["revoke", "--force", "--json", "hold"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"force\":true"), "{out}");
+    let g3 = a
+        .acquire(&req("hold", "z", 30_000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    assert!(g3.token > g2.token);
+    assert!(matches!(
+        a.renew(&g2.lease_ref(), T),
+        Err(RenewError::Refused {
+            reason: RefusalReason::Revoked,
+            ..
+        })
+    ));
+    assert_eq!(cli(state.path(), &["revoke", "nothing-here"]).0, 1);
+}

@@ -1,0 +1,208 @@
+//! Test helpers for the authority: a real `leaseagent serve` process, a raw
+//! HTTP/1.1 client (so malformed requests can be sent byte for byte), and
+//! polling with deadlines.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
+}
+
+/// A running `leaseagent serve`.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub db: PathBuf,
+    /// Keeps the stderr reader draining after start-up (its lines are not read).
+    _stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts a server on a free loopback port with its database at `db`.
+    pub fn start(db: &Path) -> Server {
+        let mut child = Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(db)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn leaseagent serve");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .expect("serve did not print its listening line in time");
+            if let Some(rest) = line.strip_prefix("leaseagent serve: listening on http://") {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        Server {
+            child,
+            addr,
+            db: db.to_path_buf(),
+            _stderr: rx,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// kill -9 and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// kill -9, then start again on the same database (new port).
+    pub fn crash_restart(&mut self) {
+        self.kill9();
+        *self = Server::start(&self.db.clone());
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        post(&self.addr, path, body)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let (s, b) = request(&self.addr, "GET", path, b"", Duration::from_secs(10)).unwrap();
+        (s, String::from_utf8_lossy(&b).into_owned())
+    }
+
+    pub fn acquire(&self, task: &str, holder: &str, ttl_ms: u64) -> (u16, Value) {
+        self.post(
+            "/v1/acquire",
+            &serde_json::json!({"task": task, "holder": holder, "ttl_ms": ttl_ms}),
+        )
+    }
+
+    pub fn renew(&self, grant: &Value) -> (u16, Value) {
+        self.post(
+            "/v1/renew",
+            &serde_json::json!({"lease_id": grant["lease_id"], "token": grant["token"]}),
+        )
+    }
+
+    pub fn release(&self, grant: &Value) -> (u16, Value) {
+        self.post(
+            "/v1/release",
+            &serde_json::json!({"lease_id": grant["lease_id"], "token": grant["token"],
+                                "outcome": "succeeded", "exit_code": 0}),
+        )
+    }
+
+    /// The state of `task` in `GET /v1/leases`, or None when not listed.
+    pub fn state_of(&self, task: &str) -> Option<String> {
+        let (s, body) = self.get("/v1/leases");
+        assert_eq!(s, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["task"] == task)
+            .map(|l| l["state"].as_str().unwrap().to_string())
+    }
+
+    /// The value of an unlabelled metric line `name VALUE`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (s, body) = self.get("/metrics");
+        assert_eq!(s, 200);
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no metric {name} in\n{body}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One request on a fresh connection (`Connection: close`); `Err` on any
+/// I/O error or timeout.
+pub fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(body);
+    raw_request(addr, &raw, timeout)
+}
+
+/// Sends raw bytes, reads the answer until the server closes.
+pub fn raw_request(addr: &str, raw: &[u8], timeout: Duration) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(raw)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let text = String::from_utf8_lossy(&out);
+    let status: u16 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad answer: {text:?}")))?;
+    let body = match out.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(p) => out[p + 4..].to_vec(),
+        None => Vec::new(),
+    };
+    Ok((status, body))
+}
+
+pub fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let (s, b) = request(
+        addr,
+        "POST",
+        path,
+        body.to_string().as_bytes(),
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let v = serde_json::from_slice(&b)
+        .unwrap_or_else(|e| panic!("POST {path}: answer not JSON ({e}): {b:?}"));
+    (s, v)
+}
+
+/// Polls `f` until it returns Some, or panics at the deadline.
+pub fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}

@@ -1,0 +1,224 @@
+//! The unit files: validated offline by `.ci/check-units.sh` (systemd-analyze
+//! verify and security, which must be installed: these tests fail without
+//! it), their restart/stop policy checked against the agent's exit codes and
+//! timings, and their ExecStart line run for real.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::Command;
+
+use support::FakeAuthority;
+use support::systemd::{Unit, env_file, repo, span_secs};
+
+fn check_units(dir: Option<&Path>) -> (i32, String) {
+    let mut c = Command::new(repo().join(".ci/check-units.sh"));
+    c.arg(env!("CARGO_BIN_EXE_leaseagent"));
+    if let Some(d) = dir {
+        c.arg(d);
+    }
+    let out = c.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn copy_units() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Command::new("cp")
+        .arg("-R")
+        .arg(repo().join("systemd/."))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    dir
+}
+
+fn edit(path: &Path, f: impl FnOnce(String) -> String) {
+    let s = std::fs::read_to_string(path).unwrap();
+    std::fs::write(path, f(s)).unwrap();
+}
+
+#[test]
+fn shipped_units_pass_verify_and_security() {
+    let (code, out) = check_units(None);
+    assert_eq!(code, 0, "{out}");
+    for unit in [
+        "leaseagent@check.service",
+        "leaseagent-serve.service",
+        "leaseagent@nightly-export.timer",
+        "leaseagent@nightly-export.service",
+    ] {
+        assert!(out.contains(&format!("ok   verify {unit}\n")), "{out}");
+    }
+    for unit in [
+        "leaseagent@check.service",
+        "leaseagent-serve.service",
+        "leaseagent@nightly-export.service",
+    ] {
+        assert!(
+            out.contains(&format!("ok   security {unit}: exposure ")),
+            "{out}"
+        );
+    }
+    eprintln!("{out}");
+}
+
+#[test]
+fn check_units_fails_on_a_bad_key_weak_hardening_or_no_binary() {
+    let bad_key = copy_units();
+    edit(&bad_key.path().join("leaseagent@.service"), |s| {
+        s.replace("KillMode=mixed", "KillMode=mixed\nKillMod=mixed")
+    });
+    let (code, out) = check_units(Some(bad_key.path()));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL verify leaseagent@check.service") && out.contains("KillMod"),
+        "{out}"
+    );
+
+    let weak = copy_units();
+    edit(&weak.path().join("leaseagent-serve.service"), |s| {
+        s.lines()
+            .filter(|l| !l.starts_with("Protect") && !l.starts_with("Private"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .replace("DynamicUser=yes", "DynamicUser=no")
+            .replace("User=leaseagent-serve", "")
+    });
+    let (code, out) = check_units(Some(weak.path()));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL security leaseagent-serve.service"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok   security leaseagent@check.service"),
+        "{out}"
+    );
+
+    let out = Command::new(repo().join(".ci/check-units.sh"))
+        .arg("/nonexistent/leaseagent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn template_policy_matches_the_exit_codes_and_timings() {
+    let u = Unit::read(&repo().join("systemd/leaseagent@.service"));
+    let s = |k: &str| u.get("Service", k).unwrap_or_else(|| panic!("no {k}="));
+    assert_eq!(s("Type"), "notify");
+    assert_eq!(s("NotifyAccess"), "main");
+    assert_eq!(s("KillMode"), "mixed");
+    assert_eq!(s("Restart"), "on-failure");
+    // `systemctl stop`: the relayed SIGTERM ends the command, the agent exits 143.
+    assert_eq!(s("SuccessExitStatus"), "143");
+    let prevent: Vec<&str> = s("RestartPreventExitStatus").split_whitespace().collect();
+    assert!(prevent.contains(&"75"), "{prevent:?}");
+    assert!(
+        !prevent.contains(&"124") && !prevent.contains(&"125"),
+        "124/125 must restart: {prevent:?}"
+    );
+    // Default ttl 30s -> grace 5s; the release call is capped at 5s.
+    let (ttl, grace, release) = (30.0, 30.0 / 6.0, 5.0);
+    assert!(span_secs(s("TimeoutStopSec")) > grace + release + 5.0);
+    // A restart asks after a killed agent's lease has expired.
+    assert!(span_secs(s("RestartSec")) > ttl);
+    assert!(span_secs(s("WatchdogSec")) > 0.0);
+    assert_eq!(s("TimeoutStartSec"), "infinity", "--wait may take long");
+    assert_eq!(s("EnvironmentFile"), "/etc/leaseagent/%i.env");
+    assert!(
+        u.all("Service", "Environment")
+            .contains(&"LEASEAGENT_TASK=%i".into())
+    );
+    assert!(
+        u.all("Service", "Environment")
+            .contains(&"LEASEAGENT_STATE_DIR=%S/leaseagent".into())
+    );
+    assert_eq!(s("StateDirectory"), "leaseagent");
+    // Nothing that breaks ordinary programs: no W^X (JITs), and only a deny
+    // list of privileged syscall groups that fail with EPERM, never a kill.
+    assert_eq!(u.get("Service", "MemoryDenyWriteExecute"), None);
+    for v in u.all("Service", "SystemCallFilter") {
+        assert!(v.starts_with('~'), "SystemCallFilter={v}");
+    }
+    assert_eq!(s("SystemCallErrorNumber"), "EPERM");
+
+    let dropin = Unit::read(&repo().join("systemd/leaseagent@nightly-export.service.d/timer.conf"));
+    let d = |k: &str| {
+        dropin
+            .get("Service", k)
+            .unwrap_or_else(|| panic!("no {k}="))
+    };
+    assert_eq!(
+        d("Type"),
+        "exec",
+        "a notify unit exiting before READY fails"
+    );
+    assert_eq!(d("SuccessExitStatus"), "75");
+    assert_eq!(d("RestartForceExitStatus"), "124 125");
+    let timer = Unit::read(&repo().join("systemd/leaseagent@nightly-export.timer"));
+    assert!(timer.get("Timer", "OnCalendar").is_some());
+}
+
+/// Runs the template's ExecStart the way systemd expands it (specifiers,
+/// then `$VAR` split at whitespace) with the shipped env file.
+#[test]
+fn exec_start_with_the_example_env_file_runs_the_command() {
+    let auth = FakeAuthority::start();
+    let u = Unit::read(&repo().join("systemd/leaseagent@.service"));
+    let instance = "nightly-export";
+    let state = tempfile::tempdir().unwrap();
+    let mut env: std::collections::HashMap<String, String> = u
+        .all("Service", "Environment")
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| {
+            let v = v
+                .replace("%i", instance)
+                .replace("%S", state.path().to_str().unwrap());
+            (k.to_string(), v)
+        })
+        .collect();
+    env.extend(env_file(&repo().join("systemd/nightly-export.env")));
+    // The example's command does not exist here: a job that proves it ran.
+    let marker = state.path().join("ran");
+    env.insert(
+        "LEASEAGENT_COMMAND".into(),
+        format!("touch {}", marker.display()),
+    );
+    env.insert("LEASEAGENT_AUTHORITY".into(), auth.url());
+    let exec = u.get("Service", "ExecStart").unwrap();
+    let mut argv: Vec<String> = Vec::new();
+    for word in exec.split_whitespace() {
+        match word.strip_prefix('$') {
+            Some(var) => argv.extend(
+                env.get(var)
+                    .map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            ),
+            None => argv.push(word.to_string()),
+        }
+    }
+    assert_eq!(argv[0], "/usr/local/bin/leaseagent");
+    let out = Command::new(env!("CARGO_BIN_EXE_leaseagent"))
+        .args(&argv[1..])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap())
+        .envs(&env)
+        .env("XDG_RUNTIME_DIR", state.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "argv {argv:?}: {err}");
+    assert!(marker.exists());
+    let acquire = &auth.requests_to("/v1/acquire")[0].body;
+    assert_eq!(acquire["task"], instance);
+    assert_eq!(acquire["ttl_ms"], 30_000);
+    assert!(!auth.requests_to("/v1/release").is_empty());
+}
