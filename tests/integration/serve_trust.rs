@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use crate::support::authority::{bin, poll, raw_request};
 use serde_json::{Value, json};
 use sha2::Digest;
-use crate::support::authority::{bin, poll, raw_request};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -888,4 +888,42 @@ fn healthz_is_answered_while_renewals_saturate_the_server() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let renewed: u64 = load.into_iter().map(|h| h.join().unwrap()).sum();
     assert!(renewed > 0);
+}
+
+#[test]
+fn a_dribbling_request_is_cut_off_but_an_idle_keep_alive_connection_stays() {
+    let s = Serve::start(&["--listen", "127.0.0.1:0"]);
+    let mut idle = TcpStream::connect(&s.addr).unwrap();
+    idle.set_read_timeout(Some(T)).unwrap();
+    let mut slow = TcpStream::connect(&s.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    slow.write_all(b"POST /v1/renew HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let start = Instant::now();
+    // One header byte a second: the request never completes.
+    let closed_after = loop {
+        let mut b = [0u8; 256];
+        match slow.read(&mut b) {
+            Ok(0) => break start.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break start.elapsed(),
+        }
+        if slow.write_all(b"X").is_err() {
+            break start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "the slow request was never cut off"
+        );
+    };
+    // The limit is 10 s from the first byte; far more would mean no limit.
+    assert!(closed_after >= Duration::from_secs(5), "{closed_after:?}");
+    // The idle keep-alive connection, opened before, is still served.
+    idle.write_all(&http_req("GET", "/healthz", None, ""))
+        .unwrap();
+    let mut out = Vec::new();
+    idle.read_to_end(&mut out).unwrap();
+    assert_eq!(parse_answer(&out).status, 200);
 }
