@@ -11,6 +11,7 @@ mod agent_failures;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
+mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
 mod fence_check;
