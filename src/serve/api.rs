@@ -13,7 +13,7 @@ use super::metrics::{self, Latency};
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, parse_policy};
-use crate::lease::{Outcome, RefusalReason};
+use crate::lease::{LeaseInfo, Outcome, RefusalReason};
 use crate::protocol::v1::{ErrorBody, ErrorCode};
 
 /// The request handler of `serve`.
@@ -126,7 +126,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Refused(r) => refusal(r),
         EngineError::NotFound(m) => error(ErrorCode::NotFound, &m),
         EngineError::BadRequest(m) => bad(m),
-        EngineError::NotOwner { .. } => Response::error(403, "forbidden", &msg),
+        EngineError::NotOwner { .. } => forbidden(),
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
             ..
@@ -162,8 +162,8 @@ impl Api {
         crate::engine::validate_grace(grace_ms).map_err(bad)?;
         let spec = AcquireSpec {
             task,
-            principal: String::new(),
-            max_leases: None,
+            principal: who.name.clone(),
+            max_leases: who.max_leases,
             holder,
             ttl_ms,
             policy,
@@ -185,14 +185,17 @@ impl Api {
         Ok((id, req_u64(o, "token")?))
     }
 
-    fn renew(&self, body: &[u8]) -> Result<Response, Response> {
+    fn renew(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
-        let ttl = self.engine.renew(&id, token, "").map_err(engine_error)?;
+        let ttl = self
+            .engine
+            .renew(&id, token, &who.name)
+            .map_err(engine_error)?;
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
-    fn release(&self, body: &[u8]) -> Result<Response, Response> {
+    fn release(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
         let outcome = req_str(&o, "outcome")?;
@@ -206,7 +209,9 @@ impl Api {
             Some(Value::Number(n)) if n.as_i64().is_some_and(|c| i32::try_from(c).is_ok()) => {}
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
         }
-        self.engine.release(&id, token, "").map_err(engine_error)?;
+        self.engine
+            .release(&id, token, &who.name)
+            .map_err(engine_error)?;
         Ok(Response::json(200, "{}"))
     }
 
@@ -313,8 +318,8 @@ impl Api {
         }
         let body = &req.body[..];
         let r = match ep {
-            Endpoint::Renew => self.renew(body),
-            Endpoint::Release => self.release(body),
+            Endpoint::Renew => self.renew(body, &who),
+            Endpoint::Release => self.release(body, &who),
             Endpoint::Acquire => self.acquire(body, &who),
             Endpoint::Revoke => self.revoke(body, &who),
             Endpoint::Clear => self.clear(body, &who),
@@ -345,8 +350,8 @@ impl Api {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {
-                    Ok(n) if (1..=10_000).contains(&n) => limit = n,
-                    _ => return bad("`limit` must be an integer from 1 to 10000"),
+                    Ok(n) if (1..=crate::engine::MAX_PAGE).contains(&n) => limit = n,
+                    _ => return bad("`limit` must be an integer from 1 to 1000"),
                 },
                 "after" => match percent_decode(v) {
                     Some(t) => after = Some(t),
@@ -355,27 +360,22 @@ impl Api {
                 _ => return bad(format!("unknown query parameter `{k}`")),
             }
         }
-        let mut leases: Vec<Value> = Vec::new();
-        let mut more = false;
-        for l in self.engine.leases() {
-            if after.as_deref().is_some_and(|a| l.task.as_str() <= a) || !who.covers(&l.task) {
-                continue;
-            }
-            if leases.len() == limit {
-                more = true;
-                break;
-            }
-            let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
-            if let Value::Object(m) = &mut v {
-                m.remove("lease_id");
-            }
-            leases.push(v);
-        }
+        // One engine page (bounded work under the engine lock), filtered to
+        // the caller's scope: a page may hold fewer than `limit` leases;
+        // `next_after` says where to go on.
+        let page = self.engine.leases_page(after.as_deref(), limit);
+        let leases: Vec<LeaseInfo> = page
+            .leases
+            .into_iter()
+            .filter(|l| who.covers(&l.task))
+            .map(|mut l| {
+                l.lease_id.clear();
+                l
+            })
+            .collect();
         let mut out = json!({"leases": leases});
-        if more {
-            if let Some(last) = leases.last().and_then(|l| l.get("task")).cloned() {
-                out["next_after"] = last;
-            }
+        if let Some(next) = page.next_after {
+            out["next_after"] = Value::String(next);
         }
         Response::json(200, out.to_string())
     }

@@ -927,3 +927,95 @@ fn a_dribbling_request_is_cut_off_but_an_idle_keep_alive_connection_stays() {
     idle.read_to_end(&mut out).unwrap();
     assert_eq!(parse_answer(&out).status, 200);
 }
+
+#[test]
+fn a_lease_is_renewed_and_released_only_by_the_principal_that_acquired_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[[principal]]\nname = \"batch-2\"\nrole = \"agent\"\ntoken_sha256 = \"{}\"\ntasks = [\"*\"]\n",
+        sha("agent-2")
+    );
+    let auth = roles_file(dir.path(), &extra);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ]);
+    let g = call(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        Some("agent-token"),
+        r#"{"task":"nightly-own","holder":"h","ttl_ms":60000}"#,
+    );
+    assert_eq!(g.status, 200, "{g:?}");
+    let id = g.body["lease_id"].as_str().unwrap();
+    let lref = json!({"lease_id": id, "token": g.body["token"]}).to_string();
+    let release =
+        json!({"lease_id": id, "token": g.body["token"], "outcome": "succeeded"}).to_string();
+    // Another principal, with the right lease id and token, even an operator: 403.
+    for tok in ["agent-2", "operator-token"] {
+        let a = call(&s.addr, "POST", "/v1/renew", Some(tok), &lref);
+        assert_eq!(
+            (a.status, a.body.clone()),
+            (403, json!({"error": "forbidden"})),
+            "{tok}"
+        );
+        let a = call(&s.addr, "POST", "/v1/release", Some(tok), &release);
+        assert_eq!(a.status, 403, "{tok}: {a:?}");
+    }
+    // The owner may; the listing names it.
+    assert_eq!(
+        call(&s.addr, "POST", "/v1/renew", Some("agent-token"), &lref).status,
+        200
+    );
+    let l = call(&s.addr, "GET", "/v1/leases", Some("operator-token"), "");
+    assert_eq!(l.body["leases"][0]["principal"], "batch", "{l:?}");
+    assert_eq!(
+        call(
+            &s.addr,
+            "POST",
+            "/v1/release",
+            Some("agent-token"),
+            &release
+        )
+        .status,
+        200
+    );
+}
+
+#[test]
+fn the_listing_is_paged_with_limit_and_after() {
+    let s = Serve::start(&["--listen", "127.0.0.1:0"]);
+    for i in 0..25 {
+        let body = format!(r#"{{"task":"p-{i:02}","holder":"h","ttl_ms":60000}}"#);
+        assert_eq!(
+            call(&s.addr, "POST", "/v1/acquire", None, &body).status,
+            200
+        );
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/leases?limit=10".to_string();
+    for _ in 0..10 {
+        let a = call(&s.addr, "GET", &path, None, "");
+        assert_eq!(a.status, 200, "{a:?}");
+        let page = a.body["leases"].as_array().unwrap();
+        assert!(page.len() <= 10);
+        seen.extend(page.iter().map(|l| l["task"].as_str().unwrap().to_string()));
+        match a.body["next_after"].as_str() {
+            Some(next) => path = format!("/v1/leases?limit=10&after={next}"),
+            None => break,
+        }
+    }
+    let want: Vec<String> = (0..25).map(|i| format!("p-{i:02}")).collect();
+    assert_eq!(seen, want);
+    assert_eq!(
+        call(&s.addr, "GET", "/v1/leases?limit=0", None, "").status,
+        400
+    );
+    assert_eq!(
+        call(&s.addr, "GET", "/v1/leases?color=red", None, "").status,
+        400
+    );
+}
