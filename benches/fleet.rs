@@ -1,7 +1,7 @@
 //! Fleet benchmark of `leaseagent serve` (not a test; run it yourself):
 //!
-//!     cargo bench --bench fleet                      # 10,000 agents, 10 s
-//!     FLEET_AGENTS=10000 FLEET_SECS=60 FLEET_HEARTBEAT_MS=1000 cargo bench --bench fleet
+//!     cargo bench --bench fleet                      # 10,000 agents, 10 s heartbeat, 20 s
+//!     FLEET_AGENTS=10000 FLEET_SECS=10 FLEET_HEARTBEAT_MS=1000 cargo bench --bench fleet
 //!     LEASEAGENT_BIN=target/release/leaseagent cargo bench --bench fleet
 //!
 //! FLEET_AGENTS simulated agents each open one keep-alive connection
@@ -147,14 +147,24 @@ fn peak_rss_kib(pid: u32) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// CPU seconds (user + system) the process has used so far.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 of stat (utime, stime) are 11 and 12 after the comm.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
     raise_nofile();
     let agents = env("FLEET_AGENTS", 10_000) as usize;
-    let secs = env("FLEET_SECS", 10);
-    let heartbeat = Duration::from_millis(env("FLEET_HEARTBEAT_MS", 1000));
+    let secs = env("FLEET_SECS", 20);
+    let heartbeat = Duration::from_millis(env("FLEET_HEARTBEAT_MS", 10_000));
     let ips = env("FLEET_IPS", 16).clamp(1, 250) as u8;
     let bin = std::env::var("LEASEAGENT_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_leaseagent").to_string());
@@ -245,6 +255,7 @@ fn main() {
         );
 
         // Everyone renews on a heartbeat; a probe polls /healthz.
+        let cpu0 = cpu_secs(pid);
         let start = tokio::time::Instant::now();
         let end = start + Duration::from_secs(secs);
         let n = conns.len().max(1);
@@ -297,6 +308,7 @@ fn main() {
             }
         }
         let el = start.elapsed();
+        let cpu = cpu_secs(pid) - cpu0;
         let (mut hlat, hfail) = probe.await.unwrap_or_default();
         let count = lat.len();
         let max = lat.iter().max().copied().unwrap_or_default();
@@ -306,6 +318,10 @@ fn main() {
             count as f64 / el.as_secs_f64(),
             stats.renew_not_200.load(Ordering::Relaxed),
             stats.conn_lost.load(Ordering::Relaxed)
+        );
+        println!(
+            "server CPU during the renewals: {cpu:.2} s ({:.1} µs a renewal)",
+            cpu * 1e6 / count.max(1) as f64
         );
         println!(
             "renew latency: p50 {:?} p99 {:?} p99.9 {:?} max {:?}",
@@ -319,6 +335,20 @@ fn main() {
             hlat.len(),
             pct(&mut hlat, 0.99)
         );
+        // The server's own view: time from a fully read request to its answer.
+        if let Ok(mut c) = Conn::open(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)), addr).await {
+            if let Ok((_, text)) = c.call("GET", "/metrics", "").await {
+                let line: Vec<String> = text
+                    .lines()
+                    .filter(|l| l.starts_with("leaseagent_request_duration_seconds_bucket"))
+                    .map(|l| {
+                        l.trim_start_matches("leaseagent_request_duration_seconds_bucket")
+                            .to_string()
+                    })
+                    .collect();
+                println!("server-side request durations (cumulative): {}", line.join(" "));
+            }
+        }
     });
     println!("server peak RSS: {}", peak_rss_kib(pid));
     let _ = server.kill();
