@@ -1019,3 +1019,29 @@ fn the_listing_is_paged_with_limit_and_after() {
         400
     );
 }
+
+#[test]
+fn max_leases_in_the_auth_file_caps_a_principal_at_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "[[principal]]\nname = \"small\"\nrole = \"agent\"\ntoken_sha256 = \"{}\"\ntasks = [\"*\"]\nmax_leases = 2\n",
+        sha("small-token")
+    );
+    let auth = roles_file(dir.path(), &extra);
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ]);
+    let acq = |task: &str, tok: &str| {
+        let body = format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
+        call(&s.addr, "POST", "/v1/acquire", Some(tok), &body)
+    };
+    assert_eq!(acq("c-1", "small-token").status, 200);
+    assert_eq!(acq("c-2", "small-token").status, 200);
+    let a = acq("c-3", "small-token");
+    assert_eq!(a.status, 429, "{a:?}");
+    // Another principal is not affected.
+    assert_eq!(acq("nightly-c", "agent-token").status, 200);
+}
