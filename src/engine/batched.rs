@@ -22,8 +22,9 @@
 //! - On start, every lease on record expires `ttl` after now (the protocol's
 //!   Restart rule): a live holder renews in time and keeps it, a dead one is
 //!   found within one ttl. A lease seen expired under policy hold is written
-//!   as `held` (without waiting) when first seen, so it stays
-//!   `held_for_operator` across a restart.
+//!   as `held` (without waiting) when first seen — by a request, a listing,
+//!   or the sweeper thread that walks the rows a slice at a time — so it
+//!   stays `held_for_operator` across a restart.
 //! - Tokens come from one global sequence (in memory, written with every
 //!   batch of grants), so a released task's row is dropped from memory and
 //!   deleted on disk (compaction) and its next token is still higher.
@@ -172,9 +173,11 @@ fn occupant(row: &TaskRow) -> Option<String> {
 
 /// The serve engine (shared by all request threads).
 pub struct ServeEngine {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     jobs: Sender<Job>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    sweeper: Mutex<Option<JoinHandle<()>>>,
+    stop_sweeping: Arc<AtomicBool>,
     failed: Arc<AtomicBool>,
     limits: Limits,
     pub counters: Arc<Counters>,
@@ -232,10 +235,25 @@ impl ServeEngine {
             .name("lease-writer".into())
             .spawn(move || writer_loop(conn, rx, f2, c2))
             .map_err(|_| EngineError::Unavailable("cannot start the lease writer thread"))?;
+        let state = Arc::new(Mutex::new(state));
+        let stop_sweeping = Arc::new(AtomicBool::new(false));
+        let sweep = Sweep {
+            state: state.clone(),
+            jobs: tx.clone(),
+            failed: failed.clone(),
+            counters: counters.clone(),
+            stop: stop_sweeping.clone(),
+        };
+        let sweeper = std::thread::Builder::new()
+            .name("lease-sweeper".into())
+            .spawn(move || sweep.run())
+            .map_err(|_| EngineError::Unavailable("cannot start the lease sweeper thread"))?;
         Ok(ServeEngine {
-            state: Mutex::new(state),
+            state,
             jobs: tx,
             writer: Mutex::new(Some(writer)),
+            sweeper: Mutex::new(Some(sweeper)),
+            stop_sweeping,
             failed,
             limits,
             counters,
@@ -266,29 +284,12 @@ impl ServeEngine {
     /// Counts a newly seen expiry and records a hold; call on every row
     /// touched.
     fn observe(&self, m: &mut MemRow, now: u64) {
-        if let Some(l) = &m.row.lease {
-            if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
-                m.expiry_counted = true;
-                self.counters.expiries.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        if m.row.settle(now) {
-            self.queue(&m.row, false);
-        }
+        observe(m, now, &self.jobs, &self.failed, &self.counters);
     }
 
     /// Queues a durable write of `row`; the receiver yields once it is committed.
     fn queue(&self, row: &TaskRow, wait: bool) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
-        let (ack, rx) = if wait {
-            let (t, r) = crossbeam_channel::bounded(1);
-            (Some(t), Some(r))
-        } else {
-            (None, None)
-        };
-        if self.jobs.send(Job::Write(row.clone(), ack)).is_err() {
-            self.failed.store(true, Ordering::Relaxed);
-        }
-        rx
+        queue(&self.jobs, &self.failed, row, wait)
     }
 
     fn wait(&self, rx: Option<Receiver<Result<(), Arc<StoreError>>>>) -> Result<(), EngineError> {
@@ -622,13 +623,108 @@ impl ServeEngine {
         c
     }
 
-    /// Commits whatever is queued and stops the writer.
+    /// Commits whatever is queued and stops the writer and the sweeper.
     pub fn shutdown(&self) {
+        self.stop_sweeping.store(true, Ordering::Relaxed);
+        let sweeper = self
+            .sweeper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = sweeper {
+            let _ = h.join();
+        }
         let _ = self.jobs.send(Job::Stop);
         let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
             let _ = h.join();
         }
+    }
+}
+
+impl Drop for ServeEngine {
+    fn drop(&mut self) {
+        self.stop_sweeping.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Counts a newly seen expiry of the row's lease and records a hold
+/// (queued without waiting).
+fn observe(m: &mut MemRow, now: u64, jobs: &Sender<Job>, failed: &AtomicBool, counters: &Counters) {
+    if let Some(l) = &m.row.lease {
+        if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
+            m.expiry_counted = true;
+            counters.expiries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if m.row.settle(now) {
+        queue(jobs, failed, &m.row, false);
+    }
+}
+
+/// Queues a durable write of `row`; the receiver yields once it is committed.
+fn queue(
+    jobs: &Sender<Job>,
+    failed: &AtomicBool,
+    row: &TaskRow,
+    wait: bool,
+) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
+    let (ack, rx) = if wait {
+        let (t, r) = crossbeam_channel::bounded(1);
+        (Some(t), Some(r))
+    } else {
+        (None, None)
+    };
+    if jobs.send(Job::Write(row.clone(), ack)).is_err() {
+        failed.store(true, Ordering::Relaxed);
+    }
+    rx
+}
+
+/// Walks the rows a slice at a time so that a lease expiring under policy
+/// hold is recorded as held soon after its expiry even if no request
+/// touches it (else a restart would bring it back live for one ttl), and
+/// the expiry counter is current. Each slice holds the lock for at most
+/// [`SWEEP_SLICE`] rows.
+struct Sweep {
+    state: Arc<Mutex<State>>,
+    jobs: Sender<Job>,
+    failed: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Rows looked at per slice of the sweep, and the pause between slices.
+const SWEEP_SLICE: usize = 1024;
+const SWEEP_PAUSE: Duration = Duration::from_millis(100);
+
+impl Sweep {
+    fn run(self) {
+        let mut cursor: Option<String> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(SWEEP_PAUSE);
+            cursor = self.slice(cursor.as_deref());
+        }
+    }
+
+    /// Sweeps up to [`SWEEP_SLICE`] rows after `after`; returns where to go on.
+    fn slice(&self, after: Option<&str>) -> Option<String> {
+        let now = now_ms();
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut last = None;
+        for (i, (task, m)) in st
+            .rows
+            .range_mut::<str, _>((lower, Bound::Unbounded))
+            .enumerate()
+        {
+            observe(m, now, &self.jobs, &self.failed, &self.counters);
+            if i + 1 >= SWEEP_SLICE {
+                last = Some(task.clone());
+                break;
+            }
+        }
+        last
     }
 }
 
@@ -841,6 +937,31 @@ mod tests {
         let want: Vec<String> = (0..250).map(|i| format!("t{i:03}")).collect();
         assert_eq!(seen, want);
         assert_eq!(e.leases_page(Some("t100"), 1).leases[0].task, "t101");
+        e.shutdown();
+    }
+
+    #[test]
+    fn the_sweep_records_a_hold_that_no_request_looked_at() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        e.acquire(&spec("h", "", 1000, ExpiryPolicy::Hold)).unwrap();
+        let c = Connection::open(d.path().join("s.db")).unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let held: i64 = c
+                .query_row("SELECT held FROM tasks WHERE task = 'h'", [], |r| r.get(0))
+                .unwrap();
+            if held == 1 {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "never recorded");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(900),
+            "not before expiry"
+        );
+        assert_eq!(e.counters.expiries.load(Ordering::Relaxed), 1);
         e.shutdown();
     }
 

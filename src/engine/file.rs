@@ -99,6 +99,9 @@ impl SharedEngine {
             retrying(deadline, || {
                 let _turn = turn(&gate, deadline)?;
                 store::set_modes(&conn, path)?;
+                if store::schema_current(&conn)? {
+                    return Ok(());
+                }
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .ctx("taking the write lock")?;
@@ -312,6 +315,17 @@ mod tests {
                 e.release(&g.lease_id, g.token, "", T).unwrap();
             }
         }
+        // A task whose lease was revoked with force is compacted after its
+        // next lease is released (until then the old holder hears `revoked`).
+        let g = e.acquire(&spec("c", ExpiryPolicy::Redispatch), T).unwrap();
+        e.revoke("c", true, T).unwrap();
+        let g2 = e.acquire(&spec("c", ExpiryPolicy::Redispatch), T).unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "", T),
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        ));
+        e.release(&g2.lease_id, g2.token, "", T).unwrap();
+        last = g2.token;
         let c = Connection::open(&db).unwrap();
         let rows: i64 = c
             .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))

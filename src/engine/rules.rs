@@ -125,7 +125,11 @@ pub fn new_key() -> std::io::Result<String> {
     };
     let mut b = [0u8; KEY_BYTES];
     (&*file).read_exact(&mut b)?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    Ok(b.iter()
+        .flat_map(|x| [HEX[usize::from(x >> 4)], HEX[usize::from(x & 15)]])
+        .map(char::from)
+        .collect())
 }
 
 /// The lease id: the random key, a dot, the task. The task lets a renewal
@@ -293,7 +297,9 @@ impl TaskRow {
         }
     }
 
-    /// Releases the lease `key`/`token` for its owner: the task is free at once.
+    /// Releases the lease `key`/`token` for its owner: the task is free at
+    /// once. An earlier lease's early end is forgotten too (its holder has
+    /// been superseded since), so the row is empty and can be compacted.
     pub fn release(
         &mut self,
         key: &str,
@@ -307,6 +313,7 @@ impl TaskRow {
             return Err(EngineError::Refused(RefusalReason::Expired));
         }
         self.lease = None;
+        self.ended = None;
         Ok(())
     }
 

@@ -55,6 +55,8 @@ pub enum StoreError {
         column: &'static str,
         problem: String,
     },
+    #[error("lease database: the token sequence (seq.last_token) is corrupt: it {0}")]
+    CorruptSequence(String),
     #[error("lease database: value {0} is too large to store")]
     TooLarge(u64),
     #[error("reading the boot id")]
@@ -147,6 +149,21 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         .ctx("setting synchronous=FULL")
 }
 
+/// True when the file already has this version's schema (a read: no write
+/// lock needed, so a process that opens a current file does not queue for
+/// it).
+pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
+    let n: i64 = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name IN ('principal', 'lease_key', 'held'))
+                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta'))",
+            [],
+            |r| r.get(0),
+        )
+        .ctx("reading the schema")?;
+    Ok(n == 5)
+}
+
 /// Creates the tables, adds columns missing from an older file, and starts
 /// the token sequence from the highest per-task counter.
 pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -189,11 +206,7 @@ pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
         .query_row("SELECT last_token FROM seq WHERE id = 1", [], |r| r.get(0))
         .optional()
         .ctx("reading the token sequence")?;
-    let corrupt = |problem: String| StoreError::Corrupt {
-        task: String::new(),
-        column: "seq.last_token",
-        problem,
-    };
+    let corrupt = StoreError::CorruptSequence;
     match v {
         None => Err(corrupt("is missing".into())),
         Some(Value::Integer(i)) => u64::try_from(i).map_err(|_| corrupt(format!("is {i}"))),
@@ -203,20 +216,16 @@ pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
 
 /// Records that tokens up to `token` have been issued (never lowers it).
 pub fn set_last_issued(conn: &Connection, token: u64) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
-        .and_then(|mut st| st.execute(params![to_i64(token).ok()]))
-        .ctx("writing the token sequence")
-        .and_then(|n| {
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::Corrupt {
-                    task: String::new(),
-                    column: "seq.last_token",
-                    problem: "is missing".into(),
-                })
-            }
-        })
+    let token = to_i64(token)?;
+    let n = conn
+        .prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
+        .and_then(|mut st| st.execute(params![token]))
+        .ctx("writing the token sequence")?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::CorruptSequence("is missing".into()))
+    }
 }
 
 const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
@@ -547,9 +556,16 @@ mod tests {
         set_last_issued(&c, 4).unwrap();
         assert_eq!(last_issued(&c).unwrap(), 9);
         c.execute("UPDATE seq SET last_token = -9", []).unwrap();
-        assert!(matches!(last_issued(&c), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
         c.execute("DELETE FROM seq", []).unwrap();
-        assert!(matches!(last_issued(&c), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
+        assert!(set_last_issued(&c, 10).is_err());
     }
 
     #[test]
@@ -567,7 +583,9 @@ mod tests {
         let tx = c
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .unwrap();
+        assert!(!schema_current(&tx).unwrap());
         ensure_schema(&tx).unwrap();
+        assert!(schema_current(&tx).unwrap());
         tx.commit().unwrap();
         assert_eq!(last_issued(&c).unwrap(), 41);
         assert_eq!(load(&c, "a", Expiry::RestartAt(0)).unwrap().last_token, 41);
