@@ -209,13 +209,14 @@ impl Principals {
         Principals::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
-    /// The principal a request speaks for: by bearer token first, then by
-    /// the client certificate's names.
+    /// The principal a request speaks for: by its bearer token if it sends
+    /// one (an unknown token is not excused by a certificate), else by the
+    /// client certificate's names.
     pub fn identify(&self, bearer: Option<&str>, cert_names: &[String]) -> Option<&Principal> {
         if let Some(tok) = bearer {
             let h = token_hash(tok);
             // Compare every hash fully: no early exit on the first byte.
-            let found = self.list.iter().find(|p| {
+            return self.list.iter().find(|p| {
                 p.token_sha256.is_some_and(|t| {
                     t.iter()
                         .zip(h.iter())
@@ -223,9 +224,6 @@ impl Principals {
                         == 0
                 })
             });
-            if found.is_some() {
-                return found;
-            }
         }
         self.list.iter().find(|p| {
             p.cert_name

@@ -334,6 +334,15 @@ fn mutual_tls_names_the_principal_by_certificate() {
         http_req("POST", "/v1/acquire", None, &body)
     };
     assert_eq!(tls_call(&s.addr, &w1, &acq("w1-a")).unwrap().status, 200);
+    // An unknown bearer token is not excused by a good certificate.
+    let body = r#"{"task":"w1-b","holder":"h","ttl_ms":5000}"#;
+    let a = tls_call(
+        &s.addr,
+        &w1,
+        &http_req("POST", "/v1/acquire", Some("bogus"), body),
+    )
+    .unwrap();
+    assert_eq!(a.status, 401, "{a:?}");
     let a = tls_call(&s.addr, &w1, &acq("other")).unwrap();
     assert_eq!(
         (a.status, a.body["error"].as_str()),
