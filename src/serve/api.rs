@@ -21,6 +21,7 @@ pub struct Api {
     pub engine: Arc<ServeEngine>,
     pub latency: Latency,
     pub auth: Arc<Auth>,
+    pub conns: Arc<super::http::ConnStats>,
 }
 
 type Obj = Map<String, Value>;
@@ -328,7 +329,7 @@ impl Api {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
                 headers: Vec::new(),
-                body: metrics::render(&self.engine, &self.latency).into_bytes(),
+                body: metrics::render(&self.engine, &self.latency, &self.conns).into_bytes(),
             }),
             Endpoint::Health => Ok(self.health()),
         };

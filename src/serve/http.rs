@@ -12,8 +12,9 @@
 //!   (a grant) runs on tokio's blocking pool, so the reactor never blocks.
 //! - **Per-peer and global connection limits.** A peer (IP address) past
 //!   `max_per_peer` open connections, or any connection past
-//!   `max_connections`, is still read and answered, once: `/healthz`
-//!   normally, everything else `503 overloaded`, then closed. So one client
+//!   `max_connections`, is still read and answered, once (it has 2 s to
+//!   send its request): `/healthz` normally, everything else `503
+//!   overloaded`, then closed. So one client
 //!   cannot take every slot, `/healthz` is always answered, and nobody gets
 //!   a reset instead of an answer.
 //! - **Deadlines.** `idle_timeout` between requests (longer than the
@@ -55,6 +56,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// How long a connection past a limit may wait before sending its request.
+const OVER_LIMIT_IDLE: Duration = Duration::from_secs(2);
 
 /// A complete request.
 pub struct Request {
@@ -332,11 +336,20 @@ async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, eof: bool) {
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
 }
 
+/// Connection figures for `/metrics`.
+#[derive(Default)]
+pub struct ConnStats {
+    /// Open connections.
+    pub open: AtomicU64,
+    /// Connections past a limit (answered once, then closed).
+    pub over_limit: AtomicU64,
+}
+
 /// Open connections per peer address, and in all.
 #[derive(Default)]
 struct Peers {
     by_ip: Mutex<HashMap<IpAddr, usize>>,
-    total: AtomicU64,
+    stats: Arc<ConnStats>,
 }
 
 /// A connection's slot; released on drop.
@@ -349,12 +362,15 @@ struct Slot {
 
 impl Peers {
     fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Limits) -> Slot {
-        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = self.stats.open.fetch_add(1, Ordering::Relaxed) + 1;
         let mut map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
         *n += 1;
         let over = *n > limits.max_per_peer
             || usize::try_from(total).unwrap_or(usize::MAX) > limits.max_connections;
+        if over {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        }
         Slot {
             peers: self.clone(),
             ip,
@@ -365,7 +381,7 @@ impl Peers {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.peers.total.fetch_sub(1, Ordering::Relaxed);
+        self.peers.stats.open.fetch_sub(1, Ordering::Relaxed);
         let mut map = self.peers.by_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
@@ -389,12 +405,16 @@ impl Server {
         limits: Limits,
         handler: Arc<dyn Handler>,
         tls: Option<tokio_rustls::TlsAcceptor>,
+        stats: Arc<ConnStats>,
     ) -> Self {
         Server {
             limits,
             handler,
             tls,
-            peers: Arc::default(),
+            peers: Arc::new(Peers {
+                by_ip: Mutex::default(),
+                stats,
+            }),
         }
     }
 }
@@ -702,7 +722,13 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .header_read_timeout(None)
         .serve_connection(TokioIo::new(watched), service);
     let mut conn = std::pin::pin!(conn);
-    let limits = &server.limits;
+    // A connection past a limit gets a short while to send its one
+    // request: a hog cannot pile up idle descriptors beyond its share.
+    let short = Limits {
+        idle_timeout: OVER_LIMIT_IDLE.min(server.limits.idle_timeout),
+        ..server.limits.clone()
+    };
+    let limits = if over { &short } else { &server.limits };
     let mut timer = std::pin::pin!(tokio::time::sleep_until(instant_at(state.deadline(limits))));
     let mut stop = std::pin::pin!(async move {
         let _ = shutdown.wait_for(|s| *s).await;

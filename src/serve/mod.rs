@@ -223,10 +223,12 @@ pub fn main(args: ServeArgs) -> ExitCode {
         max_per_peer: args.max_connections_per_peer.max(1),
         ..http::Limits::default()
     };
+    let conns = Arc::new(http::ConnStats::default());
     let api = Arc::new(api::Api {
         engine: engine.clone(),
         latency: metrics::Latency::default(),
         auth,
+        conns: conns.clone(),
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let db = args.db.display().to_string();
@@ -234,7 +236,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
         let listener = listen(addr)?;
         let local = listener.local_addr()?;
         eprintln!("{LISTENING}{scheme}://{local} (db {db})");
-        let server = Arc::new(http::Server::new(limits, api, tls));
+        let server = Arc::new(http::Server::new(limits, api, tls, conns));
         http::run(listener, server, stop_rx, Duration::from_secs(3)).await;
         Ok::<(), std::io::Error>(())
     });

@@ -850,8 +850,36 @@ fn idle_connections_from_one_peer_do_not_starve_another() {
     let mut out = Vec::new();
     extra.read_to_end(&mut out).unwrap();
     assert_eq!(parse_answer(&out).status, 200);
+    // /metrics shows the open connections and those past a limit.
+    let m = call(&s.addr, "GET", "/metrics", None, "");
+    let text = String::from_utf8_lossy(&{
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        c.write_all(&http_req("GET", "/metrics", None, "")).unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).unwrap();
+        out
+    })
+    .to_string();
+    assert_eq!(m.status, 200);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(value("leaseagent_connections") >= 64.0, "{text}");
+    assert!(
+        value("leaseagent_connections_over_limit_total") >= 136.0,
+        "{text}"
+    );
+    // Connections past the limit are closed soon (2 s), not kept idle.
+    let mut last = hog.into_iter().last().unwrap();
+    let mut b = [0u8; 16];
+    assert!(matches!(last.read(&mut b), Ok(0) | Err(_)));
     // Closing the hog frees its slots.
-    drop(hog);
     poll("slots freed", T, || {
         let mut c = from([127, 0, 0, 2]);
         c.write_all(&http_req("GET", "/v1/leases", None, "")).ok()?;
