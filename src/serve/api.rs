@@ -244,7 +244,7 @@ impl Api {
     }
 
     /// The principal the request speaks for, or the 401 to answer.
-    fn principal(&self, req: &Request) -> Result<Principal, Response> {
+    fn principal(&self, req: &Request) -> Result<Arc<Principal>, Response> {
         if !self.auth.enabled() {
             return Ok(Principal::anyone());
         }

@@ -78,15 +78,20 @@ pub struct Principal {
 
 impl Principal {
     /// Everything, for a server without an auth file (name "").
-    pub fn anyone() -> Self {
-        Principal {
-            name: String::new(),
-            role: Role::Operator,
-            token_sha256: None,
-            cert_name: None,
-            tasks: vec!["*".into()],
-            max_leases: None,
-        }
+    pub fn anyone() -> Arc<Self> {
+        static ANYONE: std::sync::OnceLock<Arc<Principal>> = std::sync::OnceLock::new();
+        ANYONE
+            .get_or_init(|| {
+                Arc::new(Principal {
+                    name: String::new(),
+                    role: Role::Operator,
+                    token_sha256: None,
+                    cert_name: None,
+                    tasks: vec!["*".into()],
+                    max_leases: None,
+                })
+            })
+            .clone()
     }
 
     /// The task is in this principal's scope.
@@ -145,7 +150,7 @@ pub fn token_hash(token: &str) -> [u8; 32] {
 /// The principals of one version of the auth file.
 #[derive(Debug, Default)]
 pub struct Principals {
-    list: Vec<Principal>,
+    list: Vec<Arc<Principal>>,
 }
 
 impl Principals {
@@ -160,7 +165,7 @@ impl Principals {
                     "{at}: `name` must be 1 to 128 printable characters"
                 ));
             }
-            if list.iter().any(|q: &Principal| q.name == p.name) {
+            if list.iter().any(|q: &Arc<Principal>| q.name == p.name) {
                 return Err(format!("{at}: the name is used twice"));
             }
             let token_sha256 = match &p.token_sha256 {
@@ -182,14 +187,14 @@ impl Principals {
             if p.tasks.is_empty() {
                 return Err(format!("{at}: `tasks` is empty (use [\"*\"] for all)"));
             }
-            list.push(Principal {
+            list.push(Arc::new(Principal {
                 name: p.name,
                 role: p.role,
                 token_sha256,
                 cert_name: p.cert_name,
                 tasks: p.tasks,
                 max_leases: p.max_leases,
-            });
+            }));
         }
         Ok(Principals { list })
     }
@@ -212,7 +217,7 @@ impl Principals {
     /// The principal a request speaks for: by its bearer token if it sends
     /// one (an unknown token is not excused by a certificate), else by the
     /// client certificate's names.
-    pub fn identify(&self, bearer: Option<&str>, cert_names: &[String]) -> Option<&Principal> {
+    pub fn identify(&self, bearer: Option<&str>, cert_names: &[String]) -> Option<&Arc<Principal>> {
         if let Some(tok) = bearer {
             let h = token_hash(tok);
             // Compare every hash fully: no early exit on the first byte.
