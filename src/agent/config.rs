@@ -26,8 +26,16 @@ pub struct RunConfig {
     pub expiry_grace: Duration,
     /// `None`: no wait. `Some(None)`: wait forever. `Some(Some(d))`: up to d.
     pub wait: Option<Option<Duration>>,
+    /// ρ of the deadline rule, in parts per million (`--clock-drift`).
+    pub clock_drift_ppm: u32,
+    /// `--remap-exit`: the command's own 124 and 125 become 1.
+    pub remap_exit: bool,
     pub command: Vec<OsString>,
 }
+
+/// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
+/// not drifting).
+pub const MAX_CLOCK_DRIFT_PPM: u32 = 100_000;
 
 /// The flags as parsed, before validation.
 #[derive(Clone, Debug, Default)]
@@ -41,6 +49,8 @@ pub struct RawRun {
     pub on_expiry: String,
     pub expiry_grace: Option<Duration>,
     pub wait: Option<Option<Duration>>,
+    pub clock_drift_ppm: Option<u32>,
+    pub remap_exit: bool,
     pub command: Vec<OsString>,
 }
 
@@ -67,11 +77,7 @@ impl RawRun {
             .task
             .ok_or("--task is required (or set LEASEAGENT_TASK)")?;
         validate_task(&task)?;
-        let authority = match self.authority.as_deref() {
-            None | Some("") => AuthoritySpec::default_local()
-                .map_err(|e| format!("--authority not given and {e}"))?,
-            Some(url) => AuthoritySpec::parse(url).map_err(|e| format!("--authority: {e}"))?,
-        };
+        let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
         if ttl < Duration::from_millis(1) {
             return Err("--ttl must be at least 1ms".into());
@@ -112,6 +118,14 @@ impl RawRun {
                 "no command given: usage is leaseagent [OPTIONS] -- COMMAND [ARG...]".into(),
             );
         }
+        let clock_drift_ppm = self
+            .clock_drift_ppm
+            .unwrap_or(crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM);
+        if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
+            return Err(format!(
+                "--clock-drift: {clock_drift_ppm} ppm is more than {MAX_CLOCK_DRIFT_PPM} (10%)"
+            ));
+        }
         Ok(RunConfig {
             authority,
             task,
@@ -122,8 +136,23 @@ impl RawRun {
             on_expiry,
             expiry_grace,
             wait: self.wait,
+            clock_drift_ppm,
+            remap_exit: self.remap_exit,
             command: self.command,
         })
+    }
+}
+
+impl RunConfig {
+    /// The timing the supervisor and the heartbeat work from.
+    pub fn settings(&self) -> crate::agent::machine::Settings {
+        crate::agent::machine::Settings {
+            asked_ttl: self.ttl,
+            heartbeat: self.heartbeat,
+            grace: self.grace,
+            drift_ppm: self.clock_drift_ppm,
+            remap_exit: self.remap_exit,
+        }
     }
 }
 

@@ -190,8 +190,14 @@ impl ServeEngine {
     }
 
     /// Opens the database, loads every record (each lease expiring one ttl
-    /// from now; a held one stays held) and starts the writer.
+    /// from now; a held one stays held) and starts the writer and the sweeper.
     pub fn open_with(path: &Path, limits: Limits) -> Result<Self, EngineError> {
+        Self::open_inner(path, limits, FORGET_AFTER_MS)
+    }
+
+    /// [`ServeEngine::open_with`], forgetting expired free leases
+    /// `forget_after_ms` after they became free.
+    fn open_inner(path: &Path, limits: Limits, forget_after_ms: u64) -> Result<Self, EngineError> {
         let mut conn = store::connect(path)?;
         conn.busy_timeout(Duration::from_secs(5))
             .ctx("setting the busy timeout")?;
@@ -243,6 +249,7 @@ impl ServeEngine {
             failed: failed.clone(),
             counters: counters.clone(),
             stop: stop_sweeping.clone(),
+            forget_after_ms,
         };
         let sweeper = std::thread::Builder::new()
             .name("lease-sweeper".into())
@@ -692,7 +699,14 @@ struct Sweep {
     failed: Arc<AtomicBool>,
     counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
+    forget_after_ms: u64,
 }
+
+/// How long after it became free an expired lease is kept (so that a late
+/// renewal hears `expired`); then its row is compacted like a released one
+/// (a renewal after that hears `unknown_lease`: refused all the same). This
+/// bounds the state left by holders that died without releasing.
+const FORGET_AFTER_MS: u64 = 600_000;
 
 /// Rows looked at per slice of the sweep, and the pause between slices.
 const SWEEP_SLICE: usize = 1024;
@@ -713,15 +727,34 @@ impl Sweep {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut last = None;
+        let mut forget = Vec::new();
         for (i, (task, m)) in st
             .rows
             .range_mut::<str, _>((lower, Bound::Unbounded))
             .enumerate()
         {
             observe(m, now, &self.jobs, &self.failed, &self.counters);
+            if m.row.lease.as_ref().is_some_and(|l| {
+                l.phase(now) == Phase::Free
+                    && now
+                        >= l.expires_ms
+                            .saturating_add(l.grace_ms)
+                            .saturating_add(self.forget_after_ms)
+            }) {
+                forget.push(task.clone());
+            }
             if i + 1 >= SWEEP_SLICE {
                 last = Some(task.clone());
                 break;
+            }
+        }
+        for task in forget {
+            let row = st.change(&task, |m| {
+                m.row.lease = None;
+                m.row.clone()
+            });
+            if let Some(row) = row {
+                queue(&self.jobs, &self.failed, &row, false);
             }
         }
         last
@@ -820,6 +853,40 @@ mod tests {
 
     fn open(d: &tempfile::TempDir, limits: Limits) -> ServeEngine {
         ServeEngine::open_with(&d.path().join("s.db"), limits).unwrap()
+    }
+
+    #[test]
+    fn the_sweep_forgets_a_dead_holders_lease_some_time_after_expiry() {
+        let d = tempfile::tempdir().unwrap();
+        let e = ServeEngine::open_inner(&d.path().join("s.db"), Limits::default(), 500).unwrap();
+        let g = e
+            .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        let start = std::time::Instant::now();
+        while e.state.lock().unwrap().rows.contains_key("dead") {
+            assert!(start.elapsed() < Duration::from_secs(20), "never forgotten");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(1400),
+            "not before expiry + 500 ms"
+        );
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, ""),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+        e.shutdown();
+        let c = Connection::open(d.path().join("s.db")).unwrap();
+        let rows: i64 = c
+            .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0, "compacted on disk too");
+        let e = open(&d, Limits::default());
+        let g2 = e
+            .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(g2.token > g.token);
+        e.shutdown();
     }
 
     #[test]

@@ -43,7 +43,9 @@ pub struct Lease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRow {
     pub task: String,
-    /// The highest token ever issued for the task (0: none yet).
+    /// The highest token issued for the task since its row was last
+    /// compacted (0: none). Only tells `superseded` from `unknown_lease`:
+    /// new tokens come from the global sequence, which is above it.
     pub last_token: u64,
     pub lease: Option<Lease>,
     /// The last lease that ended early (forced revoke, cleared hold) and the

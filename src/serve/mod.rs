@@ -21,36 +21,26 @@ use std::time::Duration;
 
 use crate::engine::batched::ServeEngine;
 
-/// Arguments of `leaseagent serve`.
-#[derive(clap::Args, Debug, Clone)]
+/// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
+#[derive(Debug, Clone)]
 pub struct ServeArgs {
-    /// Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port).
-    /// Anything but loopback needs --tls-cert/--tls-key and --auth-file, or --insecure-listen
-    #[arg(long, value_name = "ADDR")]
+    /// `--listen`: address to listen on; anything but loopback needs TLS and
+    /// an auth file, or `--insecure-listen`.
     pub listen: String,
-    /// SQLite database file holding tokens and leases (created if missing)
-    #[arg(long, value_name = "PATH")]
+    /// `--db`: the SQLite database file.
     pub db: PathBuf,
-    /// Serve HTTPS with this PEM certificate chain (needs --tls-key)
-    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    /// `--tls-cert`, `--tls-key`: serve HTTPS (both or neither).
     pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Require client certificates signed by these PEM CAs (mutual TLS; needs --tls-cert)
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    /// `--client-ca`: require client certificates from these CAs.
     pub client_ca: Option<PathBuf>,
-    /// The principals (TOML; re-read on SIGHUP). Without it, every client may do everything
-    #[arg(long, value_name = "FILE")]
+    /// `--auth-file`: the principals.
     pub auth_file: Option<PathBuf>,
-    /// Allow listening on a non-loopback address without TLS and an auth file
-    #[arg(long)]
+    /// `--insecure-listen`.
     pub insecure_listen: bool,
-    /// Most open connections in all; beyond this a connection gets one answer (503) and is closed
-    #[arg(long, value_name = "N", default_value_t = 16_384)]
+    /// `--max-connections`: most open connections in all.
     pub max_connections: usize,
-    /// Most open connections from one IP address; beyond this, as for --max-connections
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    /// `--max-connections-per-peer`: most open connections from one address.
     pub max_connections_per_peer: usize,
 }
 
