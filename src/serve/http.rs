@@ -24,7 +24,7 @@
 //!   `header_read_timeout` also runs while a keep-alive connection is idle,
 //!   which would close agents' pooled connections under them, so this
 //!   module keeps both deadlines itself ([`Watched`] notes the bytes,
-//!   [`drive`] owns one timer per connection).
+//!   `serve_io` owns one timer per connection).
 //! - **Strict framing.** httparse refuses a space before a header's colon;
 //!   this module also refuses `Transfer-Encoding` (411), a Content-Length
 //!   that is not plain digits (`+5`, `05`: 400), a bare LF in a request head
@@ -149,7 +149,7 @@ fn instant_at(ms: u64) -> Instant {
     base + Duration::from_millis(ms.saturating_sub(base_ms))
 }
 
-/// Per-connection bookkeeping shared by [`Watched`], the service and [`drive`].
+/// Per-connection bookkeeping shared by [`Watched`], the service and `serve_io`.
 #[derive(Default)]
 struct ConnState {
     /// When the current request's first byte arrived; 0 between requests.
@@ -774,7 +774,6 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     drop(slot);
 }
 
-/// Keeps a future alive for `drive`-style polling in tests of this module.
 #[cfg(test)]
 mod tests {
     use super::*;
