@@ -790,6 +790,38 @@ mod tests {
         assert_eq!(plain_length(&v("99999999999999999999")), None);
     }
 
+    fn scanned(chunks: &[&[u8]]) -> (bool, bool) {
+        let mut w = Watched {
+            inner: None::<tokio::io::DuplexStream>,
+            state: Arc::new(ConnState::new()),
+            prev: [0; 3],
+        };
+        for c in chunks {
+            w.scan(c);
+        }
+        let st = w.state.clone();
+        (
+            st.bare_lf.load(Ordering::Relaxed),
+            st.in_head.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn bare_lfs_are_found_in_heads_only() {
+        // CRLF heads, split anywhere: fine; the head's end is found.
+        let head: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(scanned(&[head]), (false, false));
+        assert_eq!(
+            scanned(&[&head[..16], &head[16..27], &head[27..]]),
+            (false, false)
+        );
+        // A bare LF in the head, or a head ending LF LF.
+        assert!(scanned(&[b"POST / HTTP/1.1\r\nHost: x\nContent-Length: 5\r\n\r\n"]).0);
+        assert!(scanned(&[b"GET / HTTP/1.1\n\n"]).0);
+        // A LF in the body after a proper head is not the head's business.
+        assert_eq!(scanned(&[head, b"{\n}"]), (false, false));
+    }
+
     #[test]
     fn common_name_is_found_in_a_subject() {
         // SET { SEQ { OID 2.5.4.10 (O), UTF8 "acme" } }, SET { SEQ { OID 2.5.4.3, UTF8 "w1" } }
