@@ -319,24 +319,14 @@ fn signals_before_start(
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.
 fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| std::path::PathBuf::from(d).join("leaseagent"))
-        .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("leaseagent-{}", rustix::process::getuid().as_raw()))
-        });
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&base);
-    match crate::agent::state_file::StateWriter::in_dir(&base) {
-        Ok(w) => Some(w),
+    // The runtime dir (see `sys::paths::runtime_dir`), checked: never
+    // written through if another user could have prepared it.
+    match crate::sys::paths::runtime_dir() {
+        Ok((path, fd)) => Some(crate::agent::state_file::StateWriter::in_checked_dir(
+            &path, fd,
+        )),
         Err(e) => {
-            log::warn!(
-                "no lease state file for `leaseagent check` ({}: {e})",
-                base.display()
-            );
+            log::warn!("no lease state file for `leaseagent check`: {e}");
             None
         }
     }
@@ -423,7 +413,7 @@ fn start(
     match crate::keeper::handle::spawn_keeper(
         &cfg.command,
         &env,
-        crate::sys::notify::JOB_ENV_REMOVE,
+        &crate::keeper::handle::job_env_remove(),
         tx.clone(),
     ) {
         Ok(k) => sup.set_keeper(k),

@@ -23,6 +23,7 @@ pub mod etcd;
 pub mod http;
 pub mod http_operator;
 pub mod transport;
+pub mod untrusted;
 
 use std::time::Duration;
 
@@ -248,13 +249,19 @@ impl AuthoritySpec {
     }
 }
 
-/// Opens the authority a spec names.
+/// Opens the authority a spec names, behind the checks every answer must
+/// pass ([`untrusted::Checked`]).
 pub fn open(spec: &AuthoritySpec) -> Result<Box<dyn Authority>, String> {
-    match spec {
-        AuthoritySpec::Http(base) => Ok(Box::new(http::HttpAuthority::new(base))),
-        AuthoritySpec::Etcd(endpoints) => Ok(Box::new(etcd::EtcdAuthority::new(endpoints.clone()))),
-        AuthoritySpec::Sqlite(path) => Ok(Box::new(embedded::EmbeddedAuthority::new(path.clone()))),
-    }
+    let inner: Box<dyn Authority> = match spec {
+        AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::new(base)),
+        AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::new(endpoints.clone())),
+        AuthoritySpec::Sqlite(path) => {
+            // Its directory must be this user's alone; no symlinks followed.
+            crate::sys::paths::prepare_db_file(path)?;
+            Box::new(embedded::EmbeddedAuthority::new(path.clone()))
+        }
+    };
+    Ok(Box::new(untrusted::Checked::new(inner)))
 }
 
 #[cfg(test)]

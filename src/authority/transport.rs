@@ -10,7 +10,9 @@
 //!   classifies them by its own protocol's rules;
 //! - no proxy from the environment stands between an agent and its lease
 //!   authority (a proxy's own timeouts and buffering would void the first
-//!   two points).
+//!   two points);
+//! - no redirect is ever followed: a 3xx is returned as the answer (and is
+//!   no grant), so an authority cannot send the agent to another host.
 
 use std::time::Duration;
 
@@ -22,6 +24,9 @@ pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
+        // Never follow a redirect: an authority's 3xx is its answer.
+        .max_redirects(0)
+        .max_redirects_will_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
         .max_idle_connections_per_host(2)
         .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))
