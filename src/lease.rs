@@ -212,6 +212,8 @@ impl fmt::Display for LeaseState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseInfo {
     pub task: String,
+    /// `serve` does not list lease ids (one is a capability): empty then.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub lease_id: String,
     pub token: u64,
     pub holder: String,

@@ -128,9 +128,35 @@ pub static SERVE: CommandDef = CommandDef {
             )
             .required(),
             Flag::value(
+                "tls-cert",
+                "FILE",
+                "Serve HTTPS with this PEM certificate chain (with --tls-key)",
+            ),
+            Flag::value("tls-key", "FILE", "The PEM private key of --tls-cert"),
+            Flag::value(
+                "client-ca",
+                "FILE",
+                "Require client certificates signed by these PEM CAs (mutual TLS)",
+            ),
+            Flag::value(
+                "auth-file",
+                "FILE",
+                "The principals (TOML; re-read on SIGHUP); without it, anyone may do anything",
+            ),
+            Flag::switch(
+                "insecure-listen",
+                "Allow a non-loopback --listen without TLS and an auth file",
+            ),
+            Flag::value(
                 "max-connections",
                 "N",
-                "Most open connections; beyond this, new ones get 503",
+                "Most open connections; past this, one answer (503) and closed",
+            )
+            .default_value("16384"),
+            Flag::value(
+                "max-connections-per-peer",
+                "N",
+                "Most open connections from one IP address; past this, as above",
             )
             .default_value("1024"),
         ],
@@ -139,11 +165,14 @@ pub static SERVE: CommandDef = CommandDef {
     notes: None,
     examples: "\
 Examples:
-  # the lease authority for a fleet of workers, its state in one SQLite file
-  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3
+  # the lease authority for a fleet: TLS, and principals with tokens
+  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3 \\
+    --tls-cert /etc/leaseagent/server.pem --tls-key /etc/leaseagent/server.key \\
+    --auth-file /etc/leaseagent/auth.toml
 
   # on each worker
-  leaseagent --authority http://leases.internal:7878 --task nightly-export -- ./export.sh
+  leaseagent --authority https://leases.internal:7878 --ca-file /etc/leaseagent/ca.pem \\
+    --auth-token-file /etc/leaseagent/token --task nightly-export -- ./export.sh
 
   # as a systemd service (systemd/leaseagent-serve.service)
   systemctl enable --now leaseagent-serve.service",

@@ -35,6 +35,8 @@ pub enum Command {
     Leases(crate::cmd::operator::LeasesArgs),
     Revoke(crate::cmd::operator::RevokeArgs),
     Clear(crate::cmd::operator::ClearArgs),
+    /// `leaseagent token new`: a bearer token for `serve --auth-file`.
+    TokenNew,
     /// Internal: the process-group keeper between the agent and the job.
     Keeper(Vec<OsString>),
     /// Help or version was printed, or usage was wrong: exit with this status.
@@ -65,6 +67,9 @@ fn parse_env(argv: Vec<OsString>, env: flags::Env) -> Command {
     let first = rest.first().and_then(|a| a.to_str()).unwrap_or("");
     if first == crate::keeper::KEEPER_ARG {
         return Command::Keeper(rest[1..].to_vec());
+    }
+    if first == "token" {
+        return token(&rest[1..]);
     }
     let (def, build, args): (&'static CommandDef, Build, &[OsString]) =
         match SUBCOMMANDS.iter().find(|(d, _)| d.name == first) {
@@ -123,11 +128,51 @@ fn ppm(s: &str) -> Result<u32, String> {
 }
 
 fn serve(m: &mut Matches) -> Result<Command, UsageError> {
-    Ok(Command::Serve(crate::serve::ServeArgs {
+    let path = |m: &Matches, long: &str| m.os(long).map(PathBuf::from);
+    let args = crate::serve::ServeArgs {
         listen: m.get("listen", text)?,
         db: PathBuf::from(m.get_os("db")?),
+        tls_cert: path(m, "tls-cert"),
+        tls_key: path(m, "tls-key"),
+        client_ca: path(m, "client-ca"),
+        auth_file: path(m, "auth-file"),
+        insecure_listen: m.switch("insecure-listen"),
         max_connections: m.get("max-connections", number)?,
-    }))
+        max_connections_per_peer: m.get("max-connections-per-peer", number)?,
+    };
+    if args.tls_cert.is_some() != args.tls_key.is_some() {
+        return Err(UsageError(
+            "--tls-cert and --tls-key go together: give both or neither".into(),
+        ));
+    }
+    if args.client_ca.is_some() && args.tls_cert.is_none() {
+        return Err(UsageError(
+            "--client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)".into(),
+        ));
+    }
+    Ok(Command::Serve(args))
+}
+
+const TOKEN_HELP: &str = "\
+Usage: leaseagent token new
+
+Prints a fresh random bearer token (256 bits) on stdout, and on stderr the
+`token_sha256 = \"...\"` line to paste into `leaseagent serve --auth-file`.
+
+Example:
+  leaseagent token new > agent.token 2> agent.sha
+";
+
+/// `leaseagent token new` (and its help).
+fn token(args: &[OsString]) -> Command {
+    match args.first().and_then(|a| a.to_str()) {
+        Some("new") if args.len() == 1 => Command::TokenNew,
+        Some("--help" | "-h") => print(TOKEN_HELP),
+        _ => {
+            eprintln!("leaseagent token: error: usage is `leaseagent token new`");
+            Command::Exit(crate::exit::AGENT_FAILED)
+        }
+    }
 }
 
 fn publish(m: &mut Matches) -> Result<Command, UsageError> {
@@ -399,7 +444,9 @@ mod tests {
         };
         assert_eq!(a.listen, "127.0.0.1:0");
         assert_eq!(a.db, std::path::PathBuf::from("x.db"));
-        assert_eq!(a.max_connections, 1024);
+        assert_eq!(a.max_connections, 16384);
+        assert_eq!(a.max_connections_per_peer, 1024);
+        assert!(a.tls_cert.is_none() && !a.insecure_listen);
         let argv = [
             "serve",
             "--max-connections",

@@ -43,7 +43,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::lease::{LeaseInfo, RefusalReason};
+use crate::lease::RefusalReason;
 
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
@@ -591,8 +591,9 @@ impl ServeEngine {
     }
 
     /// Every lease that matters, sorted by task, a page at a time (the lock
-    /// is let go between pages).
-    pub fn leases(&self) -> Vec<LeaseInfo> {
+    /// is let go between pages). `serve` itself lists one page per request.
+    #[cfg(test)]
+    pub fn leases(&self) -> Vec<crate::lease::LeaseInfo> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {

@@ -7,18 +7,21 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
+use super::auth::{Action, Auth, Principal};
 use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, parse_policy};
-use crate::lease::{Outcome, RefusalReason};
-use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
+use crate::lease::{LeaseInfo, Outcome, RefusalReason};
+use crate::protocol::v1::{ErrorBody, ErrorCode};
 
 /// The request handler of `serve`.
 pub struct Api {
     pub engine: Arc<ServeEngine>,
     pub latency: Latency,
+    pub auth: Arc<Auth>,
+    pub conns: Arc<super::http::ConnStats>,
 }
 
 type Obj = Map<String, Value>;
@@ -124,7 +127,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Refused(r) => refusal(r),
         EngineError::NotFound(m) => error(ErrorCode::NotFound, &m),
         EngineError::BadRequest(m) => bad(m),
-        EngineError::NotOwner { .. } => Response::error(403, "forbidden", &msg),
+        EngineError::NotOwner { .. } => forbidden(),
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
             ..
@@ -141,9 +144,12 @@ fn engine_error(e: EngineError) -> Response {
 }
 
 impl Api {
-    fn acquire(&self, body: &[u8]) -> Result<Response, Response> {
+    fn acquire(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let holder = req_str(&o, "holder")?.to_string();
         crate::engine::validate_holder(&holder).map_err(bad)?;
         let ttl_ms = req_u64(&o, "ttl_ms")?;
@@ -157,8 +163,8 @@ impl Api {
         crate::engine::validate_grace(grace_ms).map_err(bad)?;
         let spec = AcquireSpec {
             task,
-            principal: String::new(),
-            max_leases: None,
+            principal: who.name.clone(),
+            max_leases: who.max_leases,
             holder,
             ttl_ms,
             policy,
@@ -180,14 +186,17 @@ impl Api {
         Ok((id, req_u64(o, "token")?))
     }
 
-    fn renew(&self, body: &[u8]) -> Result<Response, Response> {
+    fn renew(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
-        let ttl = self.engine.renew(&id, token, "").map_err(engine_error)?;
+        let ttl = self
+            .engine
+            .renew(&id, token, &who.name)
+            .map_err(engine_error)?;
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
-    fn release(&self, body: &[u8]) -> Result<Response, Response> {
+    fn release(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
         let outcome = req_str(&o, "outcome")?;
@@ -201,13 +210,18 @@ impl Api {
             Some(Value::Number(n)) if n.as_i64().is_some_and(|c| i32::try_from(c).is_ok()) => {}
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
         }
-        self.engine.release(&id, token, "").map_err(engine_error)?;
+        self.engine
+            .release(&id, token, &who.name)
+            .map_err(engine_error)?;
         Ok(Response::json(200, "{}"))
     }
 
-    fn revoke(&self, body: &[u8]) -> Result<Response, Response> {
+    fn revoke(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let force = opt_bool(&o, "force")?;
         let token = self.engine.revoke(&task, force).map_err(engine_error)?;
         Ok(Response::json(
@@ -216,9 +230,12 @@ impl Api {
         ))
     }
 
-    fn clear(&self, body: &[u8]) -> Result<Response, Response> {
+    fn clear(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
         let task = task(&o)?;
+        if !who.covers(&task) {
+            return Err(forbidden());
+        }
         let token = self.engine.clear(&task).map_err(engine_error)?;
         Ok(Response::json(
             200,
@@ -226,48 +243,183 @@ impl Api {
         ))
     }
 
-    fn route(&self, req: &Request) -> Response {
-        let post = |f: fn(&Api, &[u8]) -> Result<Response, Response>| {
-            if req.method == "POST" {
-                f(self, &req.body).unwrap_or_else(|r| r)
-            } else {
-                not_allowed(&req.method, &req.path)
+    /// The principal the request speaks for, or the 401 to answer.
+    fn principal(&self, req: &Request) -> Result<Arc<Principal>, Response> {
+        if !self.auth.enabled() {
+            return Ok(Principal::anyone());
+        }
+        let principals = self.auth.current();
+        match principals.identify(req.bearer.as_deref(), &req.cert_names) {
+            Some(p) => Ok(p.clone()),
+            None => {
+                let mut r = Response::json(401, "{\"error\":\"unauthenticated\"}");
+                r.headers.push(("www-authenticate", "Bearer".to_string()));
+                Err(r)
             }
-        };
-        let get = |f: &dyn Fn() -> Response| {
-            if req.method == "GET" || req.method == "HEAD" {
-                f()
-            } else {
-                not_allowed(&req.method, &req.path)
-            }
-        };
-        match req.path.as_str() {
-            "/v1/renew" => post(Api::renew),
-            "/v1/acquire" => post(Api::acquire),
-            "/v1/release" => post(Api::release),
-            "/v1/revoke" => post(Api::revoke),
-            "/v1/clear" => post(Api::clear),
-            "/v1/leases" => get(&|| {
-                let body = LeasesBody {
-                    leases: self.engine.leases(),
-                };
-                Response::json(200, serde_json::to_vec(&body).unwrap_or_default())
-            }),
-            "/healthz" => get(&|| {
-                if self.engine.healthy() {
-                    Response::json(200, "{\"ok\":true}")
-                } else {
-                    error(ErrorCode::Unavailable, "the lease database failed a commit")
-                }
-            }),
-            "/metrics" => get(&|| Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                body: metrics::render(&self.engine, &self.latency).into_bytes(),
-            }),
-            p => error(ErrorCode::NotFound, &format!("no such endpoint: {p}")),
         }
     }
+
+    /// The endpoint, its method, and what it needs; `Err` is 404/405.
+    fn endpoint(req: &Request) -> Result<(Endpoint, Action), Response> {
+        let (e, a, m) = match req.path.as_str() {
+            "/v1/renew" => (Endpoint::Renew, Action::Hold, "POST"),
+            "/v1/acquire" => (Endpoint::Acquire, Action::Hold, "POST"),
+            "/v1/release" => (Endpoint::Release, Action::Hold, "POST"),
+            "/v1/revoke" => (Endpoint::Revoke, Action::Operate, "POST"),
+            "/v1/clear" => (Endpoint::Clear, Action::Operate, "POST"),
+            "/v1/leases" => (Endpoint::Leases, Action::Read, "GET"),
+            "/metrics" => (Endpoint::Metrics, Action::Read, "GET"),
+            "/healthz" => (Endpoint::Health, Action::Read, "GET"),
+            p => {
+                return Err(Response::error(
+                    404,
+                    "not_found",
+                    &format!("no such endpoint: {p}"),
+                ));
+            }
+        };
+        let ok = req.method == m || (m == "GET" && req.method == "HEAD");
+        if !ok {
+            return Err(not_allowed(&req.method, &req.path));
+        }
+        Ok((e, a))
+    }
+
+    fn health(&self) -> Response {
+        if self.engine.healthy() {
+            Response::json(200, "{\"ok\":true}")
+        } else {
+            Response::error(503, "unavailable", "the lease database failed a commit")
+        }
+    }
+
+    /// Routes a request; `blocking` says whether this call may wait
+    /// (`None`: this request must go to a blocking thread).
+    fn route(&self, req: &Request, blocking: bool) -> Option<Response> {
+        if req.path == "/healthz" {
+            return Some(match Self::endpoint(req) {
+                Ok(_) => self.health(),
+                Err(r) => r,
+            });
+        }
+        let who = match self.principal(req) {
+            Ok(p) => p,
+            Err(r) => return Some(r),
+        };
+        let (ep, action) = match Self::endpoint(req) {
+            Ok(x) => x,
+            Err(r) => return Some(r),
+        };
+        if !who.role.may(action) {
+            return Some(forbidden());
+        }
+        let quick = matches!(ep, Endpoint::Renew | Endpoint::Release);
+        if !quick && !blocking {
+            return None;
+        }
+        let body = &req.body[..];
+        let r = match ep {
+            Endpoint::Renew => self.renew(body, &who),
+            Endpoint::Release => self.release(body, &who),
+            Endpoint::Acquire => self.acquire(body, &who),
+            Endpoint::Revoke => self.revoke(body, &who),
+            Endpoint::Clear => self.clear(body, &who),
+            Endpoint::Leases => Ok(self.list(req, &who)),
+            Endpoint::Metrics => Ok(Response {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                headers: Vec::new(),
+                body: metrics::render(&self.engine, &self.latency, &self.conns).into_bytes(),
+            }),
+            Endpoint::Health => Ok(self.health()),
+        };
+        Some(r.unwrap_or_else(|r| r))
+    }
+
+    /// `GET /v1/leases[?limit=N&after=TASK]`: the leases in the caller's
+    /// scope, sorted by task, without lease ids.
+    fn list(&self, req: &Request, who: &Principal) -> Response {
+        let mut limit: usize = 1000;
+        let mut after: Option<String> = None;
+        for pair in req
+            .query
+            .as_deref()
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "limit" => match v.parse::<usize>() {
+                    Ok(n) if (1..=crate::engine::MAX_PAGE).contains(&n) => limit = n,
+                    _ => return bad("`limit` must be an integer from 1 to 1000"),
+                },
+                "after" => match percent_decode(v) {
+                    Some(t) => after = Some(t),
+                    None => return bad("`after` is not valid percent-encoded UTF-8"),
+                },
+                _ => return bad(format!("unknown query parameter `{k}`")),
+            }
+        }
+        // One engine page (bounded work under the engine lock), filtered to
+        // the caller's scope: a page may hold fewer than `limit` leases;
+        // `next_after` says where to go on.
+        let page = self.engine.leases_page(after.as_deref(), limit);
+        let leases: Vec<LeaseInfo> = page
+            .leases
+            .into_iter()
+            .filter(|l| who.covers(&l.task))
+            .map(|mut l| {
+                l.lease_id.clear();
+                l
+            })
+            .collect();
+        let mut out = json!({"leases": leases});
+        if let Some(next) = page.next_after {
+            out["next_after"] = Value::String(next);
+        }
+        Response::json(200, out.to_string())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Endpoint {
+    Renew,
+    Acquire,
+    Release,
+    Revoke,
+    Clear,
+    Leases,
+    Metrics,
+    Health,
+}
+
+fn forbidden() -> Response {
+    Response::json(403, "{\"error\":\"forbidden\"}")
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn not_allowed(method: &str, path: &str) -> Response {
@@ -278,9 +430,18 @@ fn not_allowed(method: &str, path: &str) -> Response {
 }
 
 impl Handler for Api {
+    fn quick(&self, req: &Request) -> Option<Response> {
+        let start = Instant::now();
+        let resp = self.route(req, false)?;
+        self.latency.observe(start.elapsed());
+        Some(resp)
+    }
+
     fn handle(&self, req: &Request) -> Response {
         let start = Instant::now();
-        let resp = self.route(req);
+        let resp = self
+            .route(req, true)
+            .unwrap_or_else(|| Response::error(500, "internal", "unrouted request"));
         self.latency.observe(start.elapsed());
         resp
     }

@@ -1,47 +1,84 @@
-//! A small HTTP/1.1 server for the lease protocol: just what `serve` needs,
-//! with the robustness properties it must have and nothing else.
+//! The HTTP/1.1 (and HTTPS) front of `serve`: hyper 1 on a tokio runtime,
+//! rustls for TLS. This module is the only place that knows HTTP; [`Handler`]
+//! sees complete, validated requests.
 //!
-//! Why not tiny_http: it has no read timeouts (a client that sends half a
-//! request holds its thread forever) and its throughput on two cores is well
-//! below the renewal target. This module is the only place that knows HTTP.
-//!
-//! - **Bounded.** One thread per open connection, at most
-//!   `max_connections` of them; a connection beyond that is answered 503 and
-//!   closed by the acceptor at once. Keep-alive clients keep their thread,
-//!   which is what makes a renewal cheap (no handshake, no hand-off).
-//! - **Stalled clients cannot delay others.** Each connection has its own
-//!   thread, so a client that stalls only stalls itself; its socket reads
-//!   wake every [`POLL`] to check two deadlines: `idle_timeout` between
-//!   requests, and `request_timeout` from the first byte of a request to its
-//!   last (a slowloris dribbling one byte a second is cut off there, 408).
-//! - **Bounded input.** Heads over `max_head` bytes get 431, bodies over
-//!   `max_body` get 413 (before the body is read), chunked bodies 411; all
-//!   close the connection.
-//! - **Shutdown.** The acceptor stops when the shutdown flag is set and it
-//!   is woken (the caller connects to the listener once); idle connections
-//!   notice within [`POLL`], busy ones after their current answer.
+//! Why this shape:
+//! - **A connection costs a task, not a thread.** Every agent keeps one
+//!   keep-alive connection open between heartbeats, so a fleet of 10,000
+//!   agents is 10,000 idle sockets; each is a few KiB here.
+//! - **Answers from memory stay on the reactor, waits go elsewhere.**
+//!   [`Handler::quick`] answers what needs no waiting (renewals, health,
+//!   metrics, refusals); anything that may wait for the database's fsync
+//!   (a grant) runs on tokio's blocking pool, so the reactor never blocks.
+//! - **Per-peer and global connection limits.** A peer (IP address) past
+//!   `max_per_peer` open connections, or any connection past
+//!   `max_connections`, is still read and answered, once (it has 2 s to
+//!   send its request): `/healthz` normally, everything else `503
+//!   overloaded`, then closed. So one client
+//!   cannot take every slot, `/healthz` is always answered, and nobody gets
+//!   a reset instead of an answer.
+//! - **Deadlines.** `idle_timeout` between requests (longer than the
+//!   agents' 15 s connection pool, so the client closes first), and
+//!   `request_timeout` from a request's first byte to its last body byte
+//!   (a slowloris dribbling bytes is cut off there). Hyper's own
+//!   `header_read_timeout` also runs while a keep-alive connection is idle,
+//!   which would close agents' pooled connections under them, so this
+//!   module keeps both deadlines itself ([`Watched`] notes the bytes,
+//!   `serve_io` owns one timer per connection).
+//! - **Strict framing.** httparse refuses a space before a header's colon;
+//!   this module also refuses `Transfer-Encoding` (411), a Content-Length
+//!   that is not plain digits (`+5`, `05`: 400), a bare LF in a request head
+//!   (400), heads over `max_head` (431) and bodies over `max_body` (413,
+//!   before reading them). Each of those answers carries `Connection:
+//!   close`; the socket is then closed cleanly: write side shut, unread
+//!   input drained briefly, so the client reads the answer, not a reset.
+//!   The bare-LF check covers each request head read on its own; bytes of
+//!   a pipelined request that arrive in the same read as the previous body
+//!   are not checked (agents do not pipeline).
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
-/// How often a blocked read wakes to check its deadlines and shutdown.
-pub const POLL: Duration = Duration::from_millis(200);
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How long a connection past a limit may wait before sending its request.
+const OVER_LIMIT_IDLE: Duration = Duration::from_secs(2);
 
 /// A complete request.
 pub struct Request {
     pub method: String,
     /// The path, without any query string.
     pub path: String,
-    pub body: Vec<u8>,
+    /// The query string (after `?`), if any.
+    pub query: Option<String>,
+    /// The bearer token of `Authorization: Bearer …`, if any.
+    pub bearer: Option<String>,
+    /// The verified client certificate's names (DNS SANs, then CN), with mutual TLS.
+    pub cert_names: Arc<Vec<String>>,
+    pub body: Bytes,
 }
 
 /// An answer.
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
+    pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
 }
 
@@ -50,6 +87,7 @@ impl Response {
         Response {
             status,
             content_type: "application/json",
+            headers: Vec::new(),
             body: body.into(),
         }
     }
@@ -67,333 +105,731 @@ impl Response {
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_connections: usize,
+    pub max_per_peer: usize,
     pub max_head: usize,
     pub max_body: usize,
     pub request_timeout: Duration,
     pub idle_timeout: Duration,
-    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_connections: 1024,
+            max_connections: 16_384,
+            max_per_peer: 1024,
             max_head: 16 * 1024,
             max_body: 64 * 1024,
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
-            write_timeout: Duration::from_secs(10),
         }
     }
 }
 
-/// Answers requests; called concurrently from connection threads.
+/// Answers requests.
 pub trait Handler: Send + Sync + 'static {
+    /// Answers at once if that needs no waiting (called on the reactor);
+    /// `None` sends the request to [`Handler::handle`] on a blocking thread.
+    fn quick(&self, req: &Request) -> Option<Response>;
+    /// Answers a request that may block (e.g. on a commit).
     fn handle(&self, req: &Request) -> Response;
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        411 => "Length Required",
-        413 => "Content Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
+/// Milliseconds since the server started (never 0, so 0 can mean "none").
+fn now_ms() -> u64 {
+    static BASE: OnceLock<std::time::Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    u64::try_from(base.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+fn instant_at(ms: u64) -> Instant {
+    static BASE: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (base, base_ms) = *BASE.get_or_init(|| (Instant::now(), now_ms()));
+    base + Duration::from_millis(ms.saturating_sub(base_ms))
+}
+
+/// Per-connection bookkeeping shared by [`Watched`], the service and `serve_io`.
+#[derive(Default)]
+struct ConnState {
+    /// When the current request's first byte arrived; 0 between requests.
+    started_ms: AtomicU64,
+    /// Last time a request completed (or the connection opened).
+    last_ms: AtomicU64,
+    /// A bare LF was seen in a request head.
+    bare_lf: AtomicBool,
+    /// The reader is inside a request head (scanning for bare LFs).
+    in_head: AtomicBool,
+    /// The peer closed its side.
+    eof: AtomicBool,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        let s = ConnState::default();
+        s.last_ms.store(now_ms(), Ordering::Relaxed);
+        s.in_head.store(true, Ordering::Relaxed);
+        s
+    }
+
+    fn deadline(&self, limits: &Limits) -> u64 {
+        let started = self.started_ms.load(Ordering::Relaxed);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if started != 0 {
+            started.saturating_add(ms(limits.request_timeout))
+        } else {
+            self.last_ms
+                .load(Ordering::Relaxed)
+                .saturating_add(ms(limits.idle_timeout))
+        }
+    }
+
+    /// The request is fully read: the next bytes start a new head.
+    fn request_read(&self) {
+        self.last_ms.store(now_ms(), Ordering::Relaxed);
+        self.started_ms.store(0, Ordering::Relaxed);
+        self.in_head.store(true, Ordering::Relaxed);
+    }
+
+    fn answered(&self) {
+        self.last_ms.store(now_ms(), Ordering::Relaxed);
     }
 }
 
-fn write_response(stream: &mut TcpStream, resp: &Response, close: bool) -> std::io::Result<()> {
-    let mut out = Vec::with_capacity(128 + resp.body.len());
-    let _ = write!(
-        out,
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}\r\n",
-        resp.status,
-        reason(resp.status),
-        resp.content_type,
-        resp.body.len(),
-        if close { "Connection: close\r\n" } else { "" }
-    );
-    out.extend_from_slice(&resp.body);
-    stream.write_all(&out)
+/// The connection's byte stream, noting arrivals for the deadlines and
+/// scanning request heads for bare LFs. Dropping it closes the socket
+/// cleanly (see [`linger_close`]).
+struct Watched<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
+    inner: Option<S>,
+    state: Arc<ConnState>,
+    /// The last bytes of the head seen so far (for CRLF CRLF and bare LF).
+    prev: [u8; 3],
 }
 
-/// Accepts connections until `shutdown` is set (and the acceptor is woken by
-/// a connection), then waits up to `drain` for open connections to finish.
-pub fn run(
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Watched<S> {
+    fn scan(&mut self, data: &[u8]) {
+        let st = &self.state;
+        if data.is_empty() {
+            return;
+        }
+        if st.started_ms.load(Ordering::Relaxed) == 0 {
+            st.started_ms.store(now_ms(), Ordering::Relaxed);
+        }
+        if !st.in_head.load(Ordering::Relaxed) {
+            return;
+        }
+        for &b in data {
+            if b == b'\n' && self.prev[2] != b'\r' {
+                st.bare_lf.store(true, Ordering::Relaxed);
+            }
+            self.prev = [self.prev[1], self.prev[2], b];
+            if b == b'\n' && self.prev == [b'\n', b'\r', b'\n'] {
+                // CRLF CRLF: the head ends here.
+                st.in_head.store(false, Ordering::Relaxed);
+                self.prev = [0; 3];
+                return;
+            }
+        }
+    }
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "connection closed")
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(Err(gone()));
+        };
+        let r = Pin::new(inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r {
+            let new = &buf.filled()[before..];
+            if new.is_empty() {
+                self.state.eof.store(true, Ordering::Relaxed);
+            } else {
+                self.scan(new);
+            }
+        }
+        r
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_write(cx, buf),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The clean close happens on drop (write side shut, input drained);
+        // here only flush, so hyper's own shutdown does not skip the drain.
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.inner.as_mut() {
+            Some(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Watched<S> {
+    fn drop(&mut self) {
+        if let Some(s) = self.inner.take() {
+            let eof = self.state.eof.load(Ordering::Relaxed);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(linger_close(s, eof));
+            }
+        }
+    }
+}
+
+/// Closes without resetting: shut our write side (TLS: close_notify), then
+/// discard input for a bounded time and amount, so a client still sending
+/// a body we refused reads our answer instead of a reset.
+async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, eof: bool) {
+    let _ = tokio::time::timeout(Duration::from_millis(500), s.shutdown()).await;
+    if eof {
+        return;
+    }
+    let drain = async {
+        let mut left: usize = 1 << 20;
+        let mut scratch = vec![0u8; 16 * 1024];
+        while left > 0 {
+            match s.read(&mut scratch).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+}
+
+/// Connection figures for `/metrics`.
+#[derive(Default)]
+pub struct ConnStats {
+    /// Open connections.
+    pub open: AtomicU64,
+    /// Connections past a limit (answered once, then closed).
+    pub over_limit: AtomicU64,
+}
+
+/// Open connections per peer address, and in all.
+#[derive(Default)]
+struct Peers {
+    by_ip: Mutex<HashMap<IpAddr, usize>>,
+    stats: Arc<ConnStats>,
+}
+
+/// A connection's slot; released on drop.
+struct Slot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+    /// Past a limit: answer one request (503 except `/healthz`), then close.
+    over: bool,
+}
+
+impl Peers {
+    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Limits) -> Slot {
+        let total = self.stats.open.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(ip).or_insert(0);
+        *n += 1;
+        let over = *n > limits.max_per_peer
+            || usize::try_from(total).unwrap_or(usize::MAX) > limits.max_connections;
+        if over {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        }
+        Slot {
+            peers: self.clone(),
+            ip,
+            over,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.peers.stats.open.fetch_sub(1, Ordering::Relaxed);
+        let mut map = self.peers.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Everything a connection needs.
+pub struct Server {
+    pub limits: Limits,
+    pub handler: Arc<dyn Handler>,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    peers: Arc<Peers>,
+}
+
+impl Server {
+    pub fn new(
+        limits: Limits,
+        handler: Arc<dyn Handler>,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        stats: Arc<ConnStats>,
+    ) -> Self {
+        Server {
+            limits,
+            handler,
+            tls,
+            peers: Arc::new(Peers {
+                by_ip: Mutex::default(),
+                stats,
+            }),
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` turns true, then asks open
+/// connections to finish their current request and waits up to `drain`.
+pub async fn run(
     listener: TcpListener,
-    limits: Limits,
-    handler: Arc<dyn Handler>,
-    shutdown: Arc<AtomicBool>,
+    server: Arc<Server>,
+    mut shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        if shutdown.load(Ordering::SeqCst) {
-            break;
-        }
-        let mut stream = match stream {
-            Ok(s) => s,
+    let tasks = tokio_util_lite::TaskCount::default();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 log::warn!("accept: {e}");
                 // Out of descriptors: give connections a moment to close.
-                std::thread::sleep(Duration::from_millis(10));
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
-        if active.load(Ordering::SeqCst) >= limits.max_connections {
-            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-            let _ = write_response(
-                &mut stream,
-                &Response::error(503, "overloaded", "too many open connections"),
-                true,
-            );
-            continue;
+        let slot = server.peers.admit(peer.ip(), &server.limits);
+        let guard = tasks.enter();
+        let (srv, sd) = (server.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            connection(tcp, peer, slot, srv, sd).await;
+            drop(guard);
+        });
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(drain, tasks.idle()).await;
+}
+
+/// Counting open connection tasks, to wait for them at shutdown.
+mod tokio_util_lite {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::Notify;
+
+    #[derive(Default, Clone)]
+    pub struct TaskCount(Arc<(AtomicUsize, Notify)>);
+
+    pub struct Guard(Arc<(AtomicUsize, Notify)>);
+
+    impl TaskCount {
+        pub fn enter(&self) -> Guard {
+            self.0.0.fetch_add(1, Ordering::SeqCst);
+            Guard(self.0.clone())
         }
-        active.fetch_add(1, Ordering::SeqCst);
-        let (h, l, s, a) = (
-            handler.clone(),
-            limits.clone(),
-            shutdown.clone(),
-            active.clone(),
+
+        pub async fn idle(&self) {
+            loop {
+                let notified = self.0.1.notified();
+                if self.0.0.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        }
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            if self.0.0.fetch_sub(1, Ordering::SeqCst) == 1 {
+                self.0.1.notify_waiters();
+            }
+        }
+    }
+}
+
+/// The names of a verified client certificate: DNS SANs, then the subject CN.
+fn cert_names(der: &rustls_pki_types::CertificateDer<'_>) -> Vec<String> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = cert.valid_dns_names().map(str::to_string).collect();
+    if let Some(cn) = common_name(cert.subject()) {
+        names.push(cn);
+    }
+    names
+}
+
+/// Reads one DER TLV: (tag, contents, rest).
+fn der_tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&l0, mut b) = b.split_first()?;
+    let len = if l0 < 0x80 {
+        usize::from(l0)
+    } else {
+        let n = usize::from(l0 & 0x7f);
+        if n == 0 || n > 4 || b.len() < n {
+            return None;
+        }
+        let mut len = 0usize;
+        for &x in &b[..n] {
+            len = (len << 8) | usize::from(x);
+        }
+        b = &b[n..];
+        len
+    };
+    if b.len() < len {
+        return None;
+    }
+    Some((tag, &b[..len], &b[len..]))
+}
+
+/// The subject's commonName (OID 2.5.4.3), from the Name's contents
+/// (a sequence of SETs of SEQUENCE { OID, value }).
+fn common_name(mut name: &[u8]) -> Option<String> {
+    const CN: &[u8] = &[0x55, 0x04, 0x03];
+    while let Some((_, set, rest)) = der_tlv(name) {
+        name = rest;
+        let mut set = set;
+        while let Some((_, atv, rest)) = der_tlv(set) {
+            set = rest;
+            let (tag, oid, value) = der_tlv(atv)?;
+            if tag == 0x06 && oid == CN {
+                let (_, v, _) = der_tlv(value)?;
+                return std::str::from_utf8(v).ok().map(str::to_string);
+            }
+        }
+    }
+    None
+}
+
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    server: Arc<Server>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    match &server.tls {
+        None => serve_io(tcp, Arc::new(Vec::new()), slot, server, shutdown).await,
+        Some(acceptor) => {
+            let hs = tokio::time::timeout(server.limits.request_timeout, acceptor.accept(tcp));
+            let tls = match hs.await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    log::debug!("TLS handshake with {peer}: {e}");
+                    return;
+                }
+                Err(_) => {
+                    log::debug!("TLS handshake with {peer}: timed out");
+                    return;
+                }
+            };
+            let names = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(cert_names)
+                .unwrap_or_default();
+            serve_io(tls, Arc::new(names), slot, server, shutdown).await;
+        }
+    }
+}
+
+type Body = Full<Bytes>;
+
+fn to_hyper(resp: Response, close: bool) -> hyper::Response<Body> {
+    let mut r = hyper::Response::new(Full::new(Bytes::from(resp.body)));
+    *r.status_mut() = hyper::StatusCode::from_u16(resp.status)
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(resp.content_type));
+    for (name, value) in resp.headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    if close {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
+/// A Content-Length value as RFC 9110 writes it: digits only, no sign, no
+/// leading zero (except "0" itself).
+fn plain_length(v: &HeaderValue) -> Option<u64> {
+    let b = v.as_bytes();
+    if b.is_empty()
+        || b.len() > 19
+        || !b.iter().all(u8::is_ascii_digit)
+        || (b.len() > 1 && b[0] == b'0')
+    {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+async fn serve_request(
+    req: hyper::Request<Incoming>,
+    server: Arc<Server>,
+    state: Arc<ConnState>,
+    names: Arc<Vec<String>>,
+    over: bool,
+) -> Result<hyper::Response<Body>, Infallible> {
+    let refuse =
+        |status: u16, code: &str, msg: &str| Ok(to_hyper(Response::error(status, code, msg), true));
+    if state.bare_lf.load(Ordering::Relaxed) {
+        return refuse(
+            400,
+            "bad_request",
+            "a bare LF in the request head: lines end with CRLF",
         );
-        let spawned = std::thread::Builder::new()
-            .name("http-conn".into())
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                connection(stream, &*h, &l, &s);
-                a.fetch_sub(1, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            log::warn!("cannot start a connection thread: {e}");
-            active.fetch_sub(1, Ordering::SeqCst);
+    }
+    if req.headers().contains_key(TRANSFER_ENCODING) {
+        return refuse(
+            411,
+            "length_required",
+            "Transfer-Encoding is not supported: send Content-Length",
+        );
+    }
+    let mut length: Option<u64> = None;
+    for v in req.headers().get_all(CONTENT_LENGTH) {
+        match plain_length(v) {
+            Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
+            _ => return refuse(400, "bad_request", "malformed Content-Length"),
         }
     }
-    let deadline = Instant::now() + drain;
-    while active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
-}
-
-enum ReadOutcome {
-    Data,
-    Closed,
-    Timeout,
-}
-
-/// One read into `buf`, retrying on the poll wake-ups until `deadline`
-/// (or until shutdown when `idle` is set and nothing has arrived).
-fn read_more(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    deadline: Instant,
-    idle: bool,
-    shutdown: &AtomicBool,
-) -> ReadOutcome {
-    let mut scratch = [0u8; 16 * 1024];
-    loop {
-        if Instant::now() >= deadline || (idle && shutdown.load(Ordering::Relaxed)) {
-            return ReadOutcome::Timeout;
-        }
-        match stream.read(&mut scratch) {
-            Ok(0) => return ReadOutcome::Closed,
-            Ok(n) => {
-                buf.extend_from_slice(&scratch[..n]);
-                return ReadOutcome::Data;
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return ReadOutcome::Closed,
-        }
-    }
-}
-
-struct Head {
-    method: String,
-    path: String,
-    content_length: usize,
-    keep_alive: bool,
-}
-
-/// Parses a request head; `Err` is the response to send before closing.
-fn parse_head(head: &[u8], limits: &Limits) -> Result<Head, Response> {
-    let bad = |m: &str| Response::error(400, "bad_request", m);
-    let text = std::str::from_utf8(head).map_err(|_| bad("request head is not UTF-8"))?;
-    let mut lines = text.split("\r\n");
-    let line = lines.next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(bad("malformed request line"));
-    };
-    let http11 = match version {
-        "HTTP/1.1" => true,
-        "HTTP/1.0" => false,
-        _ => return Err(bad("unsupported HTTP version")),
-    };
-    let mut keep_alive = http11;
-    let mut content_length: Option<usize> = None;
-    for h in lines.filter(|l| !l.is_empty()) {
-        let Some((name, value)) = h.split_once(':') else {
-            return Err(bad("malformed header line"));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n: usize = value.parse().map_err(|_| bad("malformed Content-Length"))?;
-            if content_length.is_some_and(|c| c != n) {
-                return Err(bad("conflicting Content-Length headers"));
-            }
-            content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(Response::error(
-                411,
-                "length_required",
-                "chunked request bodies are not supported: send Content-Length",
-            ));
-        } else if name.eq_ignore_ascii_case("connection") {
-            let v = value.to_ascii_lowercase();
-            if v.contains("close") {
-                keep_alive = false;
-            } else if v.contains("keep-alive") {
-                keep_alive = true;
-            }
-        }
-    }
-    let content_length = content_length.unwrap_or(0);
-    if content_length > limits.max_body {
-        return Err(Response::error(
+    let max_body = server.limits.max_body;
+    if length.is_some_and(|n| n > max_body as u64) {
+        return refuse(
             413,
             "too_large",
-            &format!("request body over {} bytes", limits.max_body),
-        ));
+            &format!("request body over {max_body} bytes"),
+        );
     }
-    let path = target.split('?').next().unwrap_or("").to_string();
-    Ok(Head {
-        method: method.to_string(),
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().map(str::to_string);
+    let bearer = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| rest.trim().to_string())
+        });
+    let body = match Limited::new(req.into_body(), max_body).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => return refuse(400, "bad_request", "the request body could not be read"),
+    };
+    state.request_read();
+    let request = Request {
+        method,
         path,
-        content_length,
-        keep_alive,
-    })
-}
-
-/// Sends a final answer and closes without resetting the connection: the
-/// client may still be sending a body we refused (413), and closing with
-/// unread input would make the kernel send RST, losing our answer. So: shut
-/// our side, then discard input for a bounded time and amount.
-fn answer_and_close(stream: &mut TcpStream, resp: &Response) {
-    if write_response(stream, resp, true).is_err() {
-        return;
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut left: usize = 1 << 20;
-    let mut scratch = [0u8; 16 * 1024];
-    while left > 0 && Instant::now() < deadline {
-        match stream.read(&mut scratch) {
-            Ok(0) => return,
-            Ok(n) => left = left.saturating_sub(n),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
-            Err(_) => return,
+        query,
+        bearer,
+        cert_names: names,
+        body,
+    };
+    let resp = if over && request.path != "/healthz" {
+        Response::error(
+            503,
+            "overloaded",
+            "too many open connections from this address or in all",
+        )
+    } else if let Some(r) = server.handler.quick(&request) {
+        r
+    } else {
+        let h = server.handler.clone();
+        match tokio::task::spawn_blocking(move || h.handle(&request)).await {
+            Ok(r) => r,
+            Err(_) => Response::error(500, "internal", "the request handler failed"),
         }
-    }
+    };
+    state.answered();
+    Ok(to_hyper(resp, over))
 }
 
-fn connection(
-    mut stream: TcpStream,
-    handler: &dyn Handler,
-    limits: &Limits,
-    shutdown: &AtomicBool,
+async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: S,
+    names: Arc<Vec<String>>,
+    slot: Slot,
+    server: Arc<Server>,
+    mut shutdown: watch::Receiver<bool>,
 ) {
-    let _ = stream.set_nodelay(true);
-    if stream.set_read_timeout(Some(POLL)).is_err()
-        || stream
-            .set_write_timeout(Some(limits.write_timeout))
-            .is_err()
-    {
-        return;
+    let state = Arc::new(ConnState::new());
+    let watched = Watched {
+        inner: Some(io),
+        state: state.clone(),
+        prev: [0; 3],
+    };
+    let over = slot.over;
+    let (srv, st) = (server.clone(), state.clone());
+    let service = hyper::service::service_fn(move |req| {
+        serve_request(req, srv.clone(), st.clone(), names.clone(), over)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .keep_alive(!over)
+        .half_close(false)
+        .max_buf_size(server.limits.max_head.max(8192))
+        .header_read_timeout(None)
+        .serve_connection(TokioIo::new(watched), service);
+    let mut conn = std::pin::pin!(conn);
+    // A connection past a limit gets a short while to send its one
+    // request: a hog cannot pile up idle descriptors beyond its share.
+    let short = Limits {
+        idle_timeout: OVER_LIMIT_IDLE.min(server.limits.idle_timeout),
+        ..server.limits.clone()
+    };
+    let limits = if over { &short } else { &server.limits };
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(instant_at(state.deadline(limits))));
+    let mut stop = std::pin::pin!(async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    });
+    let mut stop_deadline: Option<Instant> = None;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+            if let Err(e) = r {
+                log::debug!("connection: {e}");
+            }
+            return Poll::Ready(());
+        }
+        if stop_deadline.is_none() && stop.as_mut().poll(cx).is_ready() {
+            // Finish the request in progress (if any), then close.
+            stop_deadline = Some(Instant::now() + Duration::from_secs(3));
+            conn.as_mut().graceful_shutdown();
+            if conn.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        // The deadline moves as requests come and go: re-arm the one timer.
+        loop {
+            let mut at = instant_at(state.deadline(limits));
+            if let Some(d) = stop_deadline {
+                at = at.min(d);
+            }
+            if timer.deadline() != at {
+                timer.as_mut().reset(at);
+            }
+            match timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) => {
+                    if stop_deadline.is_some_and(|d| Instant::now() >= d)
+                        || now_ms() >= state.deadline(limits)
+                    {
+                        return Poll::Ready(());
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    drop(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_must_be_plain_digits() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(plain_length(&v("0")), Some(0));
+        assert_eq!(plain_length(&v("42")), Some(42));
+        assert_eq!(plain_length(&v("+5")), None);
+        assert_eq!(plain_length(&v("05")), None);
+        assert_eq!(plain_length(&v(" 5")), None);
+        assert_eq!(plain_length(&v("")), None);
+        assert_eq!(plain_length(&v("99999999999999999999")), None);
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    loop {
-        // The head: wait idle for the first byte, then request_timeout for the rest.
-        let mut deadline = if buf.is_empty() {
-            Instant::now() + limits.idle_timeout
-        } else {
-            Instant::now() + limits.request_timeout
+
+    fn scanned(chunks: &[&[u8]]) -> (bool, bool) {
+        let mut w = Watched {
+            inner: None::<tokio::io::DuplexStream>,
+            state: Arc::new(ConnState::new()),
+            prev: [0; 3],
         };
-        let mut started = !buf.is_empty();
-        let head_end = loop {
-            if let Some(end) = find_head_end(&buf) {
-                break end;
-            }
-            if buf.len() > limits.max_head {
-                let r = Response::error(431, "too_large", "request head too large");
-                answer_and_close(&mut stream, &r);
-                return;
-            }
-            match read_more(&mut stream, &mut buf, deadline, !started, shutdown) {
-                ReadOutcome::Data => {
-                    if !started {
-                        started = true;
-                        deadline = Instant::now() + limits.request_timeout;
-                    }
-                }
-                ReadOutcome::Closed => return,
-                ReadOutcome::Timeout => {
-                    if started {
-                        let r = Response::error(408, "timeout", "request not received in time");
-                        let _ = write_response(&mut stream, &r, true);
-                    }
-                    return;
-                }
-            }
-        };
-        let head = match parse_head(&buf[..head_end], limits) {
-            Ok(h) => h,
-            Err(resp) => {
-                answer_and_close(&mut stream, &resp);
-                return;
-            }
-        };
-        let total = head_end + head.content_length;
-        while buf.len() < total {
-            match read_more(&mut stream, &mut buf, deadline, false, shutdown) {
-                ReadOutcome::Data => {}
-                ReadOutcome::Closed => return,
-                ReadOutcome::Timeout => {
-                    let r = Response::error(408, "timeout", "request body not received in time");
-                    let _ = write_response(&mut stream, &r, true);
-                    return;
-                }
-            }
+        for c in chunks {
+            w.scan(c);
         }
-        let req = Request {
-            method: head.method,
-            path: head.path,
-            body: buf[head_end..total].to_vec(),
-        };
-        buf.drain(..total);
-        let resp = handler.handle(&req);
-        let close = !head.keep_alive || shutdown.load(Ordering::Relaxed);
-        if write_response(&mut stream, &resp, close).is_err() || close {
-            return;
-        }
+        let st = w.state.clone();
+        (
+            st.bare_lf.load(Ordering::Relaxed),
+            st.in_head.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn bare_lfs_are_found_in_heads_only() {
+        // CRLF heads, split anywhere: fine; the head's end is found.
+        let head: &[u8] = b"POST / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(scanned(&[head]), (false, false));
+        assert_eq!(
+            scanned(&[&head[..16], &head[16..27], &head[27..]]),
+            (false, false)
+        );
+        // A bare LF in the head, or a head ending LF LF.
+        assert!(scanned(&[b"POST / HTTP/1.1\r\nHost: x\nContent-Length: 5\r\n\r\n"]).0);
+        assert!(scanned(&[b"GET / HTTP/1.1\n\n"]).0);
+        // A LF in the body after a proper head is not the head's business.
+        assert_eq!(scanned(&[head, b"{\n}"]), (false, false));
+    }
+
+    #[test]
+    fn common_name_is_found_in_a_subject() {
+        // SET { SEQ { OID 2.5.4.10 (O), UTF8 "acme" } }, SET { SEQ { OID 2.5.4.3, UTF8 "w1" } }
+        let subject = [
+            0x31, 0x0d, 0x30, 0x0b, 0x06, 0x03, 0x55, 0x04, 0x0a, 0x0c, 0x04, b'a', b'c', b'm',
+            b'e', 0x31, 0x0b, 0x30, 0x09, 0x06, 0x03, 0x55, 0x04, 0x03, 0x0c, 0x02, b'w', b'1',
+        ];
+        assert_eq!(common_name(&subject).as_deref(), Some("w1"));
+        assert_eq!(common_name(&subject[..15]), None);
     }
 }

@@ -44,7 +44,7 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str
 }
 
 /// Renders every metric.
-pub fn render(engine: &ServeEngine, latency: &Latency) -> String {
+pub fn render(engine: &ServeEngine, latency: &Latency, conns: &super::http::ConnStats) -> String {
     let c = &engine.counters;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let states = engine.state_counts();
@@ -140,6 +140,20 @@ pub fn render(engine: &ServeEngine, latency: &Latency) -> String {
         "counter",
         "Changes (grants, releases, revokes, clears) in those transactions.",
         &[("", g(&c.committed_changes))],
+    );
+    metric(
+        &mut out,
+        "leaseagent_connections",
+        "gauge",
+        "Open client connections.",
+        &[("", g(&conns.open))],
+    );
+    metric(
+        &mut out,
+        "leaseagent_connections_over_limit_total",
+        "counter",
+        "Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).",
+        &[("", g(&conns.over_limit))],
     );
     let name = "leaseagent_request_duration_seconds";
     let _ = writeln!(

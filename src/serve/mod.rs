@@ -1,19 +1,22 @@
-//! `leaseagent serve`: the reference lease authority over HTTP.
+//! `leaseagent serve`: the reference lease authority over HTTP(S).
 //!
 //! Wiring only: the engine (`engine::memory`) holds the rules and the
-//! durability, [`http`] the connection handling, [`api`] the protocol.
+//! durability, [`http`] the connections (hyper on tokio, rustls), [`api`]
+//! the protocol, [`auth`] the principals. The tokio runtime is built here
+//! and nowhere else: the agent's path never starts it.
 //! SIGTERM and SIGINT stop accepting, let open requests finish (bounded),
-//! commit whatever the writer has queued, and exit 0.
+//! commit whatever the writer has queued, and exit 0. SIGHUP re-reads the
+//! auth file.
 
 pub mod api;
+pub mod auth;
 pub mod http;
 pub mod metrics;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::engine::batched::ServeEngine;
@@ -21,79 +24,239 @@ use crate::engine::batched::ServeEngine;
 /// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
 #[derive(Debug, Clone)]
 pub struct ServeArgs {
-    /// `--listen`: address to listen on.
+    /// `--listen`: address to listen on; anything but loopback needs TLS and
+    /// an auth file, or `--insecure-listen`.
     pub listen: String,
     /// `--db`: the SQLite database file.
     pub db: PathBuf,
-    /// `--max-connections`: most open connections.
+    /// `--tls-cert`, `--tls-key`: serve HTTPS (both or neither).
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// `--client-ca`: require client certificates from these CAs.
+    pub client_ca: Option<PathBuf>,
+    /// `--auth-file`: the principals.
+    pub auth_file: Option<PathBuf>,
+    /// `--insecure-listen`.
+    pub insecure_listen: bool,
+    /// `--max-connections`: most open connections in all.
     pub max_connections: usize,
+    /// `--max-connections-per-peer`: most open connections from one address.
+    pub max_connections_per_peer: usize,
 }
 
-/// The line printed to stderr once the server listens (tests parse it).
-pub const LISTENING: &str = "leaseagent serve: listening on http://";
+/// The line printed to stderr once the server listens (tests parse it);
+/// followed by `http://ADDR` or `https://ADDR`.
+pub const LISTENING: &str = "leaseagent serve: listening on ";
 
-fn wake_addr(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())
+/// A configuration error: exit 125 with one line.
+fn usage(m: String) -> ExitCode {
+    eprintln!("leaseagent serve: error: {m}");
+    ExitCode::from(crate::exit::AGENT_FAILED)
+}
+
+/// Raises the soft open-files limit to the hard one: every connection is a
+/// descriptor, and the default soft limit (often 1024) is far below a fleet.
+fn raise_nofile() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            log::warn!("cannot raise the open-files limit: {e}");
         }
-        IpAddr::V6(ip) if ip.is_unspecified() => {
-            SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), addr.port())
-        }
-        _ => addr,
     }
+}
+
+fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    key_file_mode(key)?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "--tls-cert {}: no certificate in the file",
+            cert.display()
+        ));
+    }
+    let pkey = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match &args.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let certs = CertificateDer::pem_file_iter(ca)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!(
+                    "--client-ca {}: no certificate in the file",
+                    ca.display()
+                ));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(chain, pkey)
+        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+/// A private key readable by others is refused (as ssh refuses such keys);
+/// group-readable is allowed, for the common `root:ssl-cert 0640` setup.
+fn key_file_mode(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("--tls-key {}: {e}", path.display()))?;
+    if meta.mode() & 0o004 != 0 {
+        return Err(format!(
+            "--tls-key {}: readable by others (mode {:o}); chmod o-r it",
+            path.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 pub fn main(args: ServeArgs) -> ExitCode {
-    let fail = |m: String| {
-        eprintln!("leaseagent serve: error: {m}");
-        ExitCode::from(crate::exit::AGENT_FAILED)
+    let tls = match tls_config(&args) {
+        Ok(t) => t,
+        Err(e) => return usage(e),
     };
+    let auth = match auth::Auth::open(args.auth_file.clone()) {
+        Ok(a) => Arc::new(a),
+        Err(e) => return usage(format!("--auth-file {e}")),
+    };
+    let addrs: Vec<SocketAddr> = match args.listen.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return usage(format!("--listen {}: {e}", args.listen)),
+    };
+    let Some(addr) = addrs.first().copied() else {
+        return usage(format!("--listen {}: no address", args.listen));
+    };
+    let secured = tls.is_some() && auth.enabled();
+    if !args.insecure_listen && !secured && addrs.iter().any(|a| !is_loopback(a.ip())) {
+        return usage(format!(
+            "--listen {}: not a loopback address; serving a network needs --tls-cert, --tls-key and \
+             --auth-file (or --insecure-listen to accept the risk)",
+            args.listen
+        ));
+    }
+    raise_nofile();
     let engine = match ServeEngine::open(&args.db) {
         Ok(e) => Arc::new(e),
-        Err(e) => return fail(format!("{}: {e}", args.db.display())),
+        Err(e) => {
+            eprintln!("leaseagent serve: error: {}: {e}", args.db.display());
+            return ExitCode::from(crate::exit::AGENT_FAILED);
+        }
     };
-    let listener = match TcpListener::bind(&args.listen) {
-        Ok(l) => l,
-        Err(e) => return fail(format!("--listen {}: {e}", args.listen)),
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .max_blocking_threads(256)
+        .thread_name("serve")
+        .enable_io()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return usage(format!("starting the runtime: {e}")),
     };
-    let addr = match listener.local_addr() {
-        Ok(a) => a,
-        Err(e) => return fail(format!("--listen {}: {e}", args.listen)),
-    };
-    let shutdown = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
     ]) {
         Ok(s) => s,
-        Err(e) => return fail(format!("installing signal handlers: {e}")),
+        Err(e) => return usage(format!("installing signal handlers: {e}")),
     };
-    let flag = shutdown.clone();
+    let auth2 = auth.clone();
     let spawned = std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
+            for sig in signals.forever() {
+                if sig == signal_hook::consts::SIGHUP {
+                    auth2.reload();
+                    continue;
+                }
                 eprintln!("leaseagent serve: signal {sig}, shutting down");
-                flag.store(true, Ordering::SeqCst);
-                // Wake the acceptor out of accept().
-                let _ = TcpStream::connect_timeout(&wake_addr(addr), Duration::from_secs(1));
+                let _ = stop_tx.send(true);
+                break;
             }
         });
     if let Err(e) = spawned {
-        return fail(format!("starting the signal thread: {e}"));
+        return usage(format!("starting the signal thread: {e}"));
     }
-    eprintln!("{LISTENING}{addr} (db {})", args.db.display());
+    let limits = http::Limits {
+        max_connections: args.max_connections.max(1),
+        max_per_peer: args.max_connections_per_peer.max(1),
+        ..http::Limits::default()
+    };
+    let conns = Arc::new(http::ConnStats::default());
     let api = Arc::new(api::Api {
         engine: engine.clone(),
         latency: metrics::Latency::default(),
+        auth,
+        conns: conns.clone(),
     });
-    let limits = http::Limits {
-        max_connections: args.max_connections.max(1),
-        ..http::Limits::default()
-    };
-    http::run(listener, limits, api, shutdown, Duration::from_secs(3));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let db = args.db.display().to_string();
+    let served = rt.block_on(async move {
+        let listener = listen(addr)?;
+        let local = listener.local_addr()?;
+        eprintln!("{LISTENING}{scheme}://{local} (db {db})");
+        let server = Arc::new(http::Server::new(limits, api, tls, conns));
+        http::run(listener, server, stop_rx, Duration::from_secs(3)).await;
+        Ok::<(), std::io::Error>(())
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
     engine.shutdown();
+    if let Err(e) = served {
+        eprintln!("leaseagent serve: error: --listen {}: {e}", args.listen);
+        return ExitCode::from(crate::exit::AGENT_FAILED);
+    }
     eprintln!("leaseagent serve: stopped");
     ExitCode::SUCCESS
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Binds with a deep accept queue: a fleet reconnecting at once (after a
+/// restart) must not overflow the default backlog of 128.
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let sock = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(4096)
 }

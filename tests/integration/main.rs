@@ -25,6 +25,7 @@ mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
 mod partition_netns;
+mod serve_trust;
 mod systemd_help;
 mod systemd_notify;
 mod systemd_real;

@@ -1,0 +1,359 @@
+//! Who may do what on `serve`: the auth file (`--auth-file`), its
+//! principals, roles and task scopes (`trust.md`).
+//!
+//! - A principal is found by its bearer token (compared by sha256, so the
+//!   file holds no secret) or, with mutual TLS, by a name of its verified
+//!   client certificate (DNS SANs, then CN) equal to `cert_name`.
+//! - The file is read at start (an error there stops `serve`) and again on
+//!   SIGHUP: a file that fails to load then keeps the old principals and
+//!   logs an error, so a typo never locks the fleet out. Requests read the
+//!   current [`Principals`] through an `Arc` swapped under a lock, so a
+//!   reload drops no connection and no lease.
+//! - The file holds hashes, not secrets, but whoever can write it can grant
+//!   themselves any role: a file writable by group or others is refused.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// What a principal may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Reader,
+    Agent,
+    Operator,
+}
+
+/// What a request wants to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `GET /v1/leases`, `/metrics`.
+    Read,
+    /// acquire, renew, release.
+    Hold,
+    /// revoke, clear.
+    Operate,
+}
+
+impl Role {
+    pub fn may(self, a: Action) -> bool {
+        matches!(
+            (self, a),
+            (Role::Operator, _) | (Role::Reader, Action::Read) | (Role::Agent, Action::Hold)
+        )
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrincipal {
+    name: String,
+    role: Role,
+    token_sha256: Option<String>,
+    cert_name: Option<String>,
+    tasks: Vec<String>,
+    max_leases: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    principal: Vec<RawPrincipal>,
+}
+
+/// One principal of the auth file.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+    token_sha256: Option<[u8; 32]>,
+    cert_name: Option<String>,
+    tasks: Vec<String>,
+    pub max_leases: Option<u64>,
+}
+
+impl Principal {
+    /// Everything, for a server without an auth file (name "").
+    pub fn anyone() -> Arc<Self> {
+        static ANYONE: std::sync::OnceLock<Arc<Principal>> = std::sync::OnceLock::new();
+        ANYONE
+            .get_or_init(|| {
+                Arc::new(Principal {
+                    name: String::new(),
+                    role: Role::Operator,
+                    token_sha256: None,
+                    cert_name: None,
+                    tasks: vec!["*".into()],
+                    max_leases: None,
+                })
+            })
+            .clone()
+    }
+
+    /// The task is in this principal's scope.
+    pub fn covers(&self, task: &str) -> bool {
+        self.tasks
+            .iter()
+            .any(|p| glob(p.as_bytes(), task.as_bytes()))
+    }
+}
+
+/// `*` matches any run of characters (`/` too); everything else matches itself.
+pub fn glob(pat: &[u8], s: &[u8]) -> bool {
+    // Iterative match with one backtrack point: linear in practice.
+    let (mut p, mut i) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        if p < pat.len() && pat[p] == b'*' {
+            star = Some((p, i));
+            p += 1;
+        } else if p < pat.len() && pat[p] == s[i] {
+            p += 1;
+            i += 1;
+        } else if let Some((sp, si)) = star {
+            p = sp + 1;
+            i = si + 1;
+            star = Some((sp, si + 1));
+        } else {
+            return false;
+        }
+    }
+    pat[p..].iter().all(|&c| c == b'*')
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    let s = s.trim();
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Lowercase hex.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// sha256 of a bearer token.
+pub fn token_hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// The principals of one version of the auth file.
+#[derive(Debug, Default)]
+pub struct Principals {
+    list: Vec<Arc<Principal>>,
+}
+
+impl Principals {
+    /// Parses the file's text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut list = Vec::new();
+        for (n, p) in raw.principal.into_iter().enumerate() {
+            let at = format!("principal {} (`{}`)", n + 1, p.name);
+            if p.name.is_empty() || p.name.len() > 128 || p.name.chars().any(char::is_control) {
+                return Err(format!(
+                    "{at}: `name` must be 1 to 128 printable characters"
+                ));
+            }
+            if list.iter().any(|q: &Arc<Principal>| q.name == p.name) {
+                return Err(format!("{at}: the name is used twice"));
+            }
+            let token_sha256 = match &p.token_sha256 {
+                None => None,
+                Some(h) => Some(
+                    unhex32(h)
+                        .ok_or_else(|| format!("{at}: `token_sha256` must be 64 hex digits"))?,
+                ),
+            };
+            match (&token_sha256, &p.cert_name) {
+                (None, None) => {
+                    return Err(format!("{at}: needs `token_sha256` or `cert_name`"));
+                }
+                (_, Some(c)) if c.is_empty() => {
+                    return Err(format!("{at}: `cert_name` is empty"));
+                }
+                _ => {}
+            }
+            if p.tasks.is_empty() {
+                return Err(format!("{at}: `tasks` is empty (use [\"*\"] for all)"));
+            }
+            list.push(Arc::new(Principal {
+                name: p.name,
+                role: p.role,
+                token_sha256,
+                cert_name: p.cert_name,
+                tasks: p.tasks,
+                max_leases: p.max_leases,
+            }));
+        }
+        Ok(Principals { list })
+    }
+
+    /// Reads and parses the file, refusing one that others may write.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if meta.mode() & 0o022 != 0 {
+            return Err(format!(
+                "{}: writable by group or others (mode {:o}); chmod go-w it",
+                path.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Principals::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The principal a request speaks for: by its bearer token if it sends
+    /// one (an unknown token is not excused by a certificate), else by the
+    /// client certificate's names.
+    pub fn identify(&self, bearer: Option<&str>, cert_names: &[String]) -> Option<&Arc<Principal>> {
+        if let Some(tok) = bearer {
+            let h = token_hash(tok);
+            // Compare every hash fully: no early exit on the first byte.
+            return self.list.iter().find(|p| {
+                p.token_sha256.is_some_and(|t| {
+                    t.iter()
+                        .zip(h.iter())
+                        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                        == 0
+                })
+            });
+        }
+        self.list.iter().find(|p| {
+            p.cert_name
+                .as_deref()
+                .is_some_and(|c| cert_names.iter().any(|n| n.eq_ignore_ascii_case(c)))
+        })
+    }
+
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+}
+
+/// The auth file as `serve` uses it: `None` without `--auth-file`.
+pub struct Auth {
+    path: Option<PathBuf>,
+    current: RwLock<Arc<Principals>>,
+}
+
+impl Auth {
+    pub fn open(path: Option<PathBuf>) -> Result<Self, String> {
+        let current = match &path {
+            Some(p) => Principals::load(p)?,
+            None => Principals::default(),
+        };
+        Ok(Auth {
+            path,
+            current: RwLock::new(Arc::new(current)),
+        })
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.path.is_some()
+    }
+
+    pub fn current(&self) -> Arc<Principals> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the file (SIGHUP); on error keeps the old principals.
+    pub fn reload(&self) {
+        let Some(path) = &self.path else { return };
+        match Principals::load(path) {
+            Ok(p) => {
+                let n = p.len();
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+                log::warn!("auth file reloaded: {n} principal(s)");
+                eprintln!("leaseagent serve: auth file reloaded: {n} principal(s)");
+            }
+            Err(e) => {
+                log::error!("auth file not reloaded, keeping the old one: {e}");
+                eprintln!(
+                    "leaseagent serve: error: auth file not reloaded, keeping the old one: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// `leaseagent token new`: a fresh random bearer token on stdout, its
+/// `token_sha256` line for the auth file on stderr.
+pub fn token_new() -> std::process::ExitCode {
+    let mut raw = [0u8; 32];
+    let mut filled = 0;
+    while filled < raw.len() {
+        match rustix::rand::getrandom(&mut raw[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                eprintln!("leaseagent token new: error: getrandom: {e}");
+                return std::process::ExitCode::from(crate::exit::AGENT_FAILED);
+            }
+        }
+    }
+    use base64::Engine;
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+    println!("{token}");
+    eprintln!("token_sha256 = \"{}\"", hex(&token_hash(&token)));
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_star_matches_any_run_including_slashes() {
+        let g = |p: &str, s: &str| glob(p.as_bytes(), s.as_bytes());
+        assert!(g("*", "anything/at/all"));
+        assert!(g("nightly-*", "nightly-export"));
+        assert!(!g("nightly-*", "weekly-export"));
+        assert!(g("etl/*", "etl/a/b"));
+        assert!(g("a*b*c", "a-x-b-y-c"));
+        assert!(!g("a*b*c", "a-x-b-y"));
+        assert!(g("exact", "exact"));
+        assert!(!g("exact", "exactly"));
+        assert!(g("*-end", "x-end"));
+    }
+
+    #[test]
+    fn principals_parse_and_identify() {
+        let h = hex(&token_hash("secret"));
+        let text = format!(
+            "[[principal]]\nname = \"a\"\nrole = \"agent\"\ntoken_sha256 = \"{h}\"\ntasks = [\"n-*\"]\n\
+             [[principal]]\nname = \"w\"\nrole = \"reader\"\ncert_name = \"w1.example.org\"\ntasks = [\"*\"]\n"
+        );
+        let p = Principals::parse(&text).unwrap();
+        assert_eq!(p.identify(Some("secret"), &[]).unwrap().name, "a");
+        assert!(p.identify(Some("nope"), &[]).is_none());
+        let names = vec!["w1.example.org".to_string()];
+        assert_eq!(p.identify(None, &names).unwrap().name, "w");
+        assert!(p.identify(None, &[]).is_none());
+        assert!(
+            Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
+                .is_err()
+        );
+        assert!(
+            Principals::parse(
+                "[[principal]]\nname=\"x\"\nrole=\"boss\"\ntoken_sha256=\"00\"\ntasks=[\"*\"]\n"
+            )
+            .is_err()
+        );
+    }
+}
