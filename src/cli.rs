@@ -66,7 +66,7 @@ Usage: leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]
        leaseagent SUBCOMMAND [ARGS]
 
 Options:
-      --authority URL    Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...],
+      --authority URL    Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],
                          sqlite:PATH [env: LEASEAGENT_AUTHORITY; default: the embedded per-host authority]
       --task NAME        What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)
                          [env: LEASEAGENT_TASK]
@@ -79,6 +79,19 @@ Options:
       --expiry-grace DUR With --on-expiry grace: how long after expiry the task stays blocked
                          [default: ttl]
       --wait [DUR]       Wait up to DUR (forever without DUR) while another holder has the task
+
+Trust (https://, etcds://, authorities with credentials; files only, never secrets in argv):
+      --ca-file FILE     PEM CAs that sign the authority's certificate [env: LEASEAGENT_CA_FILE;
+                         default: the system's roots]
+      --client-cert FILE PEM client certificate for mutual TLS [env: LEASEAGENT_CLIENT_CERT]
+      --client-key FILE  Its key, mode 0600 [env: LEASEAGENT_CLIENT_KEY]
+      --auth-token-file FILE
+                         Bearer token for leaseagent serve (first line), mode 0600
+                         [env: LEASEAGENT_AUTH_TOKEN_FILE]
+      --etcd-user NAME   etcd user [env: LEASEAGENT_ETCD_USER]
+      --etcd-password-file FILE
+                         That user's password (first line), mode 0600
+                         [env: LEASEAGENT_ETCD_PASSWORD_FILE]
   -h, --help             Print help
   -V, --version          Print version
 
@@ -142,6 +155,21 @@ fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
             Long("holder") => raw.holder = Some(flag_value(&mut p, "--holder")?),
             Long("on-expiry") => raw.on_expiry = flag_value(&mut p, "--on-expiry")?,
             Long("expiry-grace") => raw.expiry_grace = Some(flag_dur(&mut p, "--expiry-grace")?),
+            Long("ca-file") => raw.trust.ca_file = Some(flag_value(&mut p, "--ca-file")?.into()),
+            Long("client-cert") => {
+                raw.trust.client_cert = Some(flag_value(&mut p, "--client-cert")?.into());
+            }
+            Long("client-key") => {
+                raw.trust.client_key = Some(flag_value(&mut p, "--client-key")?.into());
+            }
+            Long("auth-token-file") => {
+                raw.trust.auth_token_file = Some(flag_value(&mut p, "--auth-token-file")?.into());
+            }
+            Long("etcd-user") => raw.trust.etcd_user = Some(flag_value(&mut p, "--etcd-user")?),
+            Long("etcd-password-file") => {
+                raw.trust.etcd_password_file =
+                    Some(flag_value(&mut p, "--etcd-password-file")?.into());
+            }
             Long("wait") => {
                 // `--wait=DUR`, `--wait DUR`, or `--wait` alone (forever).
                 let attached = p.optional_value();
@@ -188,6 +216,7 @@ fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
     if raw.task.is_none() {
         raw.task = std::env::var("LEASEAGENT_TASK").ok();
     }
+    raw.trust.fill_from_env();
     if split.is_none() {
         return Err(RunParse::Error(
             "no COMMAND given: usage is leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]"
@@ -376,12 +405,20 @@ pub fn parse(argv: Vec<OsString>) -> Command {
     parsed.unwrap_or_else(Command::Exit)
 }
 
-/// Shared `--authority` flag of the operator subcommands.
+/// Shared `--authority` flag (and the trust flags) of the operator subcommands.
 #[derive(Args, Debug, Clone)]
 pub struct AuthorityArg {
-    /// Lease authority [default: the embedded per-host authority]
-    #[arg(long, env = "LEASEAGENT_AUTHORITY", value_name = "URL")]
+    /// Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,...], sqlite:PATH
+    /// [default: the embedded per-host authority]
+    #[arg(
+        long,
+        env = "LEASEAGENT_AUTHORITY",
+        value_name = "URL",
+        hide_env_values = true
+    )]
     pub authority: Option<String>,
+    #[command(flatten)]
+    pub trust: crate::authority::trust::TrustFiles,
 }
 
 impl AuthorityArg {

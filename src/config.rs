@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use crate::authority::trust::TrustFiles;
 use crate::authority::{AuthoritySpec, ExpiryPolicy};
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.
@@ -26,6 +27,8 @@ pub struct RunConfig {
     /// `None`: no wait. `Some(None)`: wait forever. `Some(Some(d))`: up to d.
     pub wait: Option<Option<Duration>>,
     pub command: Vec<OsString>,
+    /// The trust flags (files are read when the authority is opened).
+    pub trust: TrustFiles,
 }
 
 /// The flags as parsed, before validation.
@@ -41,6 +44,7 @@ pub struct RawRun {
     pub expiry_grace: Option<Duration>,
     pub wait: Option<Option<Duration>>,
     pub command: Vec<OsString>,
+    pub trust: TrustFiles,
 }
 
 /// Protocol rule for task names: 1 to 200 bytes of `A-Z a-z 0-9 . _ - : / @`.
@@ -117,6 +121,7 @@ impl RawRun {
                 crate::duration::format(ttl)
             ));
         }
+        self.trust.check_usage()?;
         let holder = self.holder.unwrap_or_else(default_holder);
         validate_holder(&holder)?;
         let on_expiry = ExpiryPolicy::parse(&self.on_expiry).ok_or_else(|| {
@@ -145,6 +150,7 @@ impl RawRun {
             expiry_grace,
             wait: self.wait,
             command: self.command,
+            trust: self.trust,
         })
     }
 }

@@ -57,7 +57,7 @@ pub const NOTHING_TO_DO: u8 = 1;
 /// The authority an operator command talks to (any kind: each implements
 /// the operator methods of [`Authority`] or says it cannot).
 fn open_target(a: &crate::cli::AuthorityArg) -> Result<Box<dyn Authority>, String> {
-    crate::authority::open(&a.spec()?)
+    crate::authority::open(&a.spec()?, &a.trust)
 }
 
 fn failed(cmd: &str, e: &OperatorError) -> ExitCode {

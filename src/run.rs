@@ -86,6 +86,10 @@ fn acquire(
                 log::error!("cannot acquire task {}: {m}", cfg.task);
                 return Acquired::Exit(exit::AGENT_FAILED);
             }
+            Err(AcquireError::Trust(m)) => {
+                log::error!("cannot acquire task {}: {m}", cfg.task);
+                return Acquired::Exit(exit::AGENT_FAILED);
+            }
             Err(AcquireError::Transient(m)) => {
                 log::error!(
                     "cannot acquire task {}: authority {} unreachable or broken: {m}",
@@ -199,10 +203,10 @@ fn run(cfg: RunConfig) -> u8 {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
-    let mut auth = match authority::open(&cfg.authority) {
+    let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {
-            log::error!("--authority: {e}");
+            log::error!("{e}");
             return exit::AGENT_FAILED;
         }
     };
@@ -269,12 +273,22 @@ fn run(cfg: RunConfig) -> u8 {
     let first = sup.machine.step(Event::Tick, BootInstant::now());
     debug_assert!(first.is_empty());
     sup.publish_initial();
-    match crate::child::spawn_keeper(
-        &cfg.command,
-        &env,
-        crate::notify::JOB_ENV_REMOVE,
-        tx.clone(),
-    ) {
+    // Neither the trust flags' variables nor credentials in a URL reach the job.
+    let env_remove: Vec<&str> = crate::notify::JOB_ENV_REMOVE
+        .iter()
+        .chain(authority::trust::JOB_ENV_REMOVE)
+        .copied()
+        .collect();
+    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
+        .ok()
+        .filter(|u| authority::trust::has_userinfo(u))
+    {
+        env.push((
+            "LEASEAGENT_AUTHORITY".to_string(),
+            authority::trust::redact_url(&url),
+        ));
+    }
+    match crate::child::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
         Ok(k) => sup.keeper = Some(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");

@@ -11,12 +11,22 @@
 //! codes is a refusal; everything else (refused or reset connections,
 //! timeouts, 5xx, 408, 429, bodies that are text, the wrong shape or too
 //! large, any other status) is transient.
+//!
+//! Trust (`trust.md`): the bearer token from `--auth-token-file` goes with
+//! every call. At acquire, 401, 403 and TLS failures are
+//! [`AcquireError::Trust`] (exit 125 naming `unauthenticated`, `forbidden`
+//! or `certificate`); during renewal and release they are transient like any
+//! other failure, but logged at error level since they rarely heal alone.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::json;
 
+use std::sync::Arc;
+
+use super::transport::Failure;
+use super::trust::ClientTrust;
 use super::*;
 
 pub use super::transport::BODY_LIMIT;
@@ -25,6 +35,7 @@ pub use super::transport::BODY_LIMIT;
 pub struct HttpAuthority {
     base: String,
     agent: ureq::Agent,
+    trust: Arc<ClientTrust>,
 }
 
 /// A response: status and (capped) body, or a transport failure.
@@ -61,10 +72,16 @@ struct ErrorBody {
 }
 
 impl HttpAuthority {
+    /// A client without credentials.
     pub fn new(base: &str) -> Self {
+        Self::with_trust(base, Arc::new(ClientTrust::none()))
+    }
+
+    pub fn with_trust(base: &str, trust: Arc<ClientTrust>) -> Self {
         HttpAuthority {
             base: base.trim_end_matches('/').to_string(),
-            agent: super::transport::agent(),
+            agent: super::transport::agent(&trust),
+            trust,
         }
     }
 
@@ -77,13 +94,64 @@ impl HttpAuthority {
         path: &str,
         body: serde_json::Value,
         timeout: Duration,
-    ) -> Result<Answer, String> {
-        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+    ) -> Result<Answer, Failure> {
+        let bytes = serde_json::to_vec(&body).map_err(|e| Failure {
+            trust: None,
+            message: e.to_string(),
+        })?;
         let url = self.url(path);
-        let (status, body) =
-            super::transport::call(&self.agent, &url, Some(&bytes), timeout, BODY_LIMIT)?;
+        let auth = self.trust.bearer_header();
+        let (status, body) = super::transport::call(
+            &self.agent,
+            &url,
+            Some(&bytes),
+            auth.as_deref(),
+            timeout,
+            BODY_LIMIT,
+        )?;
         Ok(Answer { status, body })
     }
+}
+
+/// The trust cause of a 401/403 answer.
+fn denied(status: u16) -> Option<&'static str> {
+    match status {
+        401 => Some("unauthenticated"),
+        403 => Some("forbidden"),
+        _ => None,
+    }
+}
+
+/// A call failure at acquire: trust problems are final.
+fn acquire_failure(f: Failure) -> AcquireError {
+    match f.trust {
+        Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
+        None => AcquireError::Transient(f.message),
+    }
+}
+
+/// A call failure during renewal or release: always transient, trust
+/// problems logged at error level.
+fn renew_failure(what: &str, f: Failure) -> RenewError {
+    if let Some(cause) = f.trust {
+        log::error!(
+            "{what}: {cause}: {} (retried until the local deadline)",
+            f.message
+        );
+    }
+    RenewError::Transient(f.message)
+}
+
+/// A non-200 answer to renew or release that is not a refusal.
+fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
+    if let Some(r) = refusal(status, body) {
+        return r;
+    }
+    let m = transient_status(status, body);
+    if let Some(cause) = denied(status) {
+        log::error!("{what}: {cause}: {m} (retried until the local deadline)");
+    }
+    RenewError::Transient(m)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
@@ -120,7 +188,7 @@ impl Authority for HttpAuthority {
     }
 
     fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(HttpAuthority::new(&self.base))
+        Box::new(HttpAuthority::with_trust(&self.base, self.trust.clone()))
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -135,7 +203,7 @@ impl Authority for HttpAuthority {
         }
         let a = self
             .call("/v1/acquire", body, timeout)
-            .map_err(AcquireError::Transient)?;
+            .map_err(acquire_failure)?;
         match a.status {
             200 => {
                 let bytes = a.body;
@@ -183,15 +251,21 @@ impl Authority for HttpAuthority {
                     .unwrap_or_else(|| "bad request".into());
                 Err(AcquireError::Rejected(msg))
             }
+            s if denied(s).is_some() => Err(AcquireError::Trust(format!(
+                "{}: {} (see --auth-token-file, --client-cert)",
+                denied(s).unwrap_or_default(),
+                transient_status(s, &a.body)
+            ))),
             s => Err(AcquireError::Transient(transient_status(s, &a.body))),
         }
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let body = json!({"lease_id": lease.lease_id, "token": lease.token});
+        let what = format!("renewal of task {}", lease.task);
         let a = self
             .call("/v1/renew", body, timeout)
-            .map_err(RenewError::Transient)?;
+            .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             let bytes = a.body;
             return match parse::<RenewBody>(&bytes) {
@@ -203,8 +277,7 @@ impl Authority for HttpAuthority {
                 )),
             };
         }
-        Err(refusal(a.status, &a.body)
-            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
+        Err(renew_status(&what, a.status, &a.body))
     }
 
     fn release(
@@ -220,25 +293,25 @@ impl Authority for HttpAuthority {
             "outcome": outcome.as_str(),
             "exit_code": exit_code,
         });
+        let what = format!("release of task {}", lease.task);
         let a = self
             .call("/v1/release", body, timeout)
-            .map_err(RenewError::Transient)?;
+            .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             return Ok(());
         }
-        Err(refusal(a.status, &a.body)
-            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
+        Err(renew_status(&what, a.status, &a.body))
     }
 
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        super::http_operator::leases(&self.base, timeout)
+        super::http_operator::leases(&self.base, &self.trust, timeout)
     }
 
     fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::revoke(&self.base, task, force, timeout)
+        super::http_operator::revoke(&self.base, &self.trust, task, force, timeout)
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::clear(&self.base, task, timeout)
+        super::http_operator::clear(&self.base, &self.trust, task, timeout)
     }
 }

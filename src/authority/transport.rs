@@ -10,16 +10,24 @@
 //!   classifies them by its own protocol's rules;
 //! - no proxy from the environment stands between an agent and its lease
 //!   authority (a proxy's own timeouts and buffering would void the first
-//!   two points).
+//!   two points);
+//! - TLS settings and credentials come from one [`ClientTrust`], and a
+//!   failure that is about trust (the certificate, a TLS handshake with
+//!   something that does not speak TLS, or plain HTTP answered in TLS) is
+//!   told apart from other failures ([`Failure::trust`]), so that acquire can
+//!   exit 125 naming the cause instead of calling it "unreachable".
 
 use std::time::Duration;
+
+use super::trust::ClientTrust;
 
 /// The protocol's body size limit.
 pub const BODY_LIMIT: u64 = 64 * 1024;
 
 /// A connection-pooling client configured as above.
-pub fn agent() -> ureq::Agent {
+pub fn agent(trust: &ClientTrust) -> ureq::Agent {
     ureq::Agent::config_builder()
+        .tls_config(trust.tls().clone())
         .http_status_as_error(false)
         .proxy(None)
         .timeout_global(Some(Duration::from_secs(60)))
@@ -29,31 +37,61 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
-/// One request: `GET` when `json_body` is `None`, else `POST` of that JSON.
-/// Returns the status and the body (read up to `limit`), or a description
-/// of what failed that names the URL.
+/// Why a call gave no answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// `Some(cause)` when the failure is about TLS trust: `certificate`
+    /// (the peer's certificate was not accepted, or ours was refused) or
+    /// `TLS` (one side speaks TLS and the other does not).
+    pub trust: Option<&'static str>,
+    /// What failed, naming the URL (never a credential).
+    pub message: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.message
+    }
+}
+
+/// One request: `GET` when `json_body` is `None`, else `POST` of that JSON,
+/// with `authorization` as the `Authorization` header if given.
+/// Returns the status and the body (read up to `limit`), or what failed.
 pub fn call(
     agent: &ureq::Agent,
     url: &str,
     json_body: Option<&[u8]>,
+    authorization: Option<&str>,
     timeout: Duration,
     limit: u64,
-) -> Result<(u16, Vec<u8>), String> {
+) -> Result<(u16, Vec<u8>), Failure> {
     let timeout = Some(timeout.max(Duration::from_millis(1)));
     let sent = match json_body {
-        None => agent
-            .get(url)
-            .config()
-            .timeout_global(timeout)
-            .build()
-            .call(),
-        Some(body) => agent
-            .post(url)
-            .config()
-            .timeout_global(timeout)
-            .build()
-            .header("content-type", "application/json")
-            .send(body),
+        None => {
+            let mut r = agent.get(url).config().timeout_global(timeout).build();
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.call()
+        }
+        Some(body) => {
+            let mut r = agent
+                .post(url)
+                .config()
+                .timeout_global(timeout)
+                .build()
+                .header("content-type", "application/json");
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.send(body)
+        }
     };
     let mut resp = sent.map_err(|e| describe(url, e))?;
     let status = resp.status().as_u16();
@@ -63,16 +101,56 @@ pub fn call(
         .limit(limit)
         .read_to_vec()
         .map_err(|e| match e {
-            ureq::Error::BodyExceedsLimit(_) => format!("{url}: answer body over {limit} bytes"),
+            ureq::Error::BodyExceedsLimit(_) => Failure {
+                trust: None,
+                message: format!("{url}: answer body over {limit} bytes"),
+            },
             e => describe(url, e),
         })?;
     Ok((status, body))
 }
 
-fn describe(url: &str, e: ureq::Error) -> String {
-    match e {
+fn describe(url: &str, e: ureq::Error) -> Failure {
+    let message = match &e {
         ureq::Error::Timeout(_) => format!("{url}: timed out"),
         ureq::Error::Io(io) => format!("{url}: {io}"),
         e => format!("{url}: {e}"),
+    };
+    let tls = url.starts_with("https://");
+    let trust = trust_cause(&message, tls);
+    let message = match (trust, tls) {
+        (Some("TLS"), true) => format!(
+            "{message} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
+        ),
+        (Some("TLS"), false) => format!(
+            "{message} (TLS: the answer is not plain HTTP; does this port speak TLS? use https://)"
+        ),
+        (Some(_), _) => format!("{message} (certificate not accepted; see --ca-file)"),
+        (None, _) => message,
+    };
+    Failure { trust, message }
+}
+
+/// Classifies a transport error text (rustls and ureq's protocol errors
+/// reach us as text inside io or protocol errors).
+fn trust_cause(text: &str, tls: bool) -> Option<&'static str> {
+    let t = text.to_ascii_lowercase();
+    if t.contains("certificate") || t.contains("unknownissuer") || t.contains("notvalidforname") {
+        return Some("certificate");
     }
+    if tls
+        && (t.contains("corrupt message")
+            || t.contains("invalidcontenttype")
+            || t.contains("invalid message")
+            || t.contains("peer is incompatible")
+            || t.contains("handshake"))
+    {
+        return Some("TLS");
+    }
+    if !tls && t.contains("protocol:") {
+        // A TLS server's alert or handshake bytes where an HTTP status line
+        // was expected.
+        return Some("TLS");
+    }
+    None
 }

@@ -100,9 +100,22 @@ impl EtcdAuthority {
         }
     }
 
+    /// Plain `etcd://`, no credentials.
     pub fn new(endpoints: Vec<String>) -> Self {
         EtcdAuthority {
             gw: Gateway::new(endpoints),
+            queued: None,
+        }
+    }
+
+    /// `etcds://` when `tls`, with the client trust the flags name.
+    pub fn with_trust(
+        endpoints: Vec<String>,
+        tls: bool,
+        trust: std::sync::Arc<super::trust::ClientTrust>,
+    ) -> Self {
+        EtcdAuthority {
+            gw: Gateway::with_trust(endpoints, tls, trust),
             queued: None,
         }
     }
@@ -131,7 +144,7 @@ impl EtcdAuthority {
                 &LeaseGrantRequest { ttl: secs },
                 deadline,
             )
-            .map_err(|e| AcquireError::Transient(format!("etcd lease grant: {e}")))?;
+            .map_err(|e| acquire_error("etcd lease grant", e))?;
         if !r.error.is_empty() || r.id <= 0 || r.ttl <= 0 {
             return Err(AcquireError::Transient(format!(
                 "etcd lease grant gave no lease (id {}, ttl {}): {}",
@@ -230,7 +243,14 @@ impl EtcdAuthority {
                     format!("etcd: {}", status.message),
                 ))
             }
-            Err(e) => Err(KeepAliveError::Transient(format!("etcd keepalive: {e}"))),
+            Err(e) => {
+                if e.trust_cause().is_some() {
+                    log::error!(
+                        "etcd keepalive of lease {lease:x}: {e} (retried until the local deadline)"
+                    );
+                }
+                Err(KeepAliveError::Transient(format!("etcd keepalive: {e}")))
+            }
         }
     }
 
@@ -304,7 +324,7 @@ impl EtcdAuthority {
             Ok(q) => q,
             Err(e) => {
                 self.revoke_quietly(lease, deadline);
-                return Err(AcquireError::Transient(format!("etcd txn: {e}")));
+                return Err(acquire_error("etcd txn", e));
             }
         };
         match q.owner {
@@ -325,13 +345,27 @@ impl EtcdAuthority {
     }
 }
 
+/// A failed call at acquire: TLS and credential problems are final (exit
+/// 125 naming the cause), everything else transient.
+fn acquire_error(what: &str, e: CallError) -> AcquireError {
+    match e.trust_cause() {
+        Some(_) => AcquireError::Trust(e.to_string()),
+        None => AcquireError::Transient(format!("{what}: {e}")),
+    }
+}
+
 impl Authority for EtcdAuthority {
     fn url(&self) -> String {
-        format!("etcd://{}", self.gw.endpoints().join(","))
+        let scheme = if self.gw.tls() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.gw.endpoints().join(","))
     }
 
     fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(EtcdAuthority::new(self.gw.endpoints().to_vec()))
+        Box::new(EtcdAuthority::with_trust(
+            self.gw.endpoints().to_vec(),
+            self.gw.tls(),
+            self.gw.trust().clone(),
+        ))
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -380,7 +414,9 @@ impl Authority for EtcdAuthority {
                 match self.take_place(req, call_deadline()) {
                     Ok(Ok(grant)) => return Ok(grant),
                     Ok(Err(owner)) => last_owner = Some(owner),
-                    Err(e @ AcquireError::Rejected(_)) => return Err(e),
+                    Err(e @ (AcquireError::Rejected(_) | AcquireError::Trust(_))) => {
+                        return Err(e);
+                    }
                     Err(e) => {
                         if Instant::now() >= wait_end {
                             return Err(e);
