@@ -122,10 +122,21 @@ fn denied(status: u16) -> Option<&'static str> {
     }
 }
 
-/// A call failure at acquire: trust problems are final.
-fn acquire_failure(f: Failure) -> AcquireError {
+/// A call failure at acquire: trust problems are final. A plain `http://`
+/// call that failed without a timeout may have reached a TLS port: probed
+/// once (at most a second) so the cause is named.
+fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
     match f.trust {
         Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
+        None if base.starts_with("http://")
+            && !f.message.ends_with("timed out")
+            && super::transport::speaks_tls(base, timeout.min(Duration::from_secs(1))) =>
+        {
+            AcquireError::Trust(format!(
+                "TLS: {} (the port speaks TLS: use https://)",
+                f.message
+            ))
+        }
         None => AcquireError::Transient(f.message),
     }
 }
@@ -203,7 +214,7 @@ impl Authority for HttpAuthority {
         }
         let a = self
             .call("/v1/acquire", body, timeout)
-            .map_err(acquire_failure)?;
+            .map_err(|f| acquire_failure(&self.base, f, timeout))?;
         match a.status {
             200 => {
                 let bytes = a.body;

@@ -110,6 +110,29 @@ pub fn call(
     Ok((status, body))
 }
 
+/// Whether the server of `http_url` (an `http://` URL) speaks TLS: a TLS
+/// handshake (certificate not checked) and any HTTP answer within
+/// `timeout`. Asked only after a plain call failed at acquire, to name the
+/// cause of "plain HTTP to a TLS port" instead of calling it unreachable.
+pub fn speaks_tls(http_url: &str, timeout: Duration) -> bool {
+    let Some(rest) = http_url.strip_prefix("http://") else {
+        return false;
+    };
+    let host = rest.split('/').next().unwrap_or(rest);
+    let probe: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .disable_verification(true)
+                .build(),
+        )
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(timeout.max(Duration::from_millis(1))))
+        .build()
+        .into();
+    probe.get(&format!("https://{host}/healthz")).call().is_ok()
+}
+
 fn describe(url: &str, e: ureq::Error) -> Failure {
     let message = match &e {
         ureq::Error::Timeout(_) => format!("{url}: timed out"),
