@@ -2,29 +2,15 @@
 //! leaseagent: run a command under a lease.
 //!
 //! See `docs/design.md` for the lifecycle, the timing diagram and the races
-//! each module guards against.
+//! each module guards against, and for the map of these folders.
 
+pub mod agent;
 pub mod authority;
-pub mod check;
-pub mod child;
-pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod duration;
+pub mod cmd;
 pub mod engine;
 pub mod exit;
 pub mod fence;
-pub mod heartbeat;
 pub mod keeper;
-pub mod lease_state;
-pub mod machine;
-pub mod notify;
-pub mod opcmd;
-pub mod publish;
-pub mod run;
 pub mod serve;
-pub mod signals;
-pub mod statedir;
-pub mod supervisor;
-#[allow(unsafe_code)]
-mod sys;
+pub mod sys;
+pub mod time;

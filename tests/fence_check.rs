@@ -8,8 +8,8 @@ mod support_fence;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use leaseagent::clock::{BootInstant, boot_id};
-use leaseagent::lease_state::{LeaseStateFile, LeaseView, StateWriter};
+use leaseagent::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
+use leaseagent::time::clock::{BootInstant, boot_id};
 use support_fence::stderr;
 
 fn check(state_file: Option<&std::path::Path>, token: Option<&str>, args: &[&str]) -> Output {

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::engine::EngineError;
-use crate::engine::core::AcquireSpec;
-use crate::engine::shared::SharedEngine;
+use crate::engine::file::SharedEngine;
+use crate::engine::rules::AcquireSpec;
 
 pub struct EmbeddedAuthority {
     path: PathBuf,

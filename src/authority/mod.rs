@@ -197,7 +197,7 @@ impl fmt::Display for AcquireError {
             } => {
                 write!(f, "held by {holder}")?;
                 if let Some(r) = retry_after {
-                    write!(f, " (free in about {})", crate::duration::format(*r))?;
+                    write!(f, " (free in about {})", crate::time::duration::format(*r))?;
                 }
                 Ok(())
             }
@@ -421,7 +421,7 @@ impl AuthoritySpec {
     /// directory the contract names.
     pub fn default_local() -> Result<Self, String> {
         Ok(AuthoritySpec::Sqlite(
-            crate::statedir::state_dir()?.join("leases.sqlite3"),
+            crate::sys::paths::state_dir()?.join("leases.sqlite3"),
         ))
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! One set of rules ([`core`]) over one schema ([`store`]), run two ways:
 //!
-//! - [`memory::ServeEngine`] (behind `leaseagent serve`): every task's record
+//! - [`batched::ServeEngine`] (behind `leaseagent serve`): every task's record
 //!   lives in memory; the database holds the token counter and who holds
 //!   what. Renewals only touch memory (expiry on the monotonic boot clock),
 //!   which is what makes them cheap. A grant goes to a single writer thread
@@ -12,7 +12,7 @@
 //!   each of them: a grant is never answered before it is on disk, and under
 //!   load one fsync covers many grants. After a restart every lease on record
 //!   expires one ttl after the restart (the protocol's Restart rule).
-//! - [`shared::SharedEngine`] (the embedded default): each agent process
+//! - [`file::SharedEngine`] (the embedded default): each agent process
 //!   opens the same file; every call is one `BEGIN IMMEDIATE` transaction,
 //!   so concurrent agents are serialised by SQLite's write lock and exactly
 //!   one of them gets a free task. The database is the only shared place, so
@@ -23,9 +23,9 @@
 //! whatever crashes, because the counter is committed in the same fsync'd
 //! transaction as the grant it belongs to, before the grant is answered.
 
-pub mod core;
-pub mod memory;
-pub mod shared;
+pub mod batched;
+pub mod file;
+pub mod rules;
 pub mod store;
 
 use std::fmt;
@@ -128,7 +128,7 @@ pub fn validate_grace(grace_ms: u64) -> Result<(), String> {
 }
 
 /// Validates a whole acquire request.
-pub fn validate_acquire(spec: &core::AcquireSpec) -> Result<(), EngineError> {
+pub fn validate_acquire(spec: &rules::AcquireSpec) -> Result<(), EngineError> {
     validate_task(&spec.task)
         .and_then(|_| validate_holder(&spec.holder))
         .and_then(|_| validate_ttl(spec.ttl_ms))
@@ -138,7 +138,12 @@ pub fn validate_acquire(spec: &core::AcquireSpec) -> Result<(), EngineError> {
 
 /// Now, in milliseconds on the boot clock (monotonic, counts suspend).
 pub fn now_ms() -> u64 {
-    u64::try_from(crate::clock::BootInstant::now().since_boot().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(
+        crate::time::clock::BootInstant::now()
+            .since_boot()
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX)
 }
 
 /// The expiry policy's wire name, or an error naming the field.

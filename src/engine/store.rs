@@ -18,7 +18,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::authority::{ExpiryPolicy, RefusalReason};
 
-use super::core::{Lease, TaskRow};
+use super::rules::{Lease, TaskRow};
 
 /// A database failure.
 #[derive(Debug)]

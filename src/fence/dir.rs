@@ -125,7 +125,7 @@ impl std::fmt::Display for Error {
                 f,
                 "lock {} still held by another publisher after {}",
                 p.display(),
-                crate::duration::format(*d)
+                crate::time::duration::format(*d)
             ),
             Error::Record(p, e) => write!(f, "fence record {}: {e}", p.display()),
             Error::Move { src, dest, source } => {

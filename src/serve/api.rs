@@ -10,8 +10,8 @@ use serde_json::{Map, Value, json};
 use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::authority::RefusalReason;
-use crate::engine::core::AcquireSpec;
-use crate::engine::memory::ServeEngine;
+use crate::engine::batched::ServeEngine;
+use crate::engine::rules::AcquireSpec;
 use crate::engine::{EngineError, parse_policy};
 
 /// The request handler of `serve`.

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::engine::memory::ServeEngine;
+use crate::engine::batched::ServeEngine;
 
 /// Bucket upper bounds, in microseconds.
 const BUCKETS_US: [u64; 14] = [

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::engine::memory::ServeEngine;
+use crate::engine::batched::ServeEngine;
 
 /// Arguments of `leaseagent serve`.
 #[derive(clap::Args, Debug, Clone)]

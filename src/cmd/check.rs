@@ -5,7 +5,7 @@
 //! loop (before every batch), and it must answer even when the agent is
 //! paused. The agent rewrites the state file named by
 //! `LEASEAGENT_STATE_FILE` atomically on every change of its view and after
-//! every renewal ([`crate::lease_state`]); `check` reads it and compares the
+//! every renewal ([`crate::agent::state_file`]); `check` reads it and compares the
 //! recorded deadline with `CLOCK_BOOTTIME` now. So a paused agent's stale
 //! file still expires on time: the deadline, not the freshness of the file,
 //! decides. A file from another boot is never valid.
@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::clock::BootInstant;
-use crate::lease_state::{ENV_STATE_FILE, LeaseStateFile, LeaseView};
+use crate::agent::state_file::{ENV_STATE_FILE, LeaseStateFile, LeaseView};
+use crate::time::clock::BootInstant;
 
 /// Exit status when the lease is not (or not long enough) valid.
 pub const EXIT_NOT_VALID: u8 = 1;
@@ -32,7 +32,7 @@ pub const EXIT_NOT_VALID: u8 = 1;
 #[derive(clap::Args, Debug, Clone)]
 pub struct CheckArgs {
     /// Succeed only if the lease is valid for at least this much longer
-    #[arg(long = "min-remaining", value_name = "DUR", default_value = "0s", value_parser = crate::duration::parse)]
+    #[arg(long = "min-remaining", value_name = "DUR", default_value = "0s", value_parser = crate::time::duration::parse)]
     pub min_remaining: Duration,
     /// Print nothing on stderr; the exit status alone answers
     #[arg(long, short)]
@@ -84,7 +84,7 @@ pub fn evaluate(
         remaining_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
         reason: None,
     };
-    let fmt = crate::duration::format;
+    let fmt = crate::time::duration::format;
     let reason = if env_token.is_some_and(|t| t != file.token) {
         Some(format!(
             "the lease state file is for token {}, this job's LEASE_TOKEN is {}",
@@ -131,7 +131,7 @@ pub fn verdict(min: Duration) -> Verdict {
             ));
         }
     };
-    let boot_id = match crate::clock::boot_id() {
+    let boot_id = match crate::time::clock::boot_id() {
         Ok(b) => b,
         Err(e) => return Verdict::no(format!("cannot read this boot's id: {e}")),
     };

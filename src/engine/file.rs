@@ -2,7 +2,7 @@
 //! (the embedded default authority).
 //!
 //! Every call is one `BEGIN IMMEDIATE` transaction: read the task's row,
-//! apply the rule from [`super::core`], write it back, commit (fsync'd, WAL
+//! apply the rule from [`super::rules`], write it back, commit (fsync'd, WAL
 //! with `synchronous=FULL`). SQLite's write lock serialises agents, so two
 //! processes racing for a free task cannot both see it free: exactly one
 //! grant. `busy_timeout` is set to the caller's timeout, so a call waits for
@@ -24,7 +24,7 @@ use rusqlite::Connection;
 
 use crate::authority::{LeaseInfo, RefusalReason};
 
-use super::core::{AcquireSpec, TaskRow, lease_id, parse_lease_id};
+use super::rules::{AcquireSpec, TaskRow, lease_id, parse_lease_id};
 use super::store::{self, Expiry};
 use super::{EngineError, now_ms, validate_acquire};
 
@@ -42,7 +42,7 @@ impl SharedEngine {
     /// Opens (creating if needed) the database, waiting at most `busy` for
     /// another process that is creating it.
     pub fn open(path: &Path, busy: Duration) -> Result<Self, EngineError> {
-        let boot_id = crate::clock::boot_id()
+        let boot_id = crate::time::clock::boot_id()
             .map_err(|e| EngineError::Storage(format!("reading the boot id: {e}")))?;
         let (conn, instance) = store::open(path, busy)?;
         Ok(SharedEngine {

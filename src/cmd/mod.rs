@@ -7,22 +7,26 @@
 //! `--version` exit 0. The run path is parsed with lexopt (see [`parse_run`]),
 //! the subcommands with clap.
 
+pub mod check;
+pub mod operator;
+pub mod publish;
+
 use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Parser};
 
-use crate::config::{RawRun, RunConfig};
+use crate::agent::config::{RawRun, RunConfig};
 
 /// What `main` is asked to do.
 pub enum Command {
     Run(RunConfig),
     Serve(crate::serve::ServeArgs),
-    Publish(crate::publish::PublishArgs),
-    Check(crate::check::CheckArgs),
-    Leases(crate::opcmd::LeasesArgs),
-    Revoke(crate::opcmd::RevokeArgs),
-    Clear(crate::opcmd::ClearArgs),
+    Publish(crate::cmd::publish::PublishArgs),
+    Check(crate::cmd::check::CheckArgs),
+    Leases(crate::cmd::operator::LeasesArgs),
+    Revoke(crate::cmd::operator::RevokeArgs),
+    Clear(crate::cmd::operator::ClearArgs),
     /// Internal: the process-group keeper between the agent and the job.
     Keeper(Vec<OsString>),
     /// Help or version was printed, or usage was wrong: exit with this status.
@@ -30,7 +34,7 @@ pub enum Command {
 }
 
 fn dur(s: &str) -> Result<Duration, String> {
-    crate::duration::parse(s)
+    crate::time::duration::parse(s)
 }
 
 const RUN_EXAMPLES: &str = "\
@@ -290,7 +294,7 @@ struct ServeCli {
 #[command(name = "leaseagent publish", version)]
 struct PublishCli {
     #[command(flatten)]
-    args: crate::publish::PublishArgs,
+    args: crate::cmd::publish::PublishArgs,
 }
 
 /// Exit 0 while this job's lease is valid for at least --min-remaining.
@@ -298,7 +302,7 @@ struct PublishCli {
 #[command(name = "leaseagent check", version)]
 struct CheckCli {
     #[command(flatten)]
-    args: crate::check::CheckArgs,
+    args: crate::cmd::check::CheckArgs,
 }
 
 /// List the leases an authority holds.
@@ -306,7 +310,7 @@ struct CheckCli {
 #[command(name = "leaseagent leases", version)]
 struct LeasesCli {
     #[command(flatten)]
-    args: crate::opcmd::LeasesArgs,
+    args: crate::cmd::operator::LeasesArgs,
 }
 
 /// Revoke a task's current lease.
@@ -314,7 +318,7 @@ struct LeasesCli {
 #[command(name = "leaseagent revoke", version)]
 struct RevokeCli {
     #[command(flatten)]
-    args: crate::opcmd::RevokeArgs,
+    args: crate::cmd::operator::RevokeArgs,
 }
 
 /// Free a task held for an operator (after an expiry with --on-expiry hold).
@@ -322,7 +326,7 @@ struct RevokeCli {
 #[command(name = "leaseagent clear", version)]
 struct ClearCli {
     #[command(flatten)]
-    args: crate::opcmd::ClearArgs,
+    args: crate::cmd::operator::ClearArgs,
 }
 
 /// Parses one subcommand's arguments (`argv[0]` is the subcommand name).

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::authority::{Authority, LeaseInfo, OperatorError};
 
-use crate::cli::AuthorityArg;
+use crate::cmd::AuthorityArg;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LeasesArgs {
@@ -56,7 +56,7 @@ pub const NOTHING_TO_DO: u8 = 1;
 
 /// The authority an operator command talks to (any kind: each implements
 /// the operator methods of [`Authority`] or says it cannot).
-fn open_target(a: &crate::cli::AuthorityArg) -> Result<Box<dyn Authority>, String> {
+fn open_target(a: &crate::cmd::AuthorityArg) -> Result<Box<dyn Authority>, String> {
     crate::authority::open(&a.spec()?, &a.trust)
 }
 
@@ -68,7 +68,7 @@ fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
     }
 }
 
-fn open_or_exit(cmd: &str, a: &crate::cli::AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
+fn open_or_exit(cmd: &str, a: &crate::cmd::AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
     open_target(a).map_err(|e| {
         eprintln!("leaseagent {cmd}: {e}");
         ExitCode::from(crate::exit::AGENT_FAILED)
@@ -86,7 +86,7 @@ pub fn table(leases: &[LeaseInfo]) -> String {
                 l.token.to_string(),
                 l.holder.clone(),
                 l.expires_in_ms
-                    .map(|ms| crate::duration::format(Duration::from_millis(ms)))
+                    .map(|ms| crate::time::duration::format(Duration::from_millis(ms)))
                     .unwrap_or_else(|| "-".into()),
                 l.lease_id.clone(),
             ]

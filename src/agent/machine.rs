@@ -28,10 +28,10 @@
 
 use std::time::Duration;
 
+use crate::agent::state_file::LeaseView;
 use crate::authority::{Outcome, RefusalReason};
-use crate::clock::BootInstant;
 use crate::exit::{self, ChildStatus};
-use crate::lease_state::LeaseView;
+use crate::time::clock::BootInstant;
 
 pub const SIGTERM: i32 = 15;
 pub const SIGKILL: i32 = 9;
@@ -245,7 +245,7 @@ impl Machine {
     }
 
     fn left(&self, now: BootInstant) -> String {
-        crate::duration::format(now.until(self.deadline))
+        crate::time::duration::format(now.until(self.deadline))
     }
 
     /// When the loop must wake up next, even if nothing happens.
@@ -422,7 +422,7 @@ impl Machine {
                     "stopping: task {} token {}: signal {sig} sent, SIGKILL in {}",
                     self.task,
                     self.token,
-                    crate::duration::format(now.until(kill_at))
+                    crate::time::duration::format(now.until(kill_at))
                 ),
             ));
         }
@@ -462,7 +462,7 @@ impl Machine {
                 log::Level::Info,
                 format!(
                     "renewals recovered after {}: task {} token {}, {} left",
-                    crate::duration::format(now.saturating_since(since)),
+                    crate::time::duration::format(now.saturating_since(since)),
                     self.task,
                     self.token,
                     self.left(now)
@@ -502,7 +502,7 @@ impl Machine {
                     log::Level::Debug,
                     format!(
                         "renewal still failing after {}: {error}",
-                        crate::duration::format(now.saturating_since(since))
+                        crate::time::duration::format(now.saturating_since(since))
                     ),
                 ));
                 out.push(Action::Publish(
@@ -510,7 +510,7 @@ impl Machine {
                     format!(
                         "holding token {}, renewals failing for {}",
                         self.token,
-                        crate::duration::format(now.saturating_since(since))
+                        crate::time::duration::format(now.saturating_since(since))
                     ),
                 ));
             }

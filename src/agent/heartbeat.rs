@@ -17,7 +17,7 @@
 //! - The send instant is read on the boot clock *before* the request goes
 //!   out; that instant, not the answer's arrival, is what the deadline counts
 //!   from.
-//! - Waits are capped at [`crate::clock::MAX_WAIT`] and the boot clock re-read,
+//! - Waits are capped at [`crate::time::clock::MAX_WAIT`] and the boot clock re-read,
 //!   so a suspend does not push the next renewal out by the suspend's length.
 //! - A refusal ends the thread: the lease is gone for good.
 
@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::agent::machine::Event;
 use crate::authority::{Authority, LeaseRef, RenewError};
-use crate::clock::{BootInstant, MAX_WAIT};
-use crate::machine::Event;
+use crate::time::clock::{BootInstant, MAX_WAIT};
 
 /// Timing of the renewals.
 #[derive(Clone, Copy, Debug)]
@@ -112,7 +112,7 @@ fn run(
                     "renewed task {} token {}: ttl {}",
                     lease.task,
                     lease.token,
-                    crate::duration::format(r.ttl)
+                    crate::time::duration::format(r.ttl)
                 );
                 Event::Renewed {
                     sent_at,

@@ -35,7 +35,7 @@ use rusqlite::Connection;
 
 use crate::authority::{LeaseInfo, RefusalReason};
 
-use super::core::{AcquireSpec, Phase, TaskRow, lease_id, parse_lease_id};
+use super::rules::{AcquireSpec, Phase, TaskRow, lease_id, parse_lease_id};
 use super::store::{self, Expiry};
 use super::{EngineError, now_ms, validate_acquire};
 

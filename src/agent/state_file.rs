@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::BootInstant;
+use crate::time::clock::BootInstant;
 
 /// The environment variable that names the state file for the job.
 pub const ENV_STATE_FILE: &str = "LEASEAGENT_STATE_FILE";

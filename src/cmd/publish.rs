@@ -48,7 +48,7 @@ pub struct PublishArgs {
     #[arg(long, value_name = "N")]
     pub token: Option<u64>,
     /// Longest wait for another publisher of DEST
-    #[arg(long = "lock-timeout", value_name = "DUR", default_value = "30s", value_parser = crate::duration::parse)]
+    #[arg(long = "lock-timeout", value_name = "DUR", default_value = "30s", value_parser = crate::time::duration::parse)]
     pub lock_timeout: Duration,
     /// The file or directory to publish
     #[arg(value_name = "SRC")]

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::agent::machine::{Action, Event, Machine};
+use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
 use crate::authority::{Authority, Grant, RenewError};
-use crate::child::{JobGroup, Keeper};
-use crate::clock::{BootInstant, MAX_WAIT};
-use crate::lease_state::{LeaseStateFile, LeaseView, StateWriter};
-use crate::machine::{Action, Event, Machine};
-use crate::notify::Notifier;
+use crate::keeper::handle::{JobGroup, Keeper};
+use crate::sys::notify::Notifier;
+use crate::time::clock::{BootInstant, MAX_WAIT};
 
 /// Everything the loop needs, prepared by `run`.
 pub struct Supervisor {
@@ -34,7 +34,7 @@ pub struct Supervisor {
     pub state: Option<StateWriter>,
     pub boot_id: String,
     /// Dropped to stop renewals.
-    pub heartbeat: Option<crate::heartbeat::Heartbeat>,
+    pub heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
     pub keeper: Option<Keeper>,
     /// Kept so the channel never reads as disconnected while the loop runs.
     pub _events_tx: Sender<Event>,

@@ -15,8 +15,8 @@
 use crossbeam_channel::Sender;
 use signal_hook::iterator::Signals;
 
+use crate::agent::machine::Event;
 use crate::keeper::RELAYED;
-use crate::machine::Event;
 
 /// Installs the handlers and starts the forwarding thread.
 pub fn spawn(events: Sender<Event>) -> std::io::Result<()> {

@@ -9,18 +9,25 @@
 //!    deadline is `acquire sent + granted ttl`.
 //! 3. Keeper and job, then the heartbeat thread, then the loop.
 
+pub mod config;
+pub mod heartbeat;
+pub mod machine;
+pub mod signals;
+pub mod state_file;
+pub mod supervisor;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use crate::agent::config::RunConfig;
+use crate::agent::machine::{Event, Machine};
+use crate::agent::supervisor::Supervisor;
 use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant};
-use crate::clock::BootInstant;
-use crate::config::RunConfig;
 use crate::exit;
-use crate::machine::{Event, Machine};
-use crate::notify::Notifier;
-use crate::supervisor::Supervisor;
+use crate::sys::notify::Notifier;
+use crate::time::clock::BootInstant;
 
 /// Sets up stderr logging: `RUST_LOG` sets the level, `info` by default.
 pub fn init_logging() {
@@ -119,13 +126,13 @@ fn acquire(
             log::error!(
                 "task {} is still {holder_note} after waiting {}; giving up",
                 cfg.task,
-                crate::duration::format(now.saturating_since(started))
+                crate::time::duration::format(now.saturating_since(started))
             );
             return Acquired::Exit(exit::HELD);
         }
         if holder_note != last_note {
             let limit = match until {
-                Some(u) => format!("up to {} more", crate::duration::format(now.until(u))),
+                Some(u) => format!("up to {} more", crate::time::duration::format(now.until(u))),
                 None => "with no limit".into(),
             };
             log::info!("task {} is {holder_note}; waiting ({limit})", cfg.task);
@@ -150,8 +157,8 @@ fn acquire(
             if left.is_zero() {
                 break;
             }
-            match events.recv_timeout(left.min(crate::clock::MAX_WAIT)) {
-                Ok(Event::Signal(sig)) if crate::signals::is_stop_signal(sig) => {
+            match events.recv_timeout(left.min(crate::time::clock::MAX_WAIT)) {
+                Ok(Event::Signal(sig)) if crate::agent::signals::is_stop_signal(sig) => {
                     auth.abandon_wait(acquire_timeout(cfg));
                     log::warn!(
                         "signal {sig} while waiting for task {}; not acquired",
@@ -167,7 +174,7 @@ fn acquire(
 }
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.
-fn state_writer() -> Option<crate::lease_state::StateWriter> {
+fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
     use std::os::unix::fs::DirBuilderExt;
     let base = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
@@ -179,7 +186,7 @@ fn state_writer() -> Option<crate::lease_state::StateWriter> {
         .recursive(true)
         .mode(0o700)
         .create(&base);
-    match crate::lease_state::StateWriter::in_dir(&base) {
+    match crate::agent::state_file::StateWriter::in_dir(&base) {
         Ok(w) => Some(w),
         Err(e) => {
             log::warn!(
@@ -199,7 +206,7 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 
 fn run(cfg: RunConfig) -> u8 {
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
-    if let Err(e) = crate::signals::spawn(tx.clone()) {
+    if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
@@ -217,14 +224,14 @@ fn run(cfg: RunConfig) -> u8 {
         Acquired::Exit(code) => return code,
     };
     let (heartbeat, grace) =
-        crate::config::fit_to_granted(cfg.ttl, cfg.heartbeat, cfg.grace, grant.ttl);
+        crate::agent::config::fit_to_granted(cfg.ttl, cfg.heartbeat, cfg.grace, grant.ttl);
     if grant.ttl < cfg.ttl && (heartbeat, grace) != (cfg.heartbeat, cfg.grace) {
         log::warn!(
             "authority granted a ttl of {} (asked {}); heartbeat {} and grace {} scaled to fit",
-            crate::duration::format(grant.ttl),
-            crate::duration::format(cfg.ttl),
-            crate::duration::format(heartbeat),
-            crate::duration::format(grace)
+            crate::time::duration::format(grant.ttl),
+            crate::time::duration::format(cfg.ttl),
+            crate::time::duration::format(heartbeat),
+            crate::time::duration::format(grace)
         );
     }
     log::info!(
@@ -232,9 +239,9 @@ fn run(cfg: RunConfig) -> u8 {
         grant.task,
         grant.token,
         grant.lease_id,
-        crate::duration::format(grant.ttl),
-        crate::duration::format(heartbeat),
-        crate::duration::format(grace),
+        crate::time::duration::format(grant.ttl),
+        crate::time::duration::format(heartbeat),
+        crate::time::duration::format(grace),
         auth.url()
     );
     let machine = Machine::new(&grant.task, grant.token, sent, grant.ttl, grace);
@@ -251,11 +258,11 @@ fn run(cfg: RunConfig) -> u8 {
     ];
     if let Some(s) = &state {
         env.push((
-            crate::lease_state::ENV_STATE_FILE.to_string(),
+            crate::agent::state_file::ENV_STATE_FILE.to_string(),
             s.path().display().to_string(),
         ));
     }
-    let boot_id = crate::clock::boot_id().unwrap_or_default();
+    let boot_id = crate::time::clock::boot_id().unwrap_or_default();
     let mut sup = Supervisor {
         machine,
         grant: grant.clone(),
@@ -274,7 +281,7 @@ fn run(cfg: RunConfig) -> u8 {
     debug_assert!(first.is_empty());
     sup.publish_initial();
     // Neither the trust flags' variables nor credentials in a URL reach the job.
-    let env_remove: Vec<&str> = crate::notify::JOB_ENV_REMOVE
+    let env_remove: Vec<&str> = crate::sys::notify::JOB_ENV_REMOVE
         .iter()
         .chain(authority::trust::JOB_ENV_REMOVE)
         .copied()
@@ -288,7 +295,7 @@ fn run(cfg: RunConfig) -> u8 {
             authority::trust::redact_url(&url),
         ));
     }
-    match crate::child::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
+    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
         Ok(k) => sup.keeper = Some(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");
@@ -301,12 +308,12 @@ fn run(cfg: RunConfig) -> u8 {
             return exit::AGENT_FAILED;
         }
     }
-    let schedule = crate::heartbeat::Schedule {
+    let schedule = crate::agent::heartbeat::Schedule {
         heartbeat,
         deadline: sent + grant.ttl,
         granted_at: sent,
     };
-    match crate::heartbeat::spawn(auth, grant.lease_ref(), schedule, tx) {
+    match crate::agent::heartbeat::spawn(auth, grant.lease_ref(), schedule, tx) {
         Ok(h) => sup.heartbeat = Some(h),
         Err(e) => {
             // No renewals: the machine stops the job before the deadline.

@@ -19,10 +19,10 @@ use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, Signal, kill_process_group};
 
-use crate::clock::BootInstant;
+use crate::agent::machine::Event;
 use crate::exit::ChildStatus;
 use crate::keeper::{DONE, KEEPER_ARG};
-use crate::machine::Event;
+use crate::time::clock::BootInstant;
 
 /// The job's process group, ready to be signalled as a whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

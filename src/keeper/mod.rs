@@ -33,6 +33,8 @@
 //!   signals are reset to their defaults by `exec`, so the job starts clean.
 //! - A normal end is `D` on the ctl pipe: the keeper exits without killing.
 
+pub mod handle;
+
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{OwnedFd, RawFd};
@@ -75,8 +77,8 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     let claimed = (
-        crate::sys::claim_inherited_fd(ctl_fd),
-        crate::sys::claim_inherited_fd(report_fd),
+        crate::sys::fd::claim_inherited_fd(ctl_fd),
+        crate::sys::fd::claim_inherited_fd(report_fd),
     );
     let (Ok(ctl), Ok(report)) = claimed else {
         eprintln!("leaseagent: keeper: control descriptors missing");
@@ -154,7 +156,9 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             Ok(Some((pid, status))) => {
                 if pid.as_raw_nonzero().get() == job_pid && !job_done {
                     job_done = true;
-                    let at = crate::clock::BootInstant::now().since_boot().as_millis();
+                    let at = crate::time::clock::BootInstant::now()
+                        .since_boot()
+                        .as_millis();
                     let line = match (status.exit_status(), status.terminating_signal()) {
                         (Some(code), _) => format!("X exit {code} {at}"),
                         (None, Some(sig)) => format!("X signal {sig} {at}"),

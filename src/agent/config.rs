@@ -109,16 +109,16 @@ impl RawRun {
         if heartbeat >= ttl {
             return Err(format!(
                 "--heartbeat ({}) must be below --ttl ({})",
-                crate::duration::format(heartbeat),
-                crate::duration::format(ttl)
+                crate::time::duration::format(heartbeat),
+                crate::time::duration::format(ttl)
             ));
         }
         let grace = self.grace.unwrap_or(ttl / 6);
         if grace >= ttl {
             return Err(format!(
                 "--grace ({}) must be below --ttl ({}): the command gets SIGTERM --grace before the lease's deadline",
-                crate::duration::format(grace),
-                crate::duration::format(ttl)
+                crate::time::duration::format(grace),
+                crate::time::duration::format(ttl)
             ));
         }
         self.trust.check_usage()?;
