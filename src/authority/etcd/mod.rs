@@ -144,7 +144,7 @@ impl EtcdAuthority {
                 &LeaseGrantRequest { ttl: secs },
                 deadline,
             )
-            .map_err(|e| acquire_error("etcd lease grant", e))?;
+            .map_err(|e| self.first_call_error("etcd lease grant", e, deadline))?;
         if !r.error.is_empty() || r.id <= 0 || r.ttl <= 0 {
             return Err(AcquireError::Transient(format!(
                 "etcd lease grant gave no lease (id {}, ttl {}): {}",
@@ -152,6 +152,28 @@ impl EtcdAuthority {
             )));
         }
         Ok((r.id, r.ttl))
+    }
+
+    /// A failure of the first call of an acquire. A plain `etcd://` call
+    /// that failed without timing out may have reached a TLS port: one
+    /// bounded probe names that cause instead of "unreachable".
+    fn first_call_error(&self, what: &str, e: CallError, deadline: Instant) -> AcquireError {
+        if let CallError::Transient(m) = &e {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1));
+            if !self.gw.tls()
+                && !m.ends_with("timed out")
+                && self.gw.endpoints().iter().any(|ep| {
+                    super::transport::speaks_tls(&format!("http://{ep}"), left)
+                })
+            {
+                return AcquireError::Trust(format!(
+                    "TLS: {what}: {m} (etcd speaks TLS there: use etcds://)"
+                ));
+            }
+        }
+        acquire_error(what, e)
     }
 
     /// Puts our key (if not there yet) and reads the queue's head, in one txn.
