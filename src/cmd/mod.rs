@@ -265,7 +265,14 @@ Examples:
   leaseagent leases
 
   # of a lease server, as JSON
-  leaseagent leases --authority http://leases.internal:7878 --json";
+  leaseagent leases --authority http://leases.internal:7878 --json
+
+  # of a TLS lease server with a token, and of etcd with TLS and etcd's own login
+  leaseagent leases --authority https://leases.internal:7878 --ca-file ca.pem --auth-token-file ~/.leaseagent-token
+  leaseagent leases --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user ops --etcd-password-file ~/.etcd-pw
+
+With etcd, every lock key is listed (leaseagent's and `etcdctl lock`'s): the first of each
+task is `active`, the others `waiting` in queue order; TOKEN is the key's create revision.";
 
 const REVOKE_EXAMPLES: &str = "\
 Examples:
@@ -273,13 +280,19 @@ Examples:
   leaseagent revoke --authority http://leases.internal:7878 nightly-export
 
   # and make the task available again at once
-  leaseagent revoke --force nightly-export";
+  leaseagent revoke --force nightly-export
+
+With etcd, revoke revokes the holder's etcd lease: its key is deleted at once and the next
+waiter (leaseagent or `etcdctl lock`) gets the task; --force changes nothing.";
 
 const CLEAR_EXAMPLES: &str = "\
 Examples:
   # a lease with --on-expiry hold expired: after checking the job's side effects,
   # let the task be granted again
-  leaseagent clear --authority http://leases.internal:7878 nightly-export";
+  leaseagent clear --authority http://leases.internal:7878 nightly-export
+
+etcd has no held-for-operator state (it frees a task when its lease expires, and leaseagent
+refuses --on-expiry hold with etcd): clear there always exits 1, nothing to clear.";
 
 /// The reference lease authority (lease protocol v1) with its state in SQLite.
 #[derive(Parser, Debug)]

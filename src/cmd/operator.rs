@@ -152,7 +152,7 @@ pub fn revoke(a: RevokeArgs) -> ExitCode {
                     "{}",
                     serde_json::json!({"task": a.task, "revoked": true, "force": a.force})
                 );
-            } else if a.force {
+            } else if a.force || t.url().starts_with("etcd") {
                 println!(
                     "revoked the lease on {}: the task is free now; its holder is refused at its next renewal",
                     a.task

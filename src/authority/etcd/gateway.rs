@@ -152,11 +152,22 @@ impl Gateway {
         body: &B,
         deadline: Instant,
     ) -> Result<R, CallError> {
+        self.call_limited(path, body, deadline, BODY_LIMIT)
+    }
+
+    /// [`Gateway::call`] with an answer size limit other than the protocol's.
+    pub fn call_limited<B: Serialize, R: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &B,
+        deadline: Instant,
+        limit: u64,
+    ) -> Result<R, CallError> {
         let body = serde_json::to_vec(body).map_err(|e| CallError::Transient(e.to_string()))?;
         if self.needs_login() && self.token.is_none() {
             self.authenticate(deadline)?;
         }
-        let first = self.rotate(path, &body, true, deadline);
+        let first = self.rotate(path, &body, true, deadline, limit);
         let answer = match first {
             Err(CallError::Status { status, .. })
                 if self.needs_login() && token_expired(&status) =>
@@ -167,7 +178,7 @@ impl Gateway {
                 );
                 self.token = None;
                 self.authenticate(deadline)?;
-                self.rotate(path, &body, true, deadline)
+                self.rotate(path, &body, true, deadline, limit)
             }
             other => other,
         };
@@ -185,7 +196,13 @@ impl Gateway {
         })
         .map_err(|e| CallError::Transient(e.to_string()))?;
         let user = login.user.clone();
-        match self.rotate::<AuthenticateResponse>("/v3/auth/authenticate", &body, false, deadline) {
+        match self.rotate::<AuthenticateResponse>(
+            "/v3/auth/authenticate",
+            &body,
+            false,
+            deadline,
+            BODY_LIMIT,
+        ) {
             Ok(r) if !r.token.is_empty() => {
                 self.token = Some(r.token);
                 Ok(())
@@ -220,6 +237,7 @@ impl Gateway {
         body: &[u8],
         with_token: bool,
         deadline: Instant,
+        limit: u64,
     ) -> Result<R, CallError> {
         let n = self.endpoints.len().max(1);
         let mut last = CallError::Transient("etcd: no endpoint configured".into());
@@ -242,7 +260,7 @@ impl Gateway {
                 break;
             };
             let token = if with_token { self.token.clone() } else { None };
-            match self.attempt(&endpoint, path, body, token.as_deref(), budget) {
+            match self.attempt(&endpoint, path, body, token.as_deref(), budget, limit) {
                 Ok(r) => return Ok(r),
                 Err(e @ CallError::Status { .. }) | Err(e @ CallError::Denied { .. }) => {
                     return Err(e);
@@ -276,23 +294,18 @@ impl Gateway {
         body: &[u8],
         token: Option<&str>,
         budget: Duration,
+        limit: u64,
     ) -> Result<R, CallError> {
         let url = format!("{}://{endpoint}{path}", self.scheme);
-        let (status, bytes) = crate::authority::transport::call(
-            &self.agent,
-            &url,
-            Some(body),
-            token,
-            budget,
-            BODY_LIMIT,
-        )
-        .map_err(|f| match f.trust {
-            Some(cause) => CallError::Tls {
-                cause,
-                message: f.message,
-            },
-            None => CallError::Transient(f.message),
-        })?;
+        let (status, bytes) =
+            crate::authority::transport::call(&self.agent, &url, Some(body), token, budget, limit)
+                .map_err(|f| match f.trust {
+                    Some(cause) => CallError::Tls {
+                        cause,
+                        message: f.message,
+                    },
+                    None => CallError::Transient(f.message),
+                })?;
         if !(200..300).contains(&status) && !(400..500).contains(&status) {
             return Err(CallError::Transient(format!(
                 "HTTP {status}: {}",

@@ -120,6 +120,13 @@ pub struct StreamError {
     pub error: GatewayError,
 }
 
+/// Answer of `/v3/lease/timetolive` (-1 once the lease is gone).
+#[derive(Deserialize)]
+pub struct TimeToLiveResponse {
+    #[serde(rename = "TTL", default, deserialize_with = "de_i64")]
+    pub ttl: i64,
+}
+
 /// gRPC status `INVALID_ARGUMENT` (etcd: "authentication failed", "user
 /// name is empty", "revision of auth store is old").
 pub const GRPC_INVALID_ARGUMENT: i64 = 3;
@@ -181,6 +188,15 @@ impl RangeRequest {
             sort_order: Some("ASCEND"),
             sort_target: Some("CREATE"),
             max_create_revision: 0,
+        }
+    }
+
+    /// Every key (`\0` to the end of the keyspace).
+    pub fn everything() -> Self {
+        RangeRequest {
+            key: b64(&[0]),
+            range_end: b64(&[0]),
+            ..Default::default()
         }
     }
 
