@@ -11,13 +11,19 @@
 //! SIGTERM handler runs; latency = that instant - the instant the authority
 //! read the renewal it refused.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use leaseagent_testkit::*;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
+}
+
+fn helper(name: &str) -> String {
+    format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
+}
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -20,7 +20,7 @@ use leaseagent::fence::sqlite::{Error, SqliteStore};
 use leaseagent::fence::{FenceError, FencedStore};
 
 /// Writes `rows` rows for `partition` with `token`; the whole job's work.
-pub fn write_partition(db: &Path, partition: &str, token: u64, rows: u64) -> Result<u64, Error> {
+fn write_partition(db: &Path, partition: &str, token: u64, rows: u64) -> Result<u64, Error> {
     let mut store = SqliteStore::open(db)?;
     store.connection().execute_batch(
         "CREATE TABLE IF NOT EXISTS export_rows (
@@ -42,7 +42,6 @@ pub fn write_partition(db: &Path, partition: &str, token: u64, rows: u64) -> Res
     })
 }
 
-#[allow(dead_code)]
 fn run() -> Result<u64, Error> {
     let mut args = std::env::args_os().skip(1);
     let (Some(db), Some(partition)) = (args.next(), args.next()) else {
@@ -65,7 +64,6 @@ fn run() -> Result<u64, Error> {
     write_partition(&PathBuf::from(db), &partition, token, rows)
 }
 
-#[allow(dead_code)] // not called when a test includes this file
 fn main() -> ExitCode {
     match run() {
         Ok(n) => {

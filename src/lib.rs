@@ -11,6 +11,9 @@ pub mod engine;
 pub mod exit;
 pub mod fence;
 pub mod keeper;
+pub mod lease;
+pub mod protocol;
+
 pub mod serve;
 pub mod sys;
 pub mod time;

@@ -10,7 +10,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::authority::trust::TrustFiles;
-use crate::authority::{AuthoritySpec, ExpiryPolicy};
+use crate::authority::AuthoritySpec;
+use crate::lease::ExpiryPolicy;
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,37 +48,14 @@ pub struct RawRun {
     pub trust: TrustFiles,
 }
 
-/// Protocol rule for task names: 1 to 200 bytes of `A-Z a-z 0-9 . _ - : / @`.
+/// The protocol's task-name rule ([`crate::lease::check_task`]), naming the flag.
 pub fn validate_task(task: &str) -> Result<(), String> {
-    if task.is_empty() || task.len() > 200 {
-        return Err(format!(
-            "--task: `{task}` must be 1 to 200 bytes long (it is {})",
-            task.len()
-        ));
-    }
-    if let Some(c) = task
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || ".-_:/@".contains(*c)))
-    {
-        return Err(format!(
-            "--task: `{task}` contains {c:?}; task names use only A-Z a-z 0-9 . _ - : / @"
-        ));
-    }
-    Ok(())
+    crate::lease::check_task(task).map_err(|e| format!("--task: `{task}` {e}"))
 }
 
-/// Protocol rule for holders: 1 to 200 bytes of printable UTF-8.
+/// The protocol's holder rule ([`crate::lease::check_holder`]), naming the flag.
 pub fn validate_holder(holder: &str) -> Result<(), String> {
-    if holder.is_empty() || holder.len() > 200 {
-        return Err(format!(
-            "--holder: must be 1 to 200 bytes long (it is {})",
-            holder.len()
-        ));
-    }
-    if holder.chars().any(|c| c.is_control()) {
-        return Err("--holder: must be printable (no control characters)".into());
-    }
-    Ok(())
+    crate::lease::check_holder(holder).map_err(|e| format!("--holder: {e}"))
 }
 
 /// `HOSTNAME/PID`.

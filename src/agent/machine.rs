@@ -29,8 +29,8 @@
 use std::time::Duration;
 
 use crate::agent::state_file::LeaseView;
-use crate::authority::{Outcome, RefusalReason};
 use crate::exit::{self, ChildStatus};
+use crate::lease::{Outcome, RefusalReason};
 use crate::time::clock::BootInstant;
 
 pub const SIGTERM: i32 = 15;

@@ -301,7 +301,7 @@ fn run(cfg: RunConfig) -> u8 {
             log::error!("cannot start the keeper process: {e}");
             let _ = auth.release(
                 &grant.lease_ref(),
-                crate::authority::Outcome::Failed,
+                crate::lease::Outcome::Failed,
                 None,
                 sup.release_timeout,
             );

@@ -140,7 +140,7 @@ impl Supervisor {
         }
     }
 
-    fn release(&mut self, outcome: crate::authority::Outcome, exit_code: Option<i32>) {
+    fn release(&mut self, outcome: crate::lease::Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
         let timeout = self.release_timeout;
         match self.authority.release(&lease, outcome, exit_code, timeout) {

@@ -20,7 +20,6 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::json;
 
 use std::sync::Arc;
@@ -28,6 +27,7 @@ use std::sync::Arc;
 use super::transport::Failure;
 use super::trust::ClientTrust;
 use super::*;
+use crate::protocol::v1::{ErrorBody, ErrorCode, GrantBody, RenewBody};
 
 pub use super::transport::BODY_LIMIT;
 
@@ -42,33 +42,6 @@ pub struct HttpAuthority {
 struct Answer {
     status: u16,
     body: Vec<u8>,
-}
-
-#[derive(Deserialize)]
-struct GrantBody {
-    lease_id: String,
-    #[serde(default)]
-    task: Option<String>,
-    token: u64,
-    ttl_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct RenewBody {
-    ttl_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: String,
-    #[serde(default)]
-    message: Option<String>,
-    #[serde(default)]
-    holder: Option<String>,
-    #[serde(default)]
-    retry_after_ms: Option<u64>,
-    #[serde(default)]
-    lease_id: Option<String>,
 }
 
 impl HttpAuthority {
@@ -186,7 +159,9 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
         return None;
     }
     let e: ErrorBody = parse(body)?;
-    let reason = RefusalReason::parse(&e.error)?;
+    let ErrorCode::Refused(reason) = e.code()? else {
+        return None;
+    };
     Some(RenewError::Refused {
         reason,
         message: e.message.unwrap_or_default(),
@@ -243,11 +218,11 @@ impl Authority for HttpAuthority {
             409 => {
                 let e: Option<ErrorBody> = parse(&a.body);
                 match e {
-                    Some(e) if e.error == "held" => Err(AcquireError::Held {
+                    Some(e) if e.code() == Some(ErrorCode::Held) => Err(AcquireError::Held {
                         holder: e.holder.unwrap_or_else(|| "another holder".into()),
                         retry_after: e.retry_after_ms.map(Duration::from_millis),
                     }),
-                    Some(e) if e.error == "held_for_operator" => {
+                    Some(e) if e.code() == Some(ErrorCode::HeldForOperator) => {
                         Err(AcquireError::HeldForOperator {
                             holder: e.holder.unwrap_or_default(),
                             lease_id: e.lease_id.unwrap_or_default(),

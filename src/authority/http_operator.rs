@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::trust::ClientTrust;
 use super::{LeaseInfo, OperatorError};
+use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
 /// (status, body) of one call.
 fn call(
@@ -40,20 +41,14 @@ fn call(
 
 /// Turns a non-200 answer into an error carrying the authority's message.
 fn failure(status: u16, text: &str) -> OperatorError {
-    let v: Option<Value> = serde_json::from_str(text).ok();
-    let code = v
+    let body: Option<ErrorBody> = serde_json::from_str(text).ok();
+    let code = body.as_ref().map(|b| b.error.as_str()).unwrap_or("");
+    let msg = body
         .as_ref()
-        .and_then(|v| v.get("error"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let msg = v
-        .as_ref()
-        .and_then(|v| v.get("message"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+        .and_then(|b| b.message.clone())
         .unwrap_or_else(|| format!("HTTP {status}"));
-    match (status, code) {
-        (404, "not_found") => OperatorError::NotFound(msg),
+    match (status, body.as_ref().and_then(ErrorBody::code)) {
+        (404, Some(ErrorCode::NotFound)) => OperatorError::NotFound(msg),
         (404 | 405, _) => OperatorError::Unsupported(format!(
             "the authority does not support this operator call (HTTP {status})"
         )),
@@ -74,11 +69,7 @@ pub fn leases(
     if status != 200 {
         return Err(failure(status, &text));
     }
-    #[derive(serde::Deserialize)]
-    struct Listing {
-        leases: Vec<LeaseInfo>,
-    }
-    serde_json::from_str::<Listing>(&text)
+    serde_json::from_str::<LeasesBody>(&text)
         .map(|l| l.leases)
         .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))
 }

@@ -28,142 +28,10 @@ pub mod trust;
 use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// What the authority does once a lease expires (sent with acquire).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpiryPolicy {
-    Redispatch,
-    Grace,
-    Hold,
-}
-
-impl ExpiryPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExpiryPolicy::Redispatch => "redispatch",
-            ExpiryPolicy::Grace => "grace",
-            ExpiryPolicy::Hold => "hold",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "redispatch" => Some(ExpiryPolicy::Redispatch),
-            "grace" => Some(ExpiryPolicy::Grace),
-            "hold" => Some(ExpiryPolicy::Hold),
-            _ => None,
-        }
-    }
-}
-
-/// How a run ended, as reported on release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Succeeded,
-    Failed,
-    Cancelled,
-    Lost,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed => "failed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Lost => "lost",
-        }
-    }
-}
-
-/// An acquire request, as the agent sends it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AcquireRequest {
-    pub task: String,
-    pub holder: String,
-    pub ttl: Duration,
-    pub on_expiry: ExpiryPolicy,
-    /// Only meaningful with [`ExpiryPolicy::Grace`].
-    pub grace: Duration,
-}
-
-/// A granted lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    pub lease_id: String,
-    pub task: String,
-    /// The fencing token: strictly greater than every token issued before for
-    /// this task.
-    pub token: u64,
-    /// The ttl the authority granted (it may clamp what was asked).
-    pub ttl: Duration,
-}
-
-impl Grant {
-    pub fn lease_ref(&self) -> LeaseRef {
-        LeaseRef {
-            lease_id: self.lease_id.clone(),
-            token: self.token,
-            task: self.task.clone(),
-        }
-    }
-}
-
-/// What renew and release need to name a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseRef {
-    pub lease_id: String,
-    pub token: u64,
-    pub task: String,
-}
-
-/// Why an authority refused a renewal: the lease is gone for good.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RefusalReason {
-    Expired,
-    Superseded,
-    Revoked,
-    UnknownLease,
-}
-
-impl RefusalReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusalReason::Expired => "expired",
-            RefusalReason::Superseded => "superseded",
-            RefusalReason::Revoked => "revoked",
-            RefusalReason::UnknownLease => "unknown_lease",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "expired" => Some(RefusalReason::Expired),
-            "superseded" => Some(RefusalReason::Superseded),
-            "revoked" => Some(RefusalReason::Revoked),
-            "unknown_lease" => Some(RefusalReason::UnknownLease),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for RefusalReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A successful renewal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Renewed {
-    /// The ttl now in force, counted from when the authority received the
-    /// renewal (the agent counts it from when it *sent* it).
-    pub ttl: Duration,
-}
+pub use crate::lease::{
+    AcquireRequest, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome, RefusalReason,
+    Renewed,
+};
 
 /// Why an acquire did not give a lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,20 +101,6 @@ impl fmt::Display for RenewError {
             RenewError::Transient(m) => write!(f, "{m}"),
         }
     }
-}
-
-/// One row of the operator view of an authority.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseInfo {
-    pub task: String,
-    pub lease_id: String,
-    pub token: u64,
-    pub holder: String,
-    /// `active`, `grace` or `held_for_operator`.
-    pub state: String,
-    /// Milliseconds until expiry (for `grace`: until the task is free again;
-    /// absent for `held_for_operator`).
-    pub expires_in_ms: Option<u64>,
 }
 
 /// Errors of the operator calls.

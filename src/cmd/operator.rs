@@ -82,7 +82,7 @@ pub fn table(leases: &[LeaseInfo]) -> String {
         .map(|l| {
             [
                 l.task.clone(),
-                l.state.clone(),
+                l.state.to_string(),
                 l.token.to_string(),
                 l.holder.clone(),
                 l.expires_in_ms

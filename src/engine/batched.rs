@@ -33,7 +33,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 
-use crate::authority::{LeaseInfo, RefusalReason};
+use crate::lease::{LeaseInfo, RefusalReason};
 
 use super::rules::{AcquireSpec, Phase, TaskRow, lease_id, parse_lease_id};
 use super::store::{self, Expiry};

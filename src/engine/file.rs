@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::authority::{LeaseInfo, RefusalReason};
+use crate::lease::{LeaseInfo, RefusalReason};
 
 use super::rules::{AcquireSpec, TaskRow, lease_id, parse_lease_id};
 use super::store::{self, Expiry};

@@ -30,13 +30,9 @@ pub mod store;
 
 use std::fmt;
 
-use crate::authority::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, RefusalReason};
 
-/// The reference bounds on `ttl_ms` (lease protocol v1).
-pub const MIN_TTL_MS: u64 = 1_000;
-pub const MAX_TTL_MS: u64 = 86_400_000;
-/// The largest `grace_ms` accepted.
-pub const MAX_GRACE_MS: u64 = 86_400_000;
+pub use crate::lease::{MAX_GRACE_MS, MAX_TTL_MS, MIN_TTL_MS};
 
 /// Why an engine call did not succeed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,31 +76,14 @@ impl From<store::StoreError> for EngineError {
     }
 }
 
-/// Checks a task name: 1 to 200 bytes of `A-Z a-z 0-9 . _ - : / @`.
+/// Checks a task name (the protocol's rule, [`crate::lease::check_task`]).
 pub fn validate_task(task: &str) -> Result<(), String> {
-    if task.is_empty() || task.len() > 200 {
-        return Err("`task` must be 1 to 200 bytes".into());
-    }
-    if let Some(c) = task
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '@')))
-    {
-        return Err(format!(
-            "`task` may only contain A-Z a-z 0-9 . _ - : / @ (found {c:?})"
-        ));
-    }
-    Ok(())
+    crate::lease::check_task(task).map_err(|e| format!("`task` {e}"))
 }
 
-/// Checks a holder: 1 to 200 bytes of printable UTF-8.
+/// Checks a holder (the protocol's rule, [`crate::lease::check_holder`]).
 pub fn validate_holder(holder: &str) -> Result<(), String> {
-    if holder.is_empty() || holder.len() > 200 {
-        return Err("`holder` must be 1 to 200 bytes".into());
-    }
-    if holder.chars().any(|c| c.is_control()) {
-        return Err("`holder` must be printable UTF-8 (no control characters)".into());
-    }
-    Ok(())
+    crate::lease::check_holder(holder).map_err(|e| format!("`holder` {e}"))
 }
 
 /// Checks `ttl_ms` against the reference bounds.

@@ -10,7 +10,7 @@
 //! the caller reads it once when the request arrives and passes it in, so a
 //! lease expires `ttl` after the authority *received* the request.
 
-use crate::authority::{ExpiryPolicy, LeaseInfo, RefusalReason};
+use crate::lease::{ExpiryPolicy, LeaseInfo, LeaseState, RefusalReason};
 
 use super::EngineError;
 
@@ -269,9 +269,9 @@ impl TaskRow {
     pub fn info(&self, now_ms: u64, instance: &str) -> Option<LeaseInfo> {
         let l = self.lease.as_ref()?;
         let (state, expires_in_ms) = match l.phase(now_ms) {
-            Phase::Active { expires_ms } => ("active", Some(expires_ms - now_ms)),
-            Phase::Grace { free_ms } => ("grace", Some(free_ms - now_ms)),
-            Phase::Held => ("held_for_operator", None),
+            Phase::Active { expires_ms } => (LeaseState::Active, Some(expires_ms - now_ms)),
+            Phase::Grace { free_ms } => (LeaseState::Grace, Some(free_ms - now_ms)),
+            Phase::Held => (LeaseState::HeldForOperator, None),
             Phase::Free => return None,
         };
         Some(LeaseInfo {
@@ -279,7 +279,7 @@ impl TaskRow {
             lease_id: lease_id(instance, l.token, &self.task),
             token: l.token,
             holder: l.holder.clone(),
-            state: state.to_string(),
+            state,
             expires_in_ms,
         })
     }
@@ -333,7 +333,7 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(r.info(1200, "i").unwrap().state, "grace");
+        assert_eq!(r.info(1200, "i").unwrap().state, LeaseState::Grace);
         r.acquire(&spec(ExpiryPolicy::Hold), 1500, "i").unwrap();
         assert!(matches!(
             r.acquire(&spec(ExpiryPolicy::Hold), 9000, "i"),

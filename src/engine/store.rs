@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::authority::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, RefusalReason};
 
 use super::rules::{Lease, TaskRow};
 

@@ -9,10 +9,11 @@ use serde_json::{Map, Value, json};
 
 use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
-use crate::authority::RefusalReason;
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{EngineError, parse_policy};
+use crate::lease::{Outcome, RefusalReason};
+use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
@@ -22,8 +23,13 @@ pub struct Api {
 
 type Obj = Map<String, Value>;
 
+/// An error answer: the code's own status, `{"error": code, "message": m}`.
+fn error(code: ErrorCode, m: &str) -> Response {
+    Response::error(code.status(), code.as_str(), m)
+}
+
 fn bad(m: impl Into<String>) -> Response {
-    Response::error(400, "bad_request", &m.into())
+    error(ErrorCode::BadRequest, &m.into())
 }
 
 fn object(body: &[u8]) -> Result<Obj, Response> {
@@ -76,6 +82,15 @@ fn task(o: &Obj) -> Result<String, Response> {
     Ok(t.to_string())
 }
 
+/// An error answer whose body carries more than code and message.
+fn with_body(body: ErrorBody) -> Response {
+    let status = body.code().map_or(500, ErrorCode::status);
+    Response::json(
+        status,
+        serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec()),
+    )
+}
+
 fn refusal(r: RefusalReason) -> Response {
     let message = match r {
         RefusalReason::Expired => "the lease expired before this request arrived",
@@ -83,7 +98,7 @@ fn refusal(r: RefusalReason) -> Response {
         RefusalReason::Revoked => "an operator revoked the lease",
         RefusalReason::UnknownLease => "no such lease",
     };
-    Response::error(409, r.as_str(), message)
+    error(ErrorCode::Refused(r), message)
 }
 
 fn engine_error(e: EngineError) -> Response {
@@ -91,23 +106,24 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Held {
             holder,
             retry_after_ms,
-        } => Response::json(
-            409,
-            json!({"error": "held", "message": format!("the task is held by {holder}"),
-                   "holder": holder, "retry_after_ms": retry_after_ms})
-            .to_string(),
-        ),
-        EngineError::HeldForOperator { holder, lease_id } => Response::json(
-            409,
-            json!({"error": "held_for_operator",
-                   "message": format!("lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"),
-                   "holder": holder, "lease_id": lease_id})
-            .to_string(),
-        ),
+        } => with_body(ErrorBody {
+            message: Some(format!("the task is held by {holder}")),
+            holder: Some(holder),
+            retry_after_ms: Some(retry_after_ms),
+            ..ErrorBody::new(ErrorCode::Held, "")
+        }),
+        EngineError::HeldForOperator { holder, lease_id } => with_body(ErrorBody {
+            message: Some(format!(
+                "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
+            )),
+            holder: Some(holder),
+            lease_id: Some(lease_id),
+            ..ErrorBody::new(ErrorCode::HeldForOperator, "")
+        }),
         EngineError::Refused(r) => refusal(r),
-        EngineError::NotFound(m) => Response::error(404, "not_found", &m),
+        EngineError::NotFound(m) => error(ErrorCode::NotFound, &m),
         EngineError::BadRequest(m) => bad(m),
-        EngineError::Storage(m) => Response::error(503, "unavailable", &m),
+        EngineError::Storage(m) => error(ErrorCode::Unavailable, &m),
     }
 }
 
@@ -120,7 +136,7 @@ impl Api {
         let ttl_ms = req_u64(&o, "ttl_ms")?;
         crate::engine::validate_ttl(ttl_ms).map_err(bad)?;
         let policy = match field(&o, "on_expiry") {
-            None => crate::authority::ExpiryPolicy::Redispatch,
+            None => crate::lease::ExpiryPolicy::Redispatch,
             Some(Value::String(s)) => parse_policy(s).map_err(bad)?,
             Some(_) => return Err(bad("`on_expiry` must be a string")),
         };
@@ -160,7 +176,7 @@ impl Api {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
         let outcome = req_str(&o, "outcome")?;
-        if !matches!(outcome, "succeeded" | "failed" | "cancelled" | "lost") {
+        if Outcome::parse(outcome).is_none() {
             return Err(bad(format!(
                 "`outcome` must be one of succeeded, failed, cancelled, lost (got {outcome:?})"
             )));
@@ -216,14 +232,17 @@ impl Api {
             "/v1/release" => post(Api::release),
             "/v1/revoke" => post(Api::revoke),
             "/v1/clear" => post(Api::clear),
-            "/v1/leases" => {
-                get(&|| Response::json(200, json!({"leases": self.engine.leases()}).to_string()))
-            }
+            "/v1/leases" => get(&|| {
+                let body = LeasesBody {
+                    leases: self.engine.leases(),
+                };
+                Response::json(200, serde_json::to_vec(&body).unwrap_or_default())
+            }),
             "/healthz" => get(&|| {
                 if self.engine.healthy() {
                     Response::json(200, "{\"ok\":true}")
                 } else {
-                    Response::error(503, "unavailable", "the lease database failed a commit")
+                    error(ErrorCode::Unavailable, "the lease database failed a commit")
                 }
             }),
             "/metrics" => get(&|| Response {
@@ -231,15 +250,14 @@ impl Api {
                 content_type: "text/plain; version=0.0.4",
                 body: metrics::render(&self.engine, &self.latency).into_bytes(),
             }),
-            p => Response::error(404, "not_found", &format!("no such endpoint: {p}")),
+            p => error(ErrorCode::NotFound, &format!("no such endpoint: {p}")),
         }
     }
 }
 
 fn not_allowed(method: &str, path: &str) -> Response {
-    Response::error(
-        405,
-        "method_not_allowed",
+    error(
+        ErrorCode::MethodNotAllowed,
         &format!("{method} is not allowed on {path}"),
     )
 }

@@ -724,7 +724,11 @@ impl Authority for EtcdAuthority {
                     lease_id: format!("{:x}", kv.lease),
                     token: u64::try_from(kv.create_revision).unwrap_or(0),
                     holder: Self::describe_holder(kv),
-                    state: if i == 0 { "active" } else { "waiting" }.into(),
+                    state: if i == 0 {
+                        LeaseState::Active
+                    } else {
+                        LeaseState::Waiting
+                    },
                     expires_in_ms: ttl.map(|s| s.unsigned_abs() * 1000),
                 });
             }

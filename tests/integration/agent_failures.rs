@@ -2,13 +2,13 @@
 //! partition, flaky and malformed authorities, a paused or killed agent,
 //! signals. Assertions on processes go through /proc.
 
-mod common;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use support::*;
 
 const T: Duration = Duration::from_secs(60);
 

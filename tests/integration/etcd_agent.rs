@@ -1,13 +1,13 @@
 //! The whole agent (`leaseagent --authority etcd://… --task … -- cmd`)
 //! against real etcd processes on loopback ports.
 
-mod support_etcd;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support_etcd::{Etcd, etcdctl_lock, poll, read_rev};
+use support::etcd::{Etcd, etcdctl_lock, poll, read_rev};
 
 /// A running agent, killed on drop.
 struct Agent(Child);

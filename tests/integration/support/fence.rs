@@ -1,7 +1,6 @@
 //! Helpers for the fencing tests: running `leaseagent publish`, building
 //! token-tagged trees, reading a tree through one directory descriptor,
 //! polling with deadlines, process states.
-#![allow(dead_code)]
 
 use std::io::Read;
 use std::os::fd::OwnedFd;

@@ -16,7 +16,7 @@
 //! LEASEAGENT_ZOMBIE_TRIALS=200 cargo test --release --test fence_zombie -- --ignored --nocapture
 //! ```
 
-mod support_fence;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,7 +25,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
-use support_fence::*;
+use support::fence::*;
 
 const TTL: &str = "1s";
 

@@ -1,7 +1,7 @@
 //! `leaseagent serve` as a real process: tokens, races, crashes, restarts,
 //! expiry policies, operator calls, malformed input and stalled clients.
 
-mod support_authority;
+use crate::support;
 
 use std::collections::HashSet;
 use std::io::Write;
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support_authority::{Server, poll, raw_request, request};
+use support::authority::{Server, poll, raw_request, request};
 
 fn db() -> (tempfile::TempDir, std::path::PathBuf) {
     let d = tempfile::tempdir().unwrap();
@@ -44,7 +44,7 @@ fn forty_racing_acquires_give_exactly_one_grant() {
         .map(|i| {
             let addr = addr.clone();
             std::thread::spawn(move || {
-                support_authority::post(
+                support::authority::post(
                     &addr,
                     "/v1/acquire",
                     &json!({"task": "race", "holder": format!("racer-{i}"), "ttl_ms": 30000}),
@@ -227,7 +227,7 @@ fn hold_policy_waits_for_an_operator_and_shows_in_metrics() {
     assert_eq!(s.state_of("h").as_deref(), Some("held_for_operator"));
     assert_eq!(s.metric("leaseagent_held_for_operator"), 1.0);
     // The CLI lists and clears it.
-    let out = std::process::Command::new(support_authority::bin())
+    let out = std::process::Command::new(support::authority::bin())
         .args(["leases", "--authority", &s.url()])
         .output()
         .unwrap();
@@ -236,7 +236,7 @@ fn hold_policy_waits_for_an_operator_and_shows_in_metrics() {
         out.status.success() && text.contains("held_for_operator"),
         "{text}"
     );
-    let out = std::process::Command::new(support_authority::bin())
+    let out = std::process::Command::new(support::authority::bin())
         .args(["clear", "--authority", &s.url(), "h"])
         .output()
         .unwrap();
@@ -245,7 +245,7 @@ fn hold_policy_waits_for_an_operator_and_shows_in_metrics() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = std::process::Command::new(support_authority::bin())
+    let out = std::process::Command::new(support::authority::bin())
         .args(["clear", "--authority", &s.url(), "h"])
         .output()
         .unwrap();
@@ -282,7 +282,7 @@ fn revoke_refuses_the_next_renewal_and_frees_after_expiry_or_at_once_with_force(
     });
     assert!(g2["token"].as_u64() > g["token"].as_u64());
     // With force (through the CLI): free at once.
-    let out = std::process::Command::new(support_authority::bin())
+    let out = std::process::Command::new(support::authority::bin())
         .args(["revoke", "--authority", &s.url(), "--force", "r"])
         .output()
         .unwrap();

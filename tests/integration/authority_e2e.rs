@@ -3,13 +3,13 @@
 //! longer than the second's --wait), with a higher token. Against
 //! `leaseagent serve` and against the embedded default.
 
-mod support_authority;
+use crate::support;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support_authority::{Server, bin, poll};
+use support::authority::{Server, bin, poll};
 
 fn agent(dir: &Path, authority: Option<&str>, name: &str, extra: &[&str], script: &str) -> Child {
     let mut c = Command::new(bin());

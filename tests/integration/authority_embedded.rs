@@ -2,7 +2,7 @@
 //! database: each child process is this test binary re-run with
 //! `LA_EMBEDDED_CHILD` set, using `EmbeddedAuthority` like an agent would.
 
-mod support_authority;
+use crate::support;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -14,7 +14,7 @@ use leaseagent::authority::embedded::EmbeddedAuthority;
 use leaseagent::authority::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
-use support_authority::poll;
+use support::authority::poll;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -39,7 +39,7 @@ fn child(db: &Path, op: &str, args: &[&str]) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_process_entry",
+            "authority_embedded::child_process_entry",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -291,7 +291,7 @@ fn a_lease_from_another_boot_has_expired() {
 }
 
 fn cli(state: &Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new(support_authority::bin())
+    let out = Command::new(support::authority::bin())
         .args(args)
         .env("LEASEAGENT_STATE_DIR", state)
         .env_remove("LEASEAGENT_AUTHORITY")

@@ -1,7 +1,5 @@
 //! The SQLite fenced store across connections and processes.
 
-mod support_fence;
-
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
@@ -99,9 +97,33 @@ fn racing_writers_commit_in_token_order_without_partial_batches() {
     assert_eq!(fence, WRITERS as i64);
 }
 
-/// The example job, compiled into this test so its code is what runs.
-#[path = "../examples/fenced_rows.rs"]
-mod fenced_rows;
+/// Runs the example job (`examples/fenced_rows.rs`, built by `cargo test`
+/// next to this binary) as a real process with `LEASE_TOKEN`: its exit
+/// status is 0 written, 1 superseded, 2 any other error.
+fn fenced_rows(db: &std::path::Path, partition: &str, token: u64, rows: u64) -> (i32, String) {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/fenced_rows");
+    assert!(
+        bin.exists(),
+        "{} missing: cargo test builds the examples",
+        bin.display()
+    );
+    let out = std::process::Command::new(&bin)
+        .arg(db)
+        .arg(partition)
+        .arg(rows.to_string())
+        .env("LEASE_TOKEN", token.to_string())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 
 #[test]
 fn example_job_writes_and_is_refused_when_superseded() {
@@ -117,28 +139,17 @@ fn example_job_writes_and_is_refused_when_superseded() {
             )
             .unwrap()
     };
-    assert_eq!(
-        fenced_rows::write_partition(&db, "2024-06-01", 5, 30).unwrap(),
-        30
-    );
+    assert_eq!(fenced_rows(&db, "2024-06-01", 5, 30).0, 0);
     assert_eq!(count(5), 30);
-    assert_eq!(
-        fenced_rows::write_partition(&db, "2024-06-01", 6, 20).unwrap(),
-        20
-    );
-    let zombie = fenced_rows::write_partition(&db, "2024-06-01", 5, 30).unwrap_err();
-    assert!(
-        zombie.to_string().contains("token 5 superseded by 6"),
-        "{zombie}"
-    );
+    assert_eq!(fenced_rows(&db, "2024-06-01", 6, 20).0, 0);
+    let (code, zombie) = fenced_rows(&db, "2024-06-01", 5, 30);
+    assert_eq!(code, 1, "{zombie}");
+    assert!(zombie.contains("token 5 superseded by 6"), "{zombie}");
     assert_eq!(
         (count(5), count(6)),
         (0, 20),
         "only the live attempt's rows"
     );
     // Another partition is fenced on its own.
-    assert_eq!(
-        fenced_rows::write_partition(&db, "2024-06-02", 1, 3).unwrap(),
-        3
-    );
+    assert_eq!(fenced_rows(&db, "2024-06-02", 1, 3).0, 0);
 }

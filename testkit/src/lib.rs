@@ -1,12 +1,11 @@
-//! Test support: an in-process fake lease authority with scripted answers, a
+//! Test kit shared by the integration tests and the benchmarks: an
+//! in-process fake lease authority with scripted answers, a
 //! loopback TCP proxy that can refuse, blackhole and cut, helpers to run the
 //! agent binary, and `/proc` checks that processes are gone.
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,14 +37,6 @@ pub fn last_clock_record_ms(path: &std::path::Path) -> Option<u128> {
     let last = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let (s, cs) = last.trim().split_once('.')?;
     Some(s.parse::<u128>().ok()? * 1000 + cs.parse::<u128>().ok()? * 10)
-}
-
-pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
-}
-
-pub fn helper(name: &str) -> String {
-    format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// Polls `f` until it returns Some or the deadline passes.
@@ -502,15 +493,6 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, mode: Arc<Mutex<ProxyMode>>) {
 }
 
 // ---------------------------------------------------------------- running the agent
-
-/// A `leaseagent` command against `authority` with test-friendly defaults.
-pub fn agent(authority: &str, task: &str) -> Command {
-    let mut c = Command::new(bin());
-    c.arg("--authority").arg(authority).arg("--task").arg(task);
-    c.env("RUST_LOG", "leaseagent=debug");
-    c.stdin(Stdio::null());
-    c
-}
 
 /// Output of a finished agent, with stderr for diagnostics.
 pub struct Finished {

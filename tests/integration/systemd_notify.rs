@@ -2,16 +2,15 @@
 //! with NOTIFY_SOCKET (and WATCHDOG_*) pointing at a datagram socket the test
 //! owns, against the in-process fake authority.
 
-mod common;
-mod support_systemd;
+use crate::support;
 
 use std::fs::File;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{FakeAuthority, Reply, wait_exit, wait_for};
-use support_systemd::*;
+use support::systemd::*;
+use support::{FakeAuthority, Reply, wait_exit, wait_for};
 
 const LONG: Duration = Duration::from_secs(20);
 

@@ -3,14 +3,13 @@
 //! it), their restart/stop policy checked against the agent's exit codes and
 //! timings, and their ExecStart line run for real.
 
-mod common;
-mod support_systemd;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::FakeAuthority;
-use support_systemd::{Unit, env_file, repo, span_secs};
+use support::FakeAuthority;
+use support::systemd::{Unit, env_file, repo, span_secs};
 
 fn check_units(dir: Option<&Path>) -> (i32, String) {
     let mut c = Command::new(repo().join(".ci/check-units.sh"));

@@ -1,11 +1,11 @@
 //! The agent against the in-process fake authority: relay, exit codes,
 //! usage errors, acquire failures.
 
-mod common;
+use crate::support;
 
 use std::time::Duration;
 
-use common::*;
+use support::*;
 
 const T: Duration = Duration::from_secs(30);
 

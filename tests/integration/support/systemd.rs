@@ -1,7 +1,6 @@
 //! Test support for the systemd integration: a notify socket the test owns
 //! (playing systemd's part), the agent started the way systemd starts it,
 //! `/proc` helpers, and a tiny unit-file reader.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::IoSliceMut;

@@ -1,7 +1,6 @@
 //! Test helpers for the authority: a real `leaseagent serve` process, a raw
 //! HTTP/1.1 client (so malformed requests can be sent byte for byte), and
 //! polling with deadlines.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -20,7 +19,8 @@ pub struct Server {
     pub child: Child,
     pub addr: String,
     pub db: PathBuf,
-    pub stderr: std::sync::mpsc::Receiver<String>,
+    /// Keeps the stderr reader draining after start-up (its lines are not read).
+    _stderr: std::sync::mpsc::Receiver<String>,
 }
 
 impl Server {
@@ -58,7 +58,7 @@ impl Server {
             child,
             addr,
             db: db.to_path_buf(),
-            stderr: rx,
+            _stderr: rx,
         }
     }
 

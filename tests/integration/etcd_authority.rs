@@ -1,7 +1,7 @@
 //! The etcd authority through the `Authority` trait, against real etcd
 //! processes on loopback ports (see tests/support_etcd).
 
-mod support_etcd;
+use crate::support;
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use leaseagent::authority::etcd::EtcdAuthority;
 use leaseagent::authority::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
-use support_etcd::{Etcd, etcdctl_lock, poll, read_rev};
+use support::etcd::{Etcd, etcdctl_lock, poll, read_rev};
 
 const T: Duration = Duration::from_secs(3);
 

@@ -1,6 +1,6 @@
 //! `leaseagent publish` as a job runs it: real processes, real files.
 
-mod support_fence;
+use crate::support;
 
 use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;
@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use support_fence::*;
+use support::fence::*;
 
 fn o(p: &Path) -> &OsStr {
     p.as_os_str()

@@ -1,19 +1,17 @@
 //! `leaseagent check`: under a real agent, and against state files in each
 //! state the agent can write.
 
-#[path = "common/mod.rs"]
-mod common;
-mod support_fence;
+use crate::support;
 
 use std::process::{Command, Output};
 use std::time::Duration;
 
 use leaseagent::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
 use leaseagent::time::clock::{BootInstant, boot_id};
-use support_fence::stderr;
+use support::fence::stderr;
 
 fn check(state_file: Option<&std::path::Path>, token: Option<&str>, args: &[&str]) -> Output {
-    let mut c = Command::new(support_fence::bin());
+    let mut c = Command::new(support::fence::bin());
     c.arg("check").args(args);
     c.env_remove("LEASEAGENT_STATE_FILE")
         .env_remove("LEASE_TOKEN");
@@ -121,7 +119,7 @@ fn each_state_file_answer() {
 /// Under a real agent: the job sees its own token and a valid lease.
 #[test]
 fn under_the_agent() {
-    let auth = common::FakeAuthority::start();
+    let auth = support::FakeAuthority::start();
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("out.json");
     let script = format!(
@@ -130,11 +128,11 @@ fn under_the_agent() {
          test \"$(cat {o}.err)\" != '' || exit 5",
         o = out.display()
     );
-    let mut c = common::agent(&auth.url(), "check-task");
+    let mut c = support::agent(&auth.url(), "check-task");
     c.args(["--ttl", "5s", "--", "sh", "-c", &script])
-        .env("PATH", support_fence::path_with_bin())
+        .env("PATH", support::fence::path_with_bin())
         .env("LEASEAGENT_STATE_DIR", d.path());
-    let f = common::run_agent(c, Duration::from_secs(30));
+    let f = support::run_agent(c, Duration::from_secs(30));
     assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

@@ -3,11 +3,10 @@
 //!
 //! etcd and etcdctl must be installed (`.ci/install-etcd.sh`): a missing
 //! binary is a test failure, never a skip.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -70,7 +69,8 @@ impl Member {
 }
 
 pub struct Etcd {
-    pub dir: tempfile::TempDir,
+    /// Holds the members' data directories until the cluster is dropped.
+    _dir: tempfile::TempDir,
     pub members: Vec<Member>,
 }
 
@@ -130,7 +130,7 @@ impl Etcd {
                 .expect("start etcd (is etcd-server installed?)");
             m.child = Some(child);
         }
-        let etcd = Etcd { dir, members };
+        let etcd = Etcd { _dir: dir, members };
         etcd.wait_healthy();
         etcd
     }
@@ -277,10 +277,6 @@ impl Etcd {
             assert!(Instant::now() < deadline, "no etcd leader found: {out:?}");
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    pub fn data_dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 

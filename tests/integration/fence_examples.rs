@@ -1,8 +1,8 @@
 //! The shell example job, run as a job would run it.
 
-mod support_fence;
+use crate::support;
 
-use support_fence::*;
+use support::fence::*;
 
 fn run_job(token: &str, out: &std::path::Path) -> std::process::Output {
     std::process::Command::new("sh")

@@ -1,0 +1,3 @@
+//! Wire formats shared by a client and a server in this crate.
+
+pub mod v1;

@@ -1,0 +1,23 @@
+//! The one integration-test binary: every test drives the real `leaseagent`
+//! binary (or a real `serve`, etcd, or systemd tool) from a module here;
+//! shared helpers live in `support`.
+//!
+//! Run one area with a filter: `cargo test --test integration agent_failures::`.
+
+mod support;
+
+mod agent_basic;
+mod agent_failures;
+mod authority_e2e;
+mod authority_embedded;
+mod authority_serve;
+mod etcd_agent;
+mod etcd_authority;
+mod fence_check;
+mod fence_examples;
+mod fence_publish;
+mod fence_sqlite;
+mod fence_zombie;
+mod systemd_help;
+mod systemd_notify;
+mod systemd_units;
