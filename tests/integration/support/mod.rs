@@ -6,6 +6,7 @@ pub mod authority;
 pub mod etcd;
 pub mod fence;
 pub mod systemd;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
