@@ -9,8 +9,8 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use crate::authority::trust::TrustFiles;
 use crate::authority::AuthoritySpec;
+use crate::authority::trust::TrustFiles;
 use crate::lease::ExpiryPolicy;
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.

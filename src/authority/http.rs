@@ -95,20 +95,25 @@ fn denied(status: u16) -> Option<&'static str> {
     }
 }
 
-/// A call failure at acquire: trust problems are final. A plain `http://`
-/// call that failed without a timeout may have reached a TLS port: probed
-/// once (at most a second) so the cause is named.
+/// A call failure at acquire: trust problems are final. A call that failed
+/// without a named cause and without timing out may have reached a port of
+/// the other scheme (plain HTTP to a TLS port, or the reverse): probed once
+/// (at most a second) so the cause is named.
 fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
     match f.trust {
         Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
-        None if base.starts_with("http://")
-            && !f.message.ends_with("timed out")
-            && super::transport::speaks_tls(base, timeout.min(Duration::from_secs(1))) =>
+        None if !f.message.ends_with("timed out")
+            && super::transport::other_scheme_answers(
+                base,
+                timeout.min(Duration::from_secs(1)),
+            ) =>
         {
-            AcquireError::Trust(format!(
-                "TLS: {} (the port speaks TLS: use https://)",
-                f.message
-            ))
+            let hint = if base.starts_with("https://") {
+                "the port speaks plain HTTP, not TLS: use http://"
+            } else {
+                "the port speaks TLS: use https://"
+            };
+            AcquireError::Trust(format!("TLS: {} ({hint})", f.message))
         }
         None => AcquireError::Transient(f.message),
     }

@@ -110,12 +110,18 @@ pub fn call(
     Ok((status, body))
 }
 
-/// Whether the server of `http_url` (an `http://` URL) speaks TLS: a TLS
-/// handshake (certificate not checked) and any HTTP answer within
-/// `timeout`. Asked only after a plain call failed at acquire, to name the
-/// cause of "plain HTTP to a TLS port" instead of calling it unreachable.
-pub fn speaks_tls(http_url: &str, timeout: Duration) -> bool {
-    let Some(rest) = http_url.strip_prefix("http://") else {
+/// Whether the server of `url` answers in the other scheme: for an
+/// `http://` URL, a TLS handshake (certificate not checked) and any HTTP
+/// answer; for an `https://` URL, any plain HTTP answer. Asked only after a
+/// call failed at acquire without a named cause, so that "plain HTTP to a
+/// TLS port" and the reverse are reported as such instead of
+/// "unreachable". Bounded by `timeout`.
+pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
+    let (other, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        ("https", rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        ("http", rest)
+    } else {
         return false;
     };
     let host = rest.split('/').next().unwrap_or(rest);
@@ -130,7 +136,10 @@ pub fn speaks_tls(http_url: &str, timeout: Duration) -> bool {
         .timeout_global(Some(timeout.max(Duration::from_millis(1))))
         .build()
         .into();
-    probe.get(&format!("https://{host}/healthz")).call().is_ok()
+    probe
+        .get(&format!("{other}://{host}/healthz"))
+        .call()
+        .is_ok()
 }
 
 fn describe(url: &str, e: ureq::Error) -> Failure {

@@ -47,7 +47,11 @@ fn certificates_the_agent_cannot_trust_exit_125_naming_certificate() {
     let e = refused(c, &marker);
     assert!(e.contains("certificate"), "{e}");
     // The right CA, but the certificate names another host.
-    let wrong = TlsServer::start(&pki.path("wrong-name.pem"), &pki.path("wrong-name.key"), None);
+    let wrong = TlsServer::start(
+        &pki.path("wrong-name.pem"),
+        &pki.path("wrong-name.key"),
+        None,
+    );
     let mut c = agent(&wrong.https_url(), "t");
     c.arg("--ca-file").arg(pki.path("ca.pem"));
     let e = refused(c, &marker);
@@ -70,7 +74,10 @@ fn tls_and_plain_mismatches_exit_125_promptly_naming_tls() {
     let plain = FakeAuthority::start();
     let start = Instant::now();
     // Plain HTTP to the TLS port.
-    let e = refused(agent(&format!("http://127.0.0.1:{}", tls.port), "t"), &marker);
+    let e = refused(
+        agent(&format!("http://127.0.0.1:{}", tls.port), "t"),
+        &marker,
+    );
     assert!(e.contains("TLS") && e.contains("https://"), "{e}");
     // TLS to the plain port.
     let mut c = agent(&format!("https://{}", plain.addr), "t");
@@ -78,7 +85,11 @@ fn tls_and_plain_mismatches_exit_125_promptly_naming_tls() {
     let e = refused(c, &marker);
     assert!(e.contains("TLS"), "{e}");
     // Never a hang: both within the acquire timeout (10 s) with room to spare.
-    assert!(start.elapsed() < Duration::from_secs(25), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -146,13 +157,20 @@ fn loose_credential_files_are_refused_naming_flag_and_file() {
         .arg("--client-key")
         .arg(&key);
     let e = refused(c, &marker);
-    assert!(e.contains("--client-key") && e.contains("client.key"), "{e}");
+    assert!(
+        e.contains("--client-key") && e.contains("client.key"),
+        "{e}"
+    );
     // An etcd password file readable by others.
     let pw = pki.secret("pw", "pw-77\n", 0o604);
     let mut c = agent("etcd://127.0.0.1:1", "t");
-    c.args(["--etcd-user", "u", "--etcd-password-file"]).arg(&pw);
+    c.args(["--etcd-user", "u", "--etcd-password-file"])
+        .arg(&pw);
     let e = refused(c, &marker);
-    assert!(e.contains("--etcd-password-file") && e.contains("pw"), "{e}");
+    assert!(
+        e.contains("--etcd-password-file") && e.contains("pw"),
+        "{e}"
+    );
     // Half a pair.
     let mut c = agent(&fake.url(), "t");
     c.arg("--client-cert").arg(pki.path("client.pem"));
@@ -184,14 +202,21 @@ fn mutual_tls_and_token_work_and_no_secret_reaches_the_job_or_the_log() {
     let f = run_agent(c, LIMIT);
     assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
     let seen = tls.seen();
-    let acquire = seen.iter().find(|s| s.path == "/v1/acquire").expect("acquire seen");
+    let acquire = seen
+        .iter()
+        .find(|s| s.path == "/v1/acquire")
+        .expect("acquire seen");
     assert_eq!(acquire.authorization.as_deref(), Some("Bearer tok-5e1d77"));
     assert!(acquire.client_cert, "no client certificate presented");
     assert!(seen.iter().any(|s| s.path == "/v1/release"));
     let env = std::fs::read_to_string(&env_dump).unwrap();
     for secret in ["tok-5e1d77", "hunter2", "someone"] {
         assert!(!env.contains(secret), "{secret} in the job's env:\n{env}");
-        assert!(!f.stderr.contains(secret), "{secret} in the log:\n{}", f.stderr);
+        assert!(
+            !f.stderr.contains(secret),
+            "{secret} in the log:\n{}",
+            f.stderr
+        );
     }
     for var in [
         "LEASEAGENT_CA_FILE",
@@ -202,7 +227,11 @@ fn mutual_tls_and_token_work_and_no_secret_reaches_the_job_or_the_log() {
         assert!(!env.contains(&format!("{var}=")), "{var} in the job's env");
     }
     let authority = format!("https://127.0.0.1:{}", tls.port);
-    assert!(env.lines().any(|l| l == format!("LEASE_AUTHORITY={authority}")), "{env}");
+    assert!(
+        env.lines()
+            .any(|l| l == format!("LEASE_AUTHORITY={authority}")),
+        "{env}"
+    );
 }
 
 #[test]
@@ -211,7 +240,13 @@ fn operator_commands_take_the_trust_flags() {
     let tls = server(&pki, false);
     let token = pki.secret("token", "op-token-1\n", 0o600);
     let out = Command::new(bin())
-        .args(["leases", "--json", "--authority", &tls.https_url(), "--ca-file"])
+        .args([
+            "leases",
+            "--json",
+            "--authority",
+            &tls.https_url(),
+            "--ca-file",
+        ])
         .arg(pki.path("ca.pem"))
         .arg("--auth-token-file")
         .arg(&token)
@@ -231,7 +266,12 @@ fn operator_commands_take_the_trust_flags() {
     // A loose token file: refused before any request.
     std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let out = Command::new(bin())
-        .args(["clear", "--authority", &tls.https_url(), "--auth-token-file"])
+        .args([
+            "clear",
+            "--authority",
+            &tls.https_url(),
+            "--auth-token-file",
+        ])
         .arg(&token)
         .arg("t")
         .output()

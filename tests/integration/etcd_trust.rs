@@ -131,9 +131,15 @@ fn tls_and_auth_grant_reauthenticate_and_keep_secrets_out() {
         .expect("run");
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{e}");
-    assert!(e.contains("authenticating again"), "no re-authentication: {e}");
+    assert!(
+        e.contains("authenticating again"),
+        "no re-authentication: {e}"
+    );
     let env = std::fs::read_to_string(&env_dump).unwrap();
-    assert!(!env.contains(PASSWORD) && !e.contains(PASSWORD), "password leaked");
+    assert!(
+        !env.contains(PASSWORD) && !e.contains(PASSWORD),
+        "password leaked"
+    );
     assert!(!env.contains("LEASEAGENT_ETCD"), "{env}");
     assert!(
         env.lines()
@@ -157,12 +163,18 @@ fn credential_and_tls_problems_exit_125_naming_the_cause() {
     exits_125_naming(s.agent("other"), "permission denied", &marker);
     // No login at all.
     let mut c = Command::new(env!("CARGO_BIN_EXE_leaseagent"));
-    c.args(["--authority", &s.etcd.url(), "--task", "jobs-b", "--ca-file"])
-        .arg(s.pki.path("ca.pem"))
-        .arg("--client-cert")
-        .arg(s.pki.path("client.pem"))
-        .arg("--client-key")
-        .arg(s.pki.path("client.key"));
+    c.args([
+        "--authority",
+        &s.etcd.url(),
+        "--task",
+        "jobs-b",
+        "--ca-file",
+    ])
+    .arg(s.pki.path("ca.pem"))
+    .arg("--client-cert")
+    .arg(s.pki.path("client.pem"))
+    .arg("--client-key")
+    .arg(s.pki.path("client.key"));
     // (etcd may take the certificate's name as the user: either way refused.)
     let o = c.arg("--").arg("touch").arg(&marker).output().unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
@@ -237,7 +249,8 @@ fn task_keys_are_exact_both_ways() {
     let gb = b.acquire(&req("a/b", "B"), t).expect("a/b while a is held");
     assert_eq!(etcd.keys("a/"), vec![format!("a/{}", ga.lease_id)]);
     assert_eq!(etcd.keys("a%2Fb/"), vec![format!("a%2Fb/{}", gb.lease_id)]);
-    a.release(&ga.lease_ref(), Outcome::Succeeded, None, t).unwrap();
+    a.release(&ga.lease_ref(), Outcome::Succeeded, None, t)
+        .unwrap();
     // `a/b` held, then `a` is free; and `a/b/c` too.
     let ga = a.acquire(&req("a", "A"), t).expect("a while a/b is held");
     let mut c = EtcdAuthority::new(etcd.endpoints());
@@ -322,7 +335,10 @@ fn etcdctl_lock_with_tls_and_a_user_interoperates_both_ways() {
         .spawn()
         .expect("spawn");
     std::thread::sleep(Duration::from_millis(800));
-    assert!(!token_file.exists(), "leaseagent ran while etcdctl held the lock");
+    assert!(
+        !token_file.exists(),
+        "leaseagent ran while etcdctl held the lock"
+    );
     std::fs::write(&release, "").unwrap();
     let status = poll(Duration::from_secs(20), "the waiter", || {
         waiter.try_wait().ok().flatten()
@@ -356,13 +372,28 @@ fn etcdctl_lock_with_tls_and_a_user_interoperates_both_ways() {
     });
     let out = s
         .etcd
-        .etcdctl_cmd(&[&lock_user, "lock", "jobs-i", "--", "sh", "-c", "echo $ETCD_LOCK_REV"])
+        .etcdctl_cmd(&[
+            &lock_user,
+            "lock",
+            "jobs-i",
+            "--",
+            "sh",
+            "-c",
+            "echo $ETCD_LOCK_REV",
+        ])
         .output()
         .expect("etcdctl lock");
     assert!(out.status.success(), "{out:?}");
-    assert!(ended.exists(), "etcdctl got the lock while leaseagent's job ran");
+    assert!(
+        ended.exists(),
+        "etcdctl got the lock while leaseagent's job ran"
+    );
     let lock_rev: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    let held_token: u64 = std::fs::read_to_string(&tok2).unwrap().trim().parse().unwrap();
+    let held_token: u64 = std::fs::read_to_string(&tok2)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(lock_rev > held_token, "{lock_rev} !> {held_token}");
     let _ = holder.wait();
 }
@@ -373,10 +404,14 @@ fn operator_commands_on_etcd() {
     let t = Duration::from_secs(5);
     let mut holder = s.authority();
     let mut waiter = s.authority();
-    let g = holder.acquire(&req("team/x", "holder-1"), t).expect("holder");
-    assert!(waiter
-        .acquire_wait(&req("team/x", "waiter-1"), Duration::from_millis(200), t)
-        .is_err());
+    let g = holder
+        .acquire(&req("team/x", "holder-1"), t)
+        .expect("holder");
+    assert!(
+        waiter
+            .acquire_wait(&req("team/x", "waiter-1"), Duration::from_millis(200), t)
+            .is_err()
+    );
     let op = |args: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_leaseagent"));
         c.args(args)

@@ -207,25 +207,26 @@ impl EtcdAuthority {
         Ok((r.id, r.ttl))
     }
 
-    /// A failure of the first call of an acquire. A plain `etcd://` call
-    /// that failed without timing out may have reached a TLS port: one
-    /// bounded probe names that cause instead of "unreachable".
+    /// A failure of the first call of an acquire. A call that failed without
+    /// timing out may have reached a port of the other scheme (`etcd://` to
+    /// a TLS port or the reverse): one bounded probe names that cause
+    /// instead of "unreachable".
     fn first_call_error(&self, what: &str, e: CallError, deadline: Instant) -> AcquireError {
         if let CallError::Transient(m) = &e {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_secs(1));
-            if !self.gw.tls()
-                && !m.ends_with("timed out")
-                && self
-                    .gw
-                    .endpoints()
-                    .iter()
-                    .any(|ep| super::transport::speaks_tls(&format!("http://{ep}"), left))
+            let (scheme, hint) = if self.gw.tls() {
+                ("https", "etcd speaks plain HTTP there: use etcd://")
+            } else {
+                ("http", "etcd speaks TLS there: use etcds://")
+            };
+            if !m.ends_with("timed out")
+                && self.gw.endpoints().iter().any(|ep| {
+                    super::transport::other_scheme_answers(&format!("{scheme}://{ep}"), left)
+                })
             {
-                return AcquireError::Trust(format!(
-                    "TLS: {what}: {m} (etcd speaks TLS there: use etcds://)"
-                ));
+                return AcquireError::Trust(format!("TLS: {what}: {m} ({hint})"));
             }
         }
         acquire_error(what, e)

@@ -112,7 +112,11 @@ impl Etcd {
 
     /// `n` members with TLS on the client port and etcd's own options.
     pub fn start_secure(n: usize, secure: Secure) -> Etcd {
-        let scheme = if secure.tls.is_some() { "https" } else { "http" };
+        let scheme = if secure.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         require("etcd");
         require("etcdctl");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -193,11 +197,21 @@ impl Etcd {
         let ok = |out: Output, what: &str| {
             assert!(out.status.success(), "etcdctl {what}: {out:?}");
         };
-        ok(self.etcdctl(&["user", "add", "root:root-pw-91"]), "user add root");
+        ok(
+            self.etcdctl(&["user", "add", "root:root-pw-91"]),
+            "user add root",
+        );
         ok(self.etcdctl(&["role", "add", "tasks"]), "role add");
         for p in prefixes {
             ok(
-                self.etcdctl(&["role", "grant-permission", "--prefix=true", "tasks", "readwrite", p]),
+                self.etcdctl(&[
+                    "role",
+                    "grant-permission",
+                    "--prefix=true",
+                    "tasks",
+                    "readwrite",
+                    p,
+                ]),
                 "grant-permission",
             );
         }
@@ -205,7 +219,10 @@ impl Etcd {
             self.etcdctl(&["user", "add", &format!("{user}:{password}")]),
             "user add",
         );
-        ok(self.etcdctl(&["user", "grant-role", user, "tasks"]), "grant-role");
+        ok(
+            self.etcdctl(&["user", "grant-role", user, "tasks"]),
+            "grant-role",
+        );
         ok(self.etcdctl(&["auth", "enable"]), "auth enable");
         self.root_password = Some("root-pw-91".into());
     }

@@ -42,11 +42,21 @@ impl Pki {
     pub fn new() -> Pki {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
         for (ca, cn) in [("ca", "leaseagent test CA"), ("other-ca", "unrelated CA")] {
             let mut a = vec!["req", "-x509"];
             a.extend(ec);
-            let (key, pem, subj) = (format!("{ca}.key"), format!("{ca}.pem"), format!("/CN={cn}"));
+            let (key, pem, subj) = (
+                format!("{ca}.key"),
+                format!("{ca}.pem"),
+                format!("/CN={cn}"),
+            );
             a.extend(["-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subj]);
             openssl(d, &a);
         }
@@ -70,8 +80,21 @@ impl Pki {
             openssl(
                 d,
                 &[
-                    "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
-                    "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext,
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-out",
+                    &pem,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    &ext,
                 ],
             );
             std::fs::set_permissions(d.join(&key), std::fs::Permissions::from_mode(0o600))
@@ -83,7 +106,12 @@ impl Pki {
             "IP:127.0.0.1,DNS:localhost",
             "serverAuth,clientAuth",
         );
-        leaf("wrong-name", "other.example", "DNS:other.example", "serverAuth");
+        leaf(
+            "wrong-name",
+            "other.example",
+            "DNS:other.example",
+            "serverAuth",
+        );
         leaf("client", "agent-1", "DNS:agent-1", "clientAuth");
         Pki { dir }
     }
