@@ -136,10 +136,11 @@ pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
         .timeout_global(Some(timeout.max(Duration::from_millis(1))))
         .build()
         .into();
-    probe
-        .get(&format!("{other}://{host}/healthz"))
-        .call()
-        .is_ok()
+    match probe.get(&format!("{other}://{host}/healthz")).call() {
+        Ok(_) => true,
+        // A TLS alert (e.g. "certificate required") is a TLS server talking.
+        Err(e) => other == "https" && e.to_string().to_ascii_lowercase().contains("alert"),
+    }
 }
 
 fn describe(url: &str, e: ureq::Error) -> Failure {

@@ -318,6 +318,17 @@ impl Gateway {
                     http: status,
                     status: g,
                 }),
+                // etcd's gateway refuses client certificates with a Common
+                // Name when it checks client certificates (CVE-2018-16886).
+                _ if String::from_utf8_lossy(&bytes).contains("CommonName of client") => {
+                    Err(CallError::Tls {
+                        cause: "certificate",
+                        message: format!(
+                            "HTTP {status}: {}: etcd's JSON gateway refuses client certificates that carry a Common Name; use one whose subject has no CN (names in subjectAltName only)",
+                            snippet(&bytes)
+                        ),
+                    })
+                }
                 // A 4xx without a gRPC status is not etcd's gateway talking.
                 _ => Err(CallError::Transient(format!(
                     "HTTP {status}: {}",
