@@ -1,19 +1,54 @@
 #![deny(unsafe_code)]
 //! leaseagent: run a command under a lease.
 //!
-//! See `docs/design.md` for the lifecycle, the timing diagram and the races
-//! each module guards against, and for the map of these folders.
+//! The one public API is [`fence`], for jobs that write through a fenced
+//! store. Everything else is the `leaseagent` program, private to the crate;
+//! see `docs/design.md` for the lifecycle, the timing diagram, the races each
+//! module guards against, and the map of these folders.
 
-pub mod agent;
-pub mod authority;
-pub mod cmd;
-pub mod engine;
-pub mod exit;
+mod agent;
+mod authority;
+mod cmd;
+mod engine;
+mod exit;
 pub mod fence;
-pub mod keeper;
-pub mod lease;
-pub mod protocol;
+mod keeper;
+mod lease;
+mod protocol;
+mod serve;
+mod sys;
+mod time;
 
-pub mod serve;
-pub mod sys;
-pub mod time;
+use std::process::ExitCode;
+
+/// The `leaseagent` program: argv to the chosen part (`src/main.rs` calls
+/// this; not an API).
+#[doc(hidden)]
+pub fn main() -> ExitCode {
+    match cmd::parse(std::env::args_os().collect()) {
+        cmd::Command::Run(cfg) => agent::main(cfg),
+        cmd::Command::Serve(a) => serve::main(a),
+        cmd::Command::Publish(a) => cmd::publish::main(a),
+        cmd::Command::Check(a) => cmd::check::main(a),
+        cmd::Command::Leases(a) => cmd::operator::leases(a),
+        cmd::Command::Revoke(a) => cmd::operator::revoke(a),
+        cmd::Command::Clear(a) => cmd::operator::clear(a),
+        cmd::Command::Keeper(args) => keeper::main(args),
+        cmd::Command::Exit(code) => ExitCode::from(code),
+    }
+}
+
+/// What the integration tests drive below the command line: the authority
+/// clients through their trait, and the agent's state file. Not an API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
+    pub use crate::authority::embedded::EmbeddedAuthority;
+    pub use crate::authority::etcd::EtcdAuthority;
+    pub use crate::authority::trust::{ClientTrust, TrustFiles};
+    pub use crate::authority::{
+        AcquireError, AcquireRequest, Authority, ExpiryPolicy, Grant, LeaseInfo, LeaseRef,
+        LeaseState, OperatorError, Outcome, RefusalReason, RenewError, Renewed,
+    };
+    pub use crate::time::clock::{BootInstant, boot_id};
+}

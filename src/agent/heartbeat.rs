@@ -1,6 +1,6 @@
 //! The heartbeat thread: renews the lease and does nothing else.
 //!
-//! It is an OS thread of its own (guarantee 1): no async runtime, no shared
+//! It is an OS thread of its own: no async runtime, no shared
 //! lock, nothing the job or the supervisor loop does can delay it. It owns its
 //! own authority handle and reports every answer to the supervisor as an
 //! event; it decides nothing about the job.

@@ -6,7 +6,7 @@
 //! returns. That is what lets the property tests throw every order and timing
 //! of events at it.
 //!
-//! The rules it enforces (the contract's guarantees 2, 3, 5 and 6):
+//! The rules it enforces:
 //! - **Deadline** = the latest `send time + granted ttl` over the grant and
 //!   every successful renewal. The agent counts from when it *sent* the
 //!   request, the authority from when it *received* it, so the local deadline
@@ -211,6 +211,7 @@ impl Machine {
         (self.deadline - self.grace).min(self.kill_time())
     }
 
+    #[cfg(test)]
     pub fn is_finished(&self) -> bool {
         self.job == Job::Finished
     }

@@ -247,12 +247,15 @@ fn run(cfg: RunConfig) -> u8 {
     let machine = Machine::new(&grant.task, grant.token, sent, grant.ttl, grace);
     let state = state_writer();
     let mut env = vec![
-        ("LEASE_TOKEN".to_string(), grant.token.to_string()),
-        ("LEASE_ID".to_string(), grant.lease_id.clone()),
-        ("LEASE_TASK".to_string(), grant.task.clone()),
-        ("LEASE_AUTHORITY".to_string(), auth.url()),
         (
-            "LEASE_TTL_MS".to_string(),
+            crate::lease::env::TOKEN.to_string(),
+            grant.token.to_string(),
+        ),
+        (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
+        (crate::lease::env::TASK.to_string(), grant.task.clone()),
+        (crate::lease::env::AUTHORITY.to_string(), auth.url()),
+        (
+            crate::lease::env::TTL_MS.to_string(),
             grant.ttl.as_millis().to_string(),
         ),
     ];

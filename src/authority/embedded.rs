@@ -1,5 +1,5 @@
 //! The embedded per-host authority: the lease engine opened in-process on a
-//! SQLite file shared by every agent on the host (issue #3).
+//! SQLite file shared by every agent on the host.
 //!
 //! Each handle opens its own connection lazily, once, on first use (and
 //! again only after a failed open); [`Authority::clone_box`] gives a handle

@@ -20,14 +20,14 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use std::sync::Arc;
 
 use super::transport::Failure;
 use super::trust::ClientTrust;
 use super::*;
-use crate::protocol::v1::{ErrorBody, ErrorCode, GrantBody, RenewBody};
+use crate::protocol::v1::{
+    AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
+};
 
 pub use super::transport::BODY_LIMIT;
 
@@ -45,11 +45,6 @@ struct Answer {
 }
 
 impl HttpAuthority {
-    /// A client without credentials.
-    pub fn new(base: &str) -> Self {
-        Self::with_trust(base, Arc::new(ClientTrust::none()))
-    }
-
     pub fn with_trust(base: &str, trust: Arc<ClientTrust>) -> Self {
         HttpAuthority {
             base: base.trim_end_matches('/').to_string(),
@@ -65,7 +60,7 @@ impl HttpAuthority {
     fn call(
         &self,
         path: &str,
-        body: serde_json::Value,
+        body: impl serde::Serialize,
         timeout: Duration,
     ) -> Result<Answer, Failure> {
         let bytes = serde_json::to_vec(&body).map_err(|e| Failure {
@@ -143,6 +138,11 @@ fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
     RenewError::Transient(m)
 }
 
+/// A duration in whole milliseconds, as the protocol sends it.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     if !v.is_object() {
@@ -183,15 +183,13 @@ impl Authority for HttpAuthority {
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
-        let mut body = json!({
-            "task": req.task,
-            "holder": req.holder,
-            "ttl_ms": req.ttl.as_millis() as u64,
-            "on_expiry": req.on_expiry.as_str(),
-        });
-        if req.on_expiry == ExpiryPolicy::Grace {
-            body["grace_ms"] = json!(req.grace.as_millis() as u64);
-        }
+        let body = AcquireBody {
+            task: req.task.clone(),
+            holder: req.holder.clone(),
+            ttl_ms: millis(req.ttl),
+            on_expiry: req.on_expiry.as_str().to_string(),
+            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| millis(req.grace)),
+        };
         let a = self
             .call("/v1/acquire", body, timeout)
             .map_err(|f| acquire_failure(&self.base, f, timeout))?;
@@ -252,7 +250,10 @@ impl Authority for HttpAuthority {
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
-        let body = json!({"lease_id": lease.lease_id, "token": lease.token});
+        let body = LeaseRefBody {
+            lease_id: lease.lease_id.clone(),
+            token: lease.token,
+        };
         let what = format!("renewal of task {}", lease.task);
         let a = self
             .call("/v1/renew", body, timeout)
@@ -278,12 +279,12 @@ impl Authority for HttpAuthority {
         exit_code: Option<i32>,
         timeout: Duration,
     ) -> Result<(), RenewError> {
-        let body = json!({
-            "lease_id": lease.lease_id,
-            "token": lease.token,
-            "outcome": outcome.as_str(),
-            "exit_code": exit_code,
-        });
+        let body = ReleaseBody {
+            lease_id: lease.lease_id.clone(),
+            token: lease.token,
+            outcome: outcome.as_str().to_string(),
+            exit_code,
+        };
         let what = format!("release of task {}", lease.task);
         let a = self
             .call("/v1/release", body, timeout)

@@ -6,28 +6,26 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
+use super::transport::BODY_LIMIT;
 use super::trust::ClientTrust;
 use super::{LeaseInfo, OperatorError};
-use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
+use crate::protocol::v1::{ClearBody, ErrorBody, ErrorCode, LeasesBody, RevokeBody};
 
 /// (status, body) of one call.
 fn call(
     base: &str,
     trust: &ClientTrust,
     path: &str,
-    body: Option<Value>,
+    body: Option<Vec<u8>>,
     timeout: Duration,
     limit: u64,
 ) -> Result<(u16, String), OperatorError> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
-    let bytes = body.map(|b| b.to_string().into_bytes());
     let auth = trust.bearer_header();
     let (status, body) = super::transport::call(
         &super::transport::agent(trust),
         &url,
-        bytes.as_deref(),
+        body.as_deref(),
         auth.as_deref(),
         timeout,
         limit,
@@ -37,6 +35,10 @@ fn call(
         None => OperatorError::Failed(f.message),
     })?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn json(body: &impl serde::Serialize) -> Result<Vec<u8>, OperatorError> {
+    serde_json::to_vec(body).map_err(|e| OperatorError::Failed(e.to_string()))
 }
 
 /// Turns a non-200 answer into an error carrying the authority's message.
@@ -81,8 +83,18 @@ pub fn revoke(
     force: bool,
     timeout: Duration,
 ) -> Result<(), OperatorError> {
-    let body = serde_json::json!({"task": task, "force": force});
-    let (status, text) = call(base, trust, "/v1/revoke", Some(body), timeout, 64 * 1024)?;
+    let body = RevokeBody {
+        task: task.to_string(),
+        force,
+    };
+    let (status, text) = call(
+        base,
+        trust,
+        "/v1/revoke",
+        Some(json(&body)?),
+        timeout,
+        BODY_LIMIT,
+    )?;
     if status != 200 {
         return Err(failure(status, &text));
     }
@@ -95,8 +107,17 @@ pub fn clear(
     task: &str,
     timeout: Duration,
 ) -> Result<(), OperatorError> {
-    let body = serde_json::json!({"task": task});
-    let (status, text) = call(base, trust, "/v1/clear", Some(body), timeout, 64 * 1024)?;
+    let body = ClearBody {
+        task: task.to_string(),
+    };
+    let (status, text) = call(
+        base,
+        trust,
+        "/v1/clear",
+        Some(json(&body)?),
+        timeout,
+        BODY_LIMIT,
+    )?;
     if status != 200 {
         return Err(failure(status, &text));
     }

@@ -1,4 +1,4 @@
-//! Operator subcommands against any authority: `leases`, `revoke`, `clear` (issue #3).
+//! Operator subcommands against any authority: `leases`, `revoke`, `clear`.
 //!
 //! Every kind of authority is called through its [`Authority`] operator
 //! methods (HTTP and the embedded default implement them; etcd says it

@@ -1,5 +1,5 @@
 //! The lease engine on SQLite, shared by `leaseagent serve` and the embedded
-//! default authority (issue #3).
+//! default authority.
 //!
 //! One set of rules ([`core`]) over one schema ([`store`]), run two ways:
 //!

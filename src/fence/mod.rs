@@ -1,5 +1,5 @@
 //! Fenced writes at the sink: the token check and the write in one
-//! transaction (issue #4).
+//! transaction.
 //!
 //! Why this exists: the lease only bounds how long an attempt *should* run.
 //! A process that was paused (SIGSTOP, a VM freeze, a GC pause, a laptop lid)
@@ -101,7 +101,7 @@ pub trait FenceError: std::error::Error {
 
 /// Reads `LEASE_TOKEN` as a job does: a decimal `u64`.
 pub fn token_from_env() -> Result<u64, TokenEnvError> {
-    match std::env::var_os("LEASE_TOKEN") {
+    match std::env::var_os(crate::lease::env::TOKEN) {
         None => Err(TokenEnvError::Unset),
         Some(v) => {
             let s = v.to_string_lossy().into_owned();

@@ -1,4 +1,4 @@
-//! `leaseagent serve`: the reference lease authority over HTTP (issue #3).
+//! `leaseagent serve`: the reference lease authority over HTTP.
 //!
 //! Wiring only: the engine (`engine::memory`) holds the rules and the
 //! durability, [`http`] the connection handling, [`api`] the protocol.

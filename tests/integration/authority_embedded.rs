@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use leaseagent::authority::embedded::EmbeddedAuthority;
-use leaseagent::authority::{
+use leaseagent::testing::EmbeddedAuthority;
+use leaseagent::testing::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
 use support::authority::poll;

@@ -6,8 +6,8 @@ use crate::support;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use leaseagent::authority::etcd::EtcdAuthority;
-use leaseagent::authority::{
+use leaseagent::testing::EtcdAuthority;
+use leaseagent::testing::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
 use support::etcd::{Etcd, etcdctl_lock, poll, read_rev};

@@ -8,9 +8,10 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leaseagent::authority::etcd::EtcdAuthority;
-use leaseagent::authority::trust::{ClientTrust, TrustFiles};
-use leaseagent::authority::{AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome};
+use leaseagent::testing::{
+    AcquireError, AcquireRequest, Authority, ClientTrust, EtcdAuthority, ExpiryPolicy, Outcome,
+    TrustFiles,
+};
 
 use crate::support::etcd::{Etcd, Secure, Tls, poll};
 use crate::support::tls::Pki;

@@ -6,8 +6,8 @@ use crate::support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use leaseagent::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
-use leaseagent::time::clock::{BootInstant, boot_id};
+use leaseagent::testing::{BootInstant, boot_id};
+use leaseagent::testing::{LeaseStateFile, LeaseView, StateWriter};
 use support::fence::stderr;
 
 fn check(state_file: Option<&std::path::Path>, token: Option<&str>, args: &[&str]) -> Output {

@@ -71,8 +71,6 @@ pub struct LeaseGrantRequest {
 
 #[derive(Deserialize)]
 pub struct LeaseGrantResponse {
-    #[serde(default)]
-    pub header: Header,
     #[serde(rename = "ID", default, deserialize_with = "de_i64")]
     pub id: i64,
     #[serde(rename = "TTL", default, deserialize_with = "de_i64")]
@@ -217,8 +215,6 @@ impl RangeRequest {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct RangeResponse {
-    #[serde(default)]
-    pub header: Header,
     #[serde(default)]
     pub kvs: Vec<KeyValue>,
 }
