@@ -144,46 +144,63 @@ pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
 }
 
 fn describe(url: &str, e: ureq::Error) -> Failure {
-    let message = match &e {
-        ureq::Error::Timeout(_) => format!("{url}: timed out"),
-        ureq::Error::Io(io) => format!("{url}: {io}"),
-        e => format!("{url}: {e}"),
+    let detail = match &e {
+        ureq::Error::Timeout(_) => "timed out".to_string(),
+        ureq::Error::Io(io) => io.to_string(),
+        e => e.to_string(),
     };
+    // Classified on the error alone: the URL may contain any word.
     let tls = url.starts_with("https://");
-    let trust = trust_cause(&message, tls);
-    let message = match (trust, tls) {
-        (Some("TLS"), true) => format!(
-            "{message} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
+    let trust = if tls { trust_cause(&detail) } else { None };
+    let message = match trust {
+        Some("TLS") => format!(
+            "{url}: {detail} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
         ),
-        (Some("TLS"), false) => format!(
-            "{message} (TLS: the answer is not plain HTTP; does this port speak TLS? use https://)"
-        ),
-        (Some(_), _) => format!("{message} (certificate not accepted; see --ca-file)"),
-        (None, _) => message,
+        Some(_) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
+        None => format!("{url}: {detail}"),
     };
     Failure { trust, message }
 }
 
-/// Classifies a transport error text (rustls and ureq's protocol errors
-/// reach us as text inside io or protocol errors).
-fn trust_cause(text: &str, tls: bool) -> Option<&'static str> {
-    let t = text.to_ascii_lowercase();
+/// Classifies the error of a TLS connection (rustls errors reach us as text
+/// inside io errors). Plain `http://` failures are never classified here:
+/// "plain HTTP to a TLS port" is found by [`other_scheme_answers`].
+fn trust_cause(detail: &str) -> Option<&'static str> {
+    let t = detail.to_ascii_lowercase();
     if t.contains("certificate") || t.contains("unknownissuer") || t.contains("notvalidforname") {
         return Some("certificate");
     }
-    if tls
-        && (t.contains("corrupt message")
-            || t.contains("invalidcontenttype")
-            || t.contains("invalid message")
-            || t.contains("peer is incompatible")
-            || t.contains("handshake"))
+    if t.contains("corrupt message")
+        || t.contains("invalidcontenttype")
+        || t.contains("invalid message")
+        || t.contains("peer is incompatible")
+        || t.contains("handshake")
     {
         return Some("TLS");
     }
-    if !tls && t.contains("protocol:") {
-        // A TLS server's alert or handshake bytes where an HTTP status line
-        // was expected.
-        return Some("TLS");
-    }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_causes_come_from_the_error_not_the_url() {
+        assert_eq!(
+            trust_cause("invalid peer certificate: UnknownIssuer"),
+            Some("certificate")
+        );
+        assert_eq!(
+            trust_cause("received corrupt message of type InvalidContentType"),
+            Some("TLS")
+        );
+        assert_eq!(trust_cause("Connection refused (os error 111)"), None);
+        let f = describe(
+            "https://certificate.example:1/v1/acquire",
+            ureq::Error::Timeout(ureq::Timeout::Global),
+        );
+        assert_eq!(f.trust, None);
+        assert!(f.message.ends_with("timed out"), "{}", f.message);
+    }
 }
