@@ -25,7 +25,6 @@ pub mod http_operator;
 pub mod transport;
 pub mod trust;
 
-use std::fmt;
 use std::time::Duration;
 
 pub use crate::lease::{
@@ -34,93 +33,76 @@ pub use crate::lease::{
 };
 
 /// Why an acquire did not give a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AcquireError {
     /// Another holder's lease is live (or in its grace period).
+    #[error("held by {holder}{}", free_in(*retry_after))]
     Held {
         holder: String,
         retry_after: Option<Duration>,
     },
     /// The previous lease expired under policy `hold`: nobody gets the task
     /// until an operator clears it.
+    #[error(
+        "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
+    )]
     HeldForOperator { holder: String, lease_id: String },
     /// The authority said the request itself is wrong (400): retrying the
     /// same request cannot help.
+    #[error("authority rejected the request: {0}")]
     Rejected(String),
     /// A TLS or credential problem (certificate not accepted, TLS spoken to
     /// a plain port or the reverse, 401 unauthenticated, 403 forbidden, etcd
     /// "authentication failed" or "permission denied"): retrying the same
     /// request cannot help. The message names the cause.
+    #[error("{0}")]
     Trust(String),
     /// Unreachable, timed out, 5xx, malformed answer.
+    #[error("{0}")]
     Transient(String),
 }
 
-impl fmt::Display for AcquireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AcquireError::Held {
-                holder,
-                retry_after,
-            } => {
-                write!(f, "held by {holder}")?;
-                if let Some(r) = retry_after {
-                    write!(f, " (free in about {})", crate::time::duration::format(*r))?;
-                }
-                Ok(())
-            }
-            AcquireError::HeldForOperator { holder, lease_id } => write!(
-                f,
-                "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
-            ),
-            AcquireError::Rejected(m) => write!(f, "authority rejected the request: {m}"),
-            AcquireError::Trust(m) | AcquireError::Transient(m) => write!(f, "{m}"),
-        }
-    }
+/// ` (free in about 5s)`, or nothing when the authority did not say.
+fn free_in(retry_after: Option<Duration>) -> String {
+    retry_after
+        .map(|r| format!(" (free in about {})", crate::time::duration::format(r)))
+        .unwrap_or_default()
 }
 
 /// Why a renewal or release did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
     /// The lease is gone for good; the command must stop.
+    #[error("refused ({reason}){}", colon(message))]
     Refused {
         reason: RefusalReason,
         message: String,
     },
     /// The lease may still be valid; retry until the local deadline.
+    #[error("{0}")]
     Transient(String),
 }
 
-impl fmt::Display for RenewError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RenewError::Refused { reason, message } if message.is_empty() => {
-                write!(f, "refused ({reason})")
-            }
-            RenewError::Refused { reason, message } => write!(f, "refused ({reason}): {message}"),
-            RenewError::Transient(m) => write!(f, "{m}"),
-        }
+/// `: message`, or nothing for an empty message.
+fn colon(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
     }
 }
 
 /// Errors of the operator calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OperatorError {
     /// This kind of authority has no such operation.
+    #[error("{0}")]
     Unsupported(String),
     /// There is nothing to act on (no lease for the task, not held for an operator).
+    #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
     Failed(String),
-}
-
-impl fmt::Display for OperatorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OperatorError::Unsupported(m)
-            | OperatorError::NotFound(m)
-            | OperatorError::Failed(m) => f.write_str(m),
-        }
-    }
 }
 
 /// A lease authority, as the agent sees it.

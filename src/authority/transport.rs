@@ -38,7 +38,8 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
 }
 
 /// Why a call gave no answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
 pub struct Failure {
     /// `Some(cause)` when the failure is about TLS trust: `certificate`
     /// (the peer's certificate was not accepted, or ours was refused) or
@@ -46,12 +47,6 @@ pub struct Failure {
     pub trust: Option<&'static str>,
     /// What failed, naming the URL (never a credential).
     pub message: String,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
 }
 
 impl From<Failure> for String {

@@ -39,21 +39,14 @@ pub mod sqlite;
 /// A write refused because a higher token was already accepted for the
 /// partition: the attempt that holds `token` has been superseded by a later
 /// grant and must not write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("token {token} superseded by {highest}")]
 pub struct Superseded {
     /// The token the refused write carried.
     pub token: u64,
     /// The highest token the partition has accepted.
     pub highest: u64,
 }
-
-impl std::fmt::Display for Superseded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "token {} superseded by {}", self.token, self.highest)
-    }
-}
-
-impl std::error::Error for Superseded {}
 
 /// The fence rule: `token` may write when nothing was recorded yet or when it
 /// is at least the highest recorded token.
@@ -120,24 +113,14 @@ pub fn parse_token(s: &str) -> Option<u64> {
 }
 
 /// `LEASE_TOKEN` is missing or not a decimal u64.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TokenEnvError {
+    #[error("LEASE_TOKEN is not set")]
     Unset,
+    #[error("LEASE_TOKEN `{0}` is not a decimal token (0..=2^64-1)")]
     Malformed(String),
 }
-
-impl std::fmt::Display for TokenEnvError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TokenEnvError::Unset => write!(f, "LEASE_TOKEN is not set"),
-            TokenEnvError::Malformed(s) => {
-                write!(f, "LEASE_TOKEN `{s}` is not a decimal token (0..=2^64-1)")
-            }
-        }
-    }
-}
-
-impl std::error::Error for TokenEnvError {}
 
 #[cfg(test)]
 mod tests {

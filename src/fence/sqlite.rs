@@ -33,43 +33,20 @@ pub const FENCE_TABLE: &str = "leaseagent_fence";
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of the SQLite store.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A higher token was already accepted: nothing was written.
+    #[error("{0}")]
     Superseded(Superseded),
     /// The token does not fit SQLite's signed integer.
+    #[error("token {0} is above {max} and cannot be stored", max = i64::MAX)]
     TokenTooLarge(u64),
     /// The fence table holds a negative token for the partition.
-    CorruptFence {
-        partition: String,
-        value: i64,
-    },
-    Sqlite(rusqlite::Error),
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Superseded(s) => write!(f, "{s}"),
-            Error::TokenTooLarge(t) => {
-                write!(f, "token {t} is above {} and cannot be stored", i64::MAX)
-            }
-            Error::CorruptFence { partition, value } => write!(
-                f,
-                "{FENCE_TABLE} row for `{partition}` holds {value}, not a token"
-            ),
-            Error::Sqlite(e) => write!(f, "sqlite: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Sqlite(e) => Some(e),
-            _ => None,
-        }
-    }
+    #[error("{FENCE_TABLE} row for `{partition}` holds {value}, not a token")]
+    CorruptFence { partition: String, value: i64 },
+    #[error("sqlite: {0}")]
+    Sqlite(#[source] rusqlite::Error),
 }
 
 impl FenceError for Error {

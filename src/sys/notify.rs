@@ -40,27 +40,18 @@ use std::time::Duration;
 pub const JOB_ENV_REMOVE: &[&str] = &["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"];
 
 /// Why a notification could not be sent.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
     /// The socket could not be created or addressed.
-    Socket(std::io::Error),
+    #[error("notify socket: {0}")]
+    Socket(#[source] std::io::Error),
     /// systemd's queue is full (the send would block).
+    #[error("the service manager's queue is full")]
     Busy,
     /// The send failed otherwise.
-    Send(std::io::Error),
+    #[error("send: {0}")]
+    Send(#[source] std::io::Error),
 }
-
-impl std::fmt::Display for NotifyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NotifyError::Socket(e) => write!(f, "notify socket: {e}"),
-            NotifyError::Busy => write!(f, "the service manager's queue is full"),
-            NotifyError::Send(e) => write!(f, "send: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for NotifyError {}
 
 /// The agent's link to systemd; a no-op outside a notify service.
 #[derive(Debug, Clone)]

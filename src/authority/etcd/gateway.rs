@@ -48,20 +48,24 @@ use crate::authority::trust::ClientTrust;
 use crate::authority::transport::BODY_LIMIT;
 
 /// Why a gateway call gave no answer of the expected shape.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {
     /// Unreachable, timed out, 5xx, or unreadable: the state is unknown.
+    #[error("{0}")]
     Transient(String),
     /// No endpoint answered, and at least one failed for TLS trust:
     /// `cause` is `certificate` or `TLS`.
+    #[error("{cause}: {message}")]
     Tls {
         cause: &'static str,
         message: String,
     },
     /// etcd answered with a gRPC status (HTTP 4xx): a definite answer.
+    #[error("etcd answered {http}: {} (grpc code {})", status.message, status.code)]
     Status { http: u16, status: GatewayError },
     /// etcd refused our credentials or permissions: `cause` is
     /// `authentication failed`, `unauthenticated` or `permission denied`.
+    #[error("{cause}: {message}")]
     Denied {
         cause: &'static str,
         message: String,
@@ -74,22 +78,6 @@ impl CallError {
         match self {
             CallError::Tls { cause, .. } | CallError::Denied { cause, .. } => Some(cause),
             _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Transient(m) => f.write_str(m),
-            CallError::Tls { cause, message } | CallError::Denied { cause, message } => {
-                write!(f, "{cause}: {message}")
-            }
-            CallError::Status { http, status } => write!(
-                f,
-                "etcd answered {http}: {} (grpc code {})",
-                status.message, status.code
-            ),
         }
     }
 }
