@@ -203,8 +203,10 @@ impl AuthoritySpec {
     pub fn parse(url: &str) -> Result<Self, String> {
         let redacted = trust::redact_url(url);
         if redacted != url {
-            log::warn!(
-                "--authority: the user:password@ part of the URL is ignored (use --auth-token-file, or --etcd-user with --etcd-password-file)"
+            // Parsed before logging is set up: written directly, in the
+            // log's format.
+            eprintln!(
+                "leaseagent: warn: --authority: the user:password@ part of the URL is ignored (use --auth-token-file, or --etcd-user with --etcd-password-file)"
             );
         }
         let s = redacted.as_str();
