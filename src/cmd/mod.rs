@@ -48,6 +48,12 @@ Examples:
   # against etcd (interoperates with `etcdctl lock nightly-export`)
   leaseagent --authority etcd://10.0.0.1:2379,10.0.0.2:2379 --task nightly-export -- ./export.sh
 
+  # etcd with TLS and etcd's own login; a lease server with TLS and a token (files, mode 0600)
+  leaseagent --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user batch \\
+             --etcd-password-file etcd-pw --task nightly-export -- ./export.sh
+  leaseagent --authority https://leases.internal:7878 --ca-file ca.pem \\
+             --auth-token-file token --task nightly-export -- ./export.sh
+
   # inside the job: the fencing token, and a cheap validity check
   echo \"$LEASE_TOKEN\"; leaseagent check --min-remaining 5s && leaseagent publish out.tmp out
 

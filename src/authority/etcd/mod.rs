@@ -924,6 +924,18 @@ mod tests {
     }
 
     #[test]
+    fn lock_keys_are_prefix_and_own_lease() {
+        assert_eq!(lock_key(b"a/1f"), Some((&b"a/"[..], 0x1f)));
+        assert_eq!(
+            lock_key(b"a%2Fb/694d7d9d1c6b5a0b").map(|(_, l)| l),
+            Some(0x694d7d9d1c6b5a0b)
+        );
+        assert_eq!(lock_key(b"a/b/zz"), None);
+        assert_eq!(lock_key(b"noslash"), None);
+        assert_eq!(lock_key(b"a/"), None);
+    }
+
+    #[test]
     fn refuses_policies_etcd_cannot_keep() {
         let req = AcquireRequest {
             task: "t".into(),
