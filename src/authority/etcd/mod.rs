@@ -1,4 +1,6 @@
-//! etcd as the lease authority (`--authority etcd://host:port[,host:port…]`).
+//! etcd as the lease authority (`--authority etcd://host:port[,host:port…]`,
+//! or `etcds://…` over TLS; TLS, etcd logins and endpoint rotation live in
+//! [`gateway`]).
 //!
 //! Why this shape: users who outgrow one machine already run etcd, and their
 //! scripts already use `etcdctl lock`. So a leaseagent lease *is* an etcd
@@ -9,7 +11,9 @@
 //! - The holder's key is `<task>/<lease id in hex>`, put with that lease in a
 //!   txn guarded by `create_revision == 0` (so a retried txn cannot create
 //!   the key twice) whose both branches also read the first-created key
-//!   under `<task>/`. The owner is the key with the lowest create revision;
+//!   under `<task>/`. A task name with `/` has each `/` written `%2F` in
+//!   its prefix, so that no task's range holds another task's keys (see
+//!   `task_of_prefix`). The owner is the key with the lowest create revision;
 //!   everyone behind it waits for the deletion of the key just before theirs.
 //!   The value is the holder string (`etcdctl lock` stores an empty one).
 //! - The fencing token is the store revision at which ownership was
@@ -24,7 +28,10 @@
 //! read of our key: if it is gone (someone deleted it, or revoked the lease)
 //! or now belongs to another lease or a later creation, that is a refusal too,
 //! because another agent or `etcdctl lock` may already own the task.
-//! Release = revoke the lease, which deletes the key in the same raft entry.
+//! Release = revoke the lease, which deletes the key in the same raft entry;
+//! skipped once the lease has run out by this process's clock (`LeaseClock`),
+//! and never given more time than the lease has left, so a lost lease on an
+//! unreachable etcd does not hold up the agent's exit.
 //!
 //! Only `--on-expiry redispatch` exists here: etcd frees the key when the lease
 //! expires and has no grace or hold state, so the other policies are refused
@@ -33,6 +40,11 @@
 //! Waiting (`--wait`) uses [`Authority::acquire_wait`]: the queued key is kept
 //! (and its lease kept alive) between calls, so a waiter keeps its place in
 //! the queue like `etcdctl lock` does instead of re-entering at the back.
+//! Every way out of a wait except "still queued" revokes the place.
+//!
+//! Shared state: the `LeaseClock` is shared (behind a mutex held for a map
+//! lookup only) by the handles of one agent, since the heartbeat thread
+//! renews on one handle and the supervisor releases on another.
 
 mod gateway;
 pub mod wire;
