@@ -16,7 +16,9 @@
 //!   extend the lease.
 //! - Implementations are `Send` and owned by one thread at a time; a thread
 //!   that needs its own connection calls [`Authority::clone_box`]. Nothing is
-//!   shared between threads.
+//!   shared between threads but what the handles only read (the client
+//!   trust, built once from the flags) and etcd's per-lease expiry clock
+//!   (a mutex held for a map lookup).
 
 pub mod embedded;
 pub mod etcd;
