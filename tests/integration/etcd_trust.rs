@@ -470,3 +470,44 @@ fn operator_commands_on_etcd() {
     assert_eq!(o.status.code(), Some(125), "{o:?}");
     assert!(stderr(&o).contains("permission denied"));
 }
+
+#[test]
+fn a_wait_that_ends_in_an_error_gives_up_its_place() {
+    let s = secured(1, 300);
+    let t = Duration::from_secs(5);
+    let mut holder = s.authority();
+    let mut waiter = s.authority();
+    let g = holder.acquire(&req("jobs-w", "holder"), t).expect("holder");
+    assert!(matches!(
+        waiter.acquire_wait(&req("jobs-w", "waiter"), Duration::from_millis(200), t),
+        Err(AcquireError::Held { retry_after: Some(d), .. }) if d.is_zero()
+    ));
+    assert_eq!(s.etcd.keys("jobs-w/").len(), 2, "the waiter is queued");
+    // The role may still write (and so revoke its lease) but no longer read:
+    // the waiter's polls fail, and the wait ends in an error.
+    let ok = |o: Output| assert!(o.status.success(), "{o:?}");
+    ok(s.etcd.etcdctl(&[
+        "role",
+        "revoke-permission",
+        "tasks",
+        "jobs-",
+        "--prefix=true",
+    ]));
+    ok(s.etcd.etcdctl(&[
+        "role",
+        "grant-permission",
+        "--prefix=true",
+        "tasks",
+        "write",
+        "jobs-",
+    ]));
+    let r = waiter.acquire_wait(&req("jobs-w", "waiter"), Duration::from_millis(300), t);
+    assert!(matches!(r, Err(AcquireError::Transient(_))), "{r:?}");
+    // Its place is gone: only the holder's key is left.
+    assert_eq!(
+        s.etcd.keys("jobs-w/"),
+        vec![format!("jobs-w/{}", g.lease_id)],
+        "the waiter left its key behind"
+    );
+    assert_eq!(s.etcd.leases(), vec![g.lease_id.clone()]);
+}
