@@ -160,7 +160,9 @@ impl Gateway {
             Err(CallError::Status { status, .. })
                 if self.needs_login() && token_expired(&status) =>
             {
-                log::info!(
+                // Debug: with short token ttls this happens at every renewal,
+                // and the log's info level is one line per state change.
+                log::debug!(
                     "etcd: auth token no longer valid ({}); authenticating again",
                     status.message
                 );
