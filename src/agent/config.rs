@@ -71,11 +71,7 @@ impl RawRun {
             .task
             .ok_or("--task is required (or set LEASEAGENT_TASK)")?;
         validate_task(&task)?;
-        let authority = match self.authority.as_deref() {
-            None | Some("") => AuthoritySpec::default_local()
-                .map_err(|e| format!("--authority not given and {e}"))?,
-            Some(url) => AuthoritySpec::parse(url).map_err(|e| format!("--authority: {e}"))?,
-        };
+        let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
         if ttl < Duration::from_millis(1) {
             return Err("--ttl must be at least 1ms".into());

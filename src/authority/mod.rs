@@ -257,6 +257,18 @@ impl AuthoritySpec {
         ))
     }
 
+    /// The authority an `--authority` value names (the flag parser has
+    /// already applied `LEASEAGENT_AUTHORITY`): none or empty is the
+    /// embedded default. Errors name the flag.
+    pub fn from_flag(flag: Option<&str>) -> Result<Self, String> {
+        match flag {
+            None | Some("") => {
+                Self::default_local().map_err(|e| format!("--authority not given and {e}"))
+            }
+            Some(url) => Self::parse(url).map_err(|e| format!("--authority: {e}")),
+        }
+    }
+
     /// The default authority: the embedded SQLite database under the state
     /// directory the contract names.
     pub fn default_local() -> Result<Self, String> {

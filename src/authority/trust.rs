@@ -49,59 +49,25 @@ const SYSTEM_BUNDLES: &[&str] = &[
 /// Largest credential file read (a CA bundle is a few hundred KiB).
 const FILE_LIMIT: u64 = 4 << 20;
 
-/// The trust flags as given (paths, not contents). Shared by the run path
-/// (lexopt, see [`TrustFiles::fill_from_env`]) and the operator subcommands
-/// (clap, with the same environment variables).
-#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+/// The trust flags as given (paths, not contents), environment applied
+/// (`cmd::defs::TRUST`): the run path and the operator commands alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TrustFiles {
-    /// PEM bundle of the CAs that sign the authority's certificate (https://, etcds://)
-    /// [default: the system's roots]
-    #[arg(long, env = "LEASEAGENT_CA_FILE", value_name = "FILE")]
+    /// `--ca-file`: PEM CAs that sign the authority's certificate.
     pub ca_file: Option<PathBuf>,
-    /// PEM client certificate for mutual TLS (with --client-key)
-    #[arg(long, env = "LEASEAGENT_CLIENT_CERT", value_name = "FILE")]
+    /// `--client-cert`: PEM client certificate for mutual TLS.
     pub client_cert: Option<PathBuf>,
-    /// PEM key of --client-cert (mode 0600 or stricter)
-    #[arg(long, env = "LEASEAGENT_CLIENT_KEY", value_name = "FILE")]
+    /// `--client-key`: its key (mode 0600 or stricter).
     pub client_key: Option<PathBuf>,
-    /// Bearer token for `leaseagent serve`: the file's first line (mode 0600 or stricter)
-    #[arg(long, env = "LEASEAGENT_AUTH_TOKEN_FILE", value_name = "FILE")]
+    /// `--auth-token-file`: bearer token for `leaseagent serve`, first line.
     pub auth_token_file: Option<PathBuf>,
-    /// etcd user (etcd's own authentication; with --etcd-password-file)
-    #[arg(long, env = "LEASEAGENT_ETCD_USER", value_name = "NAME")]
+    /// `--etcd-user`: etcd's own login.
     pub etcd_user: Option<String>,
-    /// That etcd user's password: the file's first line (mode 0600 or stricter)
-    #[arg(long, env = "LEASEAGENT_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    /// `--etcd-password-file`: that user's password, first line.
     pub etcd_password_file: Option<PathBuf>,
 }
 
 impl TrustFiles {
-    /// The run path's fallback to the environment for flags not given.
-    pub fn fill_from_env(&mut self) {
-        fn var(name: &str) -> Option<String> {
-            std::env::var(name).ok().filter(|v| !v.is_empty())
-        }
-        let path = |name: &str| var(name).map(PathBuf::from);
-        if self.ca_file.is_none() {
-            self.ca_file = path("LEASEAGENT_CA_FILE");
-        }
-        if self.client_cert.is_none() {
-            self.client_cert = path("LEASEAGENT_CLIENT_CERT");
-        }
-        if self.client_key.is_none() {
-            self.client_key = path("LEASEAGENT_CLIENT_KEY");
-        }
-        if self.auth_token_file.is_none() {
-            self.auth_token_file = path("LEASEAGENT_AUTH_TOKEN_FILE");
-        }
-        if self.etcd_user.is_none() {
-            self.etcd_user = var("LEASEAGENT_ETCD_USER");
-        }
-        if self.etcd_password_file.is_none() {
-            self.etcd_password_file = path("LEASEAGENT_ETCD_PASSWORD_FILE");
-        }
-    }
-
     /// Checks that need no file: pairs given together.
     pub fn check_usage(&self) -> Result<(), String> {
         match (&self.client_cert, &self.client_key) {

@@ -29,16 +29,14 @@ use crate::time::clock::BootInstant;
 /// Exit status when the lease is not (or not long enough) valid.
 pub const EXIT_NOT_VALID: u8 = 1;
 
-#[derive(clap::Args, Debug, Clone)]
+/// `leaseagent check` (flags and help: `cmd::defs::CHECK`).
+#[derive(Debug, Clone)]
 pub struct CheckArgs {
-    /// Succeed only if the lease is valid for at least this much longer
-    #[arg(long = "min-remaining", value_name = "DUR", default_value = "0s", value_parser = crate::time::duration::parse)]
+    /// `--min-remaining`.
     pub min_remaining: Duration,
-    /// Print nothing on stderr; the exit status alone answers
-    #[arg(long, short)]
+    /// `-q`, `--quiet`: nothing on stderr.
     pub quiet: bool,
-    /// Print the lease view as one JSON object on stdout
-    #[arg(long)]
+    /// `--json`: the view on stdout.
     pub json: bool,
 }
 

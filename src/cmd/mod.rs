@@ -3,20 +3,28 @@
 //! `leaseagent [OPTIONS] -- COMMAND [ARG...]` runs a command under a lease;
 //! a first argument that names a subcommand (`serve`, `publish`, `check`,
 //! `leases`, `revoke`, `clear`) selects that instead. Every usage error exits
-//! 125 (the agent failed) with a message that names the flag; `--help` and
-//! `--version` exit 0. The run path is parsed with lexopt (see [`parse_run`]),
-//! the subcommands with clap.
+//! 125 (the agent failed) with one line, `leaseagent[ SUBCOMMAND]: error: ..`,
+//! that names the flag; `--help` and `--version` exit 0.
+//!
+//! One parser for all of it (lexopt, no clap: the agent's resident memory
+//! runs next to every job): [`flags`] parses and renders help from the
+//! tables in [`defs`] ("what was typed"); the builders here turn that into
+//! each command's typed arguments, and the run path's [`RawRun`] into a
+//! validated [`RunConfig`].
 
 pub mod check;
+mod defs;
+pub mod flags;
 pub mod operator;
 pub mod publish;
 
 use std::ffi::OsString;
-use std::time::Duration;
-
-use clap::{Args, Parser};
+use std::io::Write;
+use std::path::PathBuf;
 
 use crate::agent::config::{RawRun, RunConfig};
+use crate::time::duration::parse as dur;
+use flags::{CommandDef, Matches, Parsed, UsageError, number, text};
 
 /// What `main` is asked to do.
 pub enum Command {
@@ -33,438 +41,169 @@ pub enum Command {
     Exit(u8),
 }
 
-fn dur(s: &str) -> Result<Duration, String> {
-    crate::time::duration::parse(s)
-}
+/// Turns one command's parsed flags into its [`Command`] (the high stage).
+type Build = fn(&mut Matches) -> Result<Command, UsageError>;
 
-const RUN_EXAMPLES: &str = "\
-Examples:
-  # run a job under a lease from the embedded per-host authority
-  leaseagent --task nightly-export -- ./export.sh --full
-
-  # against a lease server, waiting up to 10 minutes if another worker holds the task
-  leaseagent --authority http://leases.internal:7878 --task nightly-export --wait 10m -- ./export.sh
-
-  # against etcd (interoperates with `etcdctl lock nightly-export`)
-  leaseagent --authority etcd://10.0.0.1:2379,10.0.0.2:2379 --task nightly-export -- ./export.sh
-
-  # etcd with TLS and etcd's own login; a lease server with TLS and a token (files, mode 0600)
-  leaseagent --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user batch \\
-             --etcd-password-file etcd-pw --task nightly-export -- ./export.sh
-  leaseagent --authority https://leases.internal:7878 --ca-file ca.pem \\
-             --auth-token-file token --task nightly-export -- ./export.sh
-
-  # inside the job: the fencing token, and a cheap validity check
-  echo \"$LEASE_TOKEN\"; leaseagent check --min-remaining 5s && leaseagent publish out.tmp out
-
-Subcommands:
-  serve     the reference lease authority (lease protocol v1) on SQLite
-  publish   move a job's output into place only if its token is not superseded
-  check     exit 0 while this job's lease is valid for at least --min-remaining
-  leases    list leases of an authority;  revoke TASK;  clear TASK
-  (`leaseagent SUBCOMMAND --help` for each)
-
-Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
-75 task held elsewhere; 125 agent failed; 126 cannot execute; 127 not found.";
-
-/// `leaseagent --help`.
-const RUN_HELP: &str = "\
-Run a command under a lease: renewed from a dedicated thread, stopped before
-the lease could be granted to anyone else, fenced by LEASE_TOKEN.
-
-Usage: leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]
-       leaseagent SUBCOMMAND [ARGS]
-
-Options:
-      --authority URL    Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],
-                         sqlite:PATH [env: LEASEAGENT_AUTHORITY; default: the embedded per-host authority]
-      --task NAME        What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)
-                         [env: LEASEAGENT_TASK]
-      --ttl DUR          Lease duration asked for [default: 30s]
-      --heartbeat DUR    Renewal interval; must be below --ttl [default: ttl/3]
-      --grace DUR        SIGTERM -> SIGKILL grace when the command is stopped [default: ttl/6]
-      --holder NAME      Who holds the lease, as the authority shows it [default: HOSTNAME/PID]
-      --on-expiry P      What the authority does when this lease expires: redispatch, grace, hold
-                         [default: redispatch]
-      --expiry-grace DUR With --on-expiry grace: how long after expiry the task stays blocked
-                         [default: ttl]
-      --wait [DUR]       Wait up to DUR (forever without DUR) while another holder has the task
-
-Trust (https://, etcds://, authorities with credentials; files only, never secrets in argv):
-      --ca-file FILE     PEM CAs that sign the authority's certificate [env: LEASEAGENT_CA_FILE;
-                         default: the system's roots]
-      --client-cert FILE PEM client certificate for mutual TLS [env: LEASEAGENT_CLIENT_CERT]
-      --client-key FILE  Its key, mode 0600 [env: LEASEAGENT_CLIENT_KEY]
-      --auth-token-file FILE
-                         Bearer token for leaseagent serve (first line), mode 0600
-                         [env: LEASEAGENT_AUTH_TOKEN_FILE]
-      --etcd-user NAME   etcd user [env: LEASEAGENT_ETCD_USER]
-      --etcd-password-file FILE
-                         That user's password (first line), mode 0600
-                         [env: LEASEAGENT_ETCD_PASSWORD_FILE]
-  -h, --help             Print help
-  -V, --version          Print version
-
-DUR is a whole number with a unit: 250ms, 2s, 5m, 1h.
-";
-
-/// Why the run-path arguments did not give a [`RawRun`].
-enum RunParse {
-    Help,
-    Version,
-    Error(String),
-}
-
-fn flag_value(p: &mut lexopt::Parser, flag: &str) -> Result<String, RunParse> {
-    let v = p
-        .value()
-        .map_err(|_| RunParse::Error(format!("{flag} needs a value")))?;
-    v.into_string().map_err(|v| {
-        RunParse::Error(format!(
-            "{flag}: `{}` is not valid UTF-8",
-            v.to_string_lossy()
-        ))
-    })
-}
-
-fn flag_dur(p: &mut lexopt::Parser, flag: &str) -> Result<Duration, RunParse> {
-    let v = flag_value(p, flag)?;
-    dur(&v).map_err(|e| RunParse::Error(format!("{flag}: {e}")))
-}
-
-/// Parses `leaseagent [OPTIONS] -- COMMAND [ARG...]` (argv without argv[0]).
-///
-/// A small hand-off to lexopt rather than clap: this is the path every job
-/// start takes, and the agent's memory is what runs next to every job (clap
-/// costs about half a MiB of resident code; the subcommands keep it).
-fn parse_run(args: &[OsString]) -> Result<RawRun, RunParse> {
-    let split = args.iter().position(|a| a == "--");
-    let (opts, command) = match split {
-        Some(i) => (&args[..i], args[i + 1..].to_vec()),
-        None => (args, Vec::new()),
-    };
-    let mut raw = RawRun {
-        ttl: Duration::from_secs(30),
-        on_expiry: "redispatch".into(),
-        command,
-        ..Default::default()
-    };
-    let mut p = lexopt::Parser::from_args(opts.iter().cloned());
-    loop {
-        let arg = p.next().map_err(|e| RunParse::Error(e.to_string()))?;
-        let Some(arg) = arg else { break };
-        use lexopt::Arg::{Long, Short, Value};
-        match arg {
-            Short('h') | Long("help") => return Err(RunParse::Help),
-            Short('V') | Long("version") => return Err(RunParse::Version),
-            Long("authority") => raw.authority = Some(flag_value(&mut p, "--authority")?),
-            Long("task") => raw.task = Some(flag_value(&mut p, "--task")?),
-            Long("ttl") => raw.ttl = flag_dur(&mut p, "--ttl")?,
-            Long("heartbeat") => raw.heartbeat = Some(flag_dur(&mut p, "--heartbeat")?),
-            Long("grace") => raw.grace = Some(flag_dur(&mut p, "--grace")?),
-            Long("holder") => raw.holder = Some(flag_value(&mut p, "--holder")?),
-            Long("on-expiry") => raw.on_expiry = flag_value(&mut p, "--on-expiry")?,
-            Long("expiry-grace") => raw.expiry_grace = Some(flag_dur(&mut p, "--expiry-grace")?),
-            Long("ca-file") => raw.trust.ca_file = Some(flag_value(&mut p, "--ca-file")?.into()),
-            Long("client-cert") => {
-                raw.trust.client_cert = Some(flag_value(&mut p, "--client-cert")?.into());
-            }
-            Long("client-key") => {
-                raw.trust.client_key = Some(flag_value(&mut p, "--client-key")?.into());
-            }
-            Long("auth-token-file") => {
-                raw.trust.auth_token_file = Some(flag_value(&mut p, "--auth-token-file")?.into());
-            }
-            Long("etcd-user") => raw.trust.etcd_user = Some(flag_value(&mut p, "--etcd-user")?),
-            Long("etcd-password-file") => {
-                raw.trust.etcd_password_file =
-                    Some(flag_value(&mut p, "--etcd-password-file")?.into());
-            }
-            Long("wait") => {
-                // `--wait=DUR`, `--wait DUR`, or `--wait` alone (forever).
-                let attached = p.optional_value();
-                let next = match attached {
-                    Some(v) => Some(v),
-                    None => p
-                        .try_raw_args()
-                        // The COMMAND only comes after `--`, so a word that is
-                        // not an option can only be meant as the duration.
-                        .and_then(|mut raw| raw.next_if(|a| !a.to_string_lossy().starts_with('-'))),
-                };
-                let d = match next {
-                    Some(v) => Some(
-                        dur(&v.to_string_lossy())
-                            .map_err(|e| RunParse::Error(format!("--wait: {e}")))?,
-                    ),
-                    None => None,
-                };
-                raw.wait = Some(d);
-            }
-            Long(other) => {
-                return Err(RunParse::Error(format!(
-                    "unknown option --{other} (see leaseagent --help)"
-                )));
-            }
-            Short(c) => {
-                return Err(RunParse::Error(format!(
-                    "unknown option -{c} (see leaseagent --help)"
-                )));
-            }
-            Value(v) => {
-                return Err(RunParse::Error(format!(
-                    "unexpected argument `{}`: the COMMAND goes after `--` (leaseagent [OPTIONS] -- COMMAND [ARG...])",
-                    v.to_string_lossy()
-                )));
-            }
-        }
-    }
-    if raw.authority.as_deref().is_none_or(str::is_empty) {
-        raw.authority = std::env::var("LEASEAGENT_AUTHORITY")
-            .ok()
-            .filter(|v| !v.is_empty());
-    }
-    if raw.task.is_none() {
-        raw.task = std::env::var("LEASEAGENT_TASK").ok();
-    }
-    raw.trust.fill_from_env();
-    if split.is_none() {
-        return Err(RunParse::Error(
-            "no COMMAND given: usage is leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]"
-                .into(),
-        ));
-    }
-    Ok(raw)
-}
-
-const SERVE_EXAMPLES: &str = "\
-Examples:
-  # the lease authority for a fleet of workers, its state in one SQLite file
-  leaseagent serve --listen 0.0.0.0:7878 --db /var/lib/leaseagent-serve/leases.sqlite3
-
-  # on each worker
-  leaseagent --authority http://leases.internal:7878 --task nightly-export -- ./export.sh
-
-  # as a systemd service (systemd/leaseagent-serve.service)
-  systemctl enable --now leaseagent-serve.service";
-
-const PUBLISH_EXAMPLES: &str = "\
-Examples:
-  # in a job run by leaseagent (the token comes from $LEASE_TOKEN):
-  # write next to the destination, then move it into place if not superseded
-  ./export.sh > /srv/exports/.report.csv.tmp &&
-    leaseagent publish /srv/exports/.report.csv.tmp /srv/exports/report.csv
-
-  # a whole directory, with an explicit token
-  leaseagent publish --token 42 /srv/site.new /srv/site";
-
-const CHECK_EXAMPLES: &str = "\
-Examples:
-  # in a job run by leaseagent: stop between batches when the lease runs short
-  for b in batches/*; do leaseagent check --min-remaining 10s || exit 1; ./process \"$b\"; done
-
-  # the agent's view of the lease, as JSON
-  leaseagent check --json";
-
-const LEASES_EXAMPLES: &str = "\
-Examples:
-  # leases of the embedded per-host authority
-  leaseagent leases
-
-  # of a lease server, as JSON
-  leaseagent leases --authority http://leases.internal:7878 --json
-
-  # of a TLS lease server with a token, and of etcd with TLS and etcd's own login
-  leaseagent leases --authority https://leases.internal:7878 --ca-file ca.pem --auth-token-file ~/.leaseagent-token
-  leaseagent leases --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user ops --etcd-password-file ~/.etcd-pw
-
-With etcd, every lock key is listed (leaseagent's and `etcdctl lock`'s): the first of each
-task is `active`, the others `waiting` in queue order; TOKEN is the key's create revision.";
-
-const REVOKE_EXAMPLES: &str = "\
-Examples:
-  # take the task away from its holder (its agent stops the job at the next renewal)
-  leaseagent revoke --authority http://leases.internal:7878 nightly-export
-
-  # and make the task available again at once
-  leaseagent revoke --force nightly-export
-
-With etcd, revoke revokes the holder's etcd lease: its key is deleted at once and the next
-waiter (leaseagent or `etcdctl lock`) gets the task; --force changes nothing.";
-
-const CLEAR_EXAMPLES: &str = "\
-Examples:
-  # a lease with --on-expiry hold expired: after checking the job's side effects,
-  # let the task be granted again
-  leaseagent clear --authority http://leases.internal:7878 nightly-export
-
-etcd has no held-for-operator state (it frees a task when its lease expires, and leaseagent
-refuses --on-expiry hold with etcd): clear there always exits 1, nothing to clear.";
-
-/// The reference lease authority (lease protocol v1) with its state in SQLite.
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent serve", version)]
-struct ServeCli {
-    #[command(flatten)]
-    args: crate::serve::ServeArgs,
-}
-
-/// Move a job's output into place only if its fencing token is not superseded.
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent publish", version)]
-struct PublishCli {
-    #[command(flatten)]
-    args: crate::cmd::publish::PublishArgs,
-}
-
-/// Exit 0 while this job's lease is valid for at least --min-remaining.
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent check", version)]
-struct CheckCli {
-    #[command(flatten)]
-    args: crate::cmd::check::CheckArgs,
-}
-
-/// List the leases an authority holds.
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent leases", version)]
-struct LeasesCli {
-    #[command(flatten)]
-    args: crate::cmd::operator::LeasesArgs,
-}
-
-/// Revoke a task's current lease.
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent revoke", version)]
-struct RevokeCli {
-    #[command(flatten)]
-    args: crate::cmd::operator::RevokeArgs,
-}
-
-/// Free a task held for an operator (after an expiry with --on-expiry hold).
-#[derive(Parser, Debug)]
-#[command(name = "leaseagent clear", version)]
-struct ClearCli {
-    #[command(flatten)]
-    args: crate::cmd::operator::ClearArgs,
-}
-
-/// Parses one subcommand's arguments (`argv[0]` is the subcommand name).
-/// `examples` go at the end of its `--help`, after any text the subcommand's
-/// own `Args` put there.
-fn sub<P: Parser, T>(
-    argv: &[OsString],
-    name: &str,
-    examples: &str,
-    pick: impl FnOnce(P) -> T,
-) -> Result<T, u8> {
-    let mut full = vec![OsString::from(format!("leaseagent {name}"))];
-    full.extend(argv.iter().skip(1).cloned());
-    let mut cmd = P::command();
-    let help = match cmd.get_after_help() {
-        Some(own) => format!("{own}\n\n{examples}"),
-        None => examples.to_string(),
-    };
-    cmd = cmd.after_help(help);
-    let mut matches = cmd.try_get_matches_from_mut(full).map_err(report)?;
-    P::from_arg_matches_mut(&mut matches)
-        .map(pick)
-        .map_err(|e| report(e.format(&mut cmd)))
-}
-
-fn report(e: clap::Error) -> u8 {
-    use clap::error::ErrorKind;
-    let _ = e.print();
-    match e.kind() {
-        ErrorKind::DisplayHelp
-        | ErrorKind::DisplayVersion
-        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 0,
-        _ => crate::exit::AGENT_FAILED,
-    }
-}
+/// The subcommands: name (in the table), parser table, builder.
+const SUBCOMMANDS: &[(&CommandDef, Build)] = &[
+    (&defs::SERVE, serve),
+    (&defs::PUBLISH, publish),
+    (&defs::CHECK, check),
+    (&defs::LEASES, leases),
+    (&defs::REVOKE, revoke),
+    (&defs::CLEAR, clear),
+];
 
 /// Turns argv (including `argv[0]`) into a [`Command`].
 pub fn parse(argv: Vec<OsString>) -> Command {
+    parse_env(argv, &flags::env_value)
+}
+
+/// [`parse`] with the environment as `env` sees it.
+fn parse_env(argv: Vec<OsString>, env: flags::Env) -> Command {
     let rest = &argv[1.min(argv.len())..];
     let first = rest.first().and_then(|a| a.to_str()).unwrap_or("");
-    let parsed = match first {
-        "serve" => sub(rest, first, SERVE_EXAMPLES, |c: ServeCli| {
-            Command::Serve(c.args)
-        }),
-        "publish" => sub(rest, first, PUBLISH_EXAMPLES, |c: PublishCli| {
-            Command::Publish(c.args)
-        }),
-        "check" => sub(rest, first, CHECK_EXAMPLES, |c: CheckCli| {
-            Command::Check(c.args)
-        }),
-        "leases" => sub(rest, first, LEASES_EXAMPLES, |c: LeasesCli| {
-            Command::Leases(c.args)
-        }),
-        "revoke" => sub(rest, first, REVOKE_EXAMPLES, |c: RevokeCli| {
-            Command::Revoke(c.args)
-        }),
-        "clear" => sub(rest, first, CLEAR_EXAMPLES, |c: ClearCli| {
-            Command::Clear(c.args)
-        }),
-        crate::keeper::KEEPER_ARG => Ok(Command::Keeper(rest[1..].to_vec())),
-        _ => match parse_run(rest) {
-            Ok(raw) => raw.validate().map(Command::Run).map_err(|msg| {
-                eprintln!("leaseagent: error: {msg}");
-                crate::exit::AGENT_FAILED
-            }),
-            Err(RunParse::Help) => {
-                println!("{RUN_HELP}\n{RUN_EXAMPLES}");
-                Err(0)
-            }
-            Err(RunParse::Version) => {
-                println!("leaseagent {}", env!("CARGO_PKG_VERSION"));
-                Err(0)
-            }
-            Err(RunParse::Error(msg)) => {
-                eprintln!("leaseagent: error: {msg}");
-                Err(crate::exit::AGENT_FAILED)
-            }
-        },
-    };
-    parsed.unwrap_or_else(Command::Exit)
-}
-
-/// Shared `--authority` flag (and the trust flags) of the operator subcommands.
-#[derive(Args, Debug, Clone)]
-pub struct AuthorityArg {
-    /// Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,...], sqlite:PATH
-    /// [default: the embedded per-host authority]
-    #[arg(
-        long,
-        env = "LEASEAGENT_AUTHORITY",
-        value_name = "URL",
-        hide_env_values = true
-    )]
-    pub authority: Option<String>,
-    #[command(flatten)]
-    pub trust: crate::authority::trust::TrustFiles,
-}
-
-impl AuthorityArg {
-    pub fn spec(&self) -> Result<crate::authority::AuthoritySpec, String> {
-        match self.authority.as_deref() {
-            None | Some("") => crate::authority::AuthoritySpec::default_local(),
-            Some(u) => {
-                crate::authority::AuthoritySpec::parse(u).map_err(|e| format!("--authority: {e}"))
-            }
-        }
+    if first == crate::keeper::KEEPER_ARG {
+        return Command::Keeper(rest[1..].to_vec());
     }
+    let (def, build, args): (&'static CommandDef, Build, &[OsString]) =
+        match SUBCOMMANDS.iter().find(|(d, _)| d.name == first) {
+            Some((d, b)) => (d, *b, &rest[1..]),
+            None => (&defs::RUN, run, rest),
+        };
+    let parsed = flags::parse(def, args, env).and_then(|p| match p {
+        Parsed::Help => Ok(print(&flags::help(def, env))),
+        Parsed::Version => Ok(print(&format!(
+            "{} {}\n",
+            def.program(),
+            env!("CARGO_PKG_VERSION")
+        ))),
+        Parsed::Args(mut m) => build(&mut m),
+    });
+    parsed.unwrap_or_else(|e| {
+        eprintln!("{}: error: {e}", def.program());
+        Command::Exit(crate::exit::AGENT_FAILED)
+    })
+}
+
+/// Help and version go to stdout; a closed stdout is not worth a panic.
+fn print(s: &str) -> Command {
+    let _ = std::io::stdout().lock().write_all(s.as_bytes());
+    Command::Exit(0)
+}
+
+/// The run path: flags into [`RawRun`], then validated.
+fn run(m: &mut Matches) -> Result<Command, UsageError> {
+    let raw = raw_run(m)?;
+    raw.validate().map(Command::Run).map_err(UsageError)
+}
+
+/// What was typed on the run path, defaults and environment applied.
+fn raw_run(m: &mut Matches) -> Result<RawRun, UsageError> {
+    Ok(RawRun {
+        authority: m.string("authority")?,
+        task: m.string("task")?,
+        ttl: m.get("ttl", dur)?,
+        heartbeat: m.parse("heartbeat", dur)?,
+        grace: m.parse("grace", dur)?,
+        holder: m.string("holder")?,
+        on_expiry: m.get("on-expiry", text)?,
+        expiry_grace: m.parse("expiry-grace", dur)?,
+        wait: m.parse_optional("wait", dur)?,
+        command: m.take_trailing(),
+        trust: trust(m),
+    })
+}
+
+/// The trust flags (`defs::TRUST`), environment applied.
+fn trust(m: &Matches) -> crate::authority::trust::TrustFiles {
+    let path = |long: &str| m.os(long).map(PathBuf::from);
+    crate::authority::trust::TrustFiles {
+        ca_file: path("ca-file"),
+        client_cert: path("client-cert"),
+        client_key: path("client-key"),
+        auth_token_file: path("auth-token-file"),
+        etcd_user: m.os("etcd-user").map(|u| u.to_string_lossy().into_owned()),
+        etcd_password_file: path("etcd-password-file"),
+    }
+}
+
+fn serve(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Serve(crate::serve::ServeArgs {
+        listen: m.get("listen", text)?,
+        db: PathBuf::from(m.get_os("db")?),
+        max_connections: m.get("max-connections", number)?,
+    }))
+}
+
+fn publish(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Publish(publish::PublishArgs {
+        token: m.parse("token", number)?,
+        lock_timeout: m.get("lock-timeout", dur)?,
+        src: PathBuf::from(m.positional(0)),
+        dest: PathBuf::from(m.positional(1)),
+    }))
+}
+
+fn check(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Check(check::CheckArgs {
+        min_remaining: m.get("min-remaining", dur)?,
+        quiet: m.switch("quiet"),
+        json: m.switch("json"),
+    }))
+}
+
+fn authority(m: &Matches) -> Result<operator::AuthorityArg, UsageError> {
+    Ok(operator::AuthorityArg {
+        authority: m.string("authority")?,
+        trust: trust(m),
+    })
+}
+
+fn leases(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Leases(operator::LeasesArgs {
+        authority: authority(m)?,
+        json: m.switch("json"),
+    }))
+}
+
+fn revoke(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Revoke(operator::RevokeArgs {
+        authority: authority(m)?,
+        task: m.positional_string(0)?,
+        force: m.switch("force"),
+        json: m.switch("json"),
+    }))
+}
+
+fn clear(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::Clear(operator::ClearArgs {
+        authority: authority(m)?,
+        task: m.positional_string(0)?,
+        json: m.switch("json"),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
-    fn run(args: &[&str]) -> Result<RunConfig, u8> {
+    fn no_env(_: &str) -> Option<OsString> {
+        None
+    }
+
+    /// Parses `leaseagent ARGS` with `env` as the environment.
+    fn cmd(args: &[&str], env: flags::Env) -> Command {
         let argv = std::iter::once("leaseagent")
             .chain(args.iter().copied())
             .map(OsString::from)
             .collect();
-        match parse(argv) {
+        parse_env(argv, env)
+    }
+
+    fn run(args: &[&str]) -> Result<RunConfig, u8> {
+        match cmd(args, &no_env) {
             Command::Run(c) => Ok(c),
             Command::Exit(code) => Err(code),
             _ => Err(255),
@@ -555,5 +294,196 @@ mod tests {
             Some(125)
         );
         assert_eq!(run(&["--version"]).err(), Some(0));
+    }
+
+    fn test_env(var: &str) -> Option<OsString> {
+        match var {
+            "LEASEAGENT_TASK" => Some("from-env".into()),
+            "LEASEAGENT_AUTHORITY" => Some("http://e:1".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn run_path_takes_task_and_authority_from_the_environment() {
+        use crate::authority::AuthoritySpec;
+        let Command::Run(c) = cmd(&["--", "true"], &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.task, "from-env");
+        assert_eq!(c.authority, AuthoritySpec::Http("http://e:1".into()));
+        // Flags win over the environment; an empty --authority takes it.
+        let argv = ["--task", "t", "--authority", "http://f:1", "--", "true"];
+        let Command::Run(c) = cmd(&argv, &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.task, "t");
+        assert_eq!(c.authority, AuthoritySpec::Http("http://f:1".into()));
+        let Command::Run(c) = cmd(&["--authority=", "--task=t", "--", "true"], &test_env) else {
+            panic!("not a run")
+        };
+        assert_eq!(c.authority, AuthoritySpec::Http("http://e:1".into()));
+        // Without the environment the task is required.
+        assert!(matches!(cmd(&["--", "true"], &no_env), Command::Exit(125)));
+    }
+
+    #[test]
+    fn run_path_flags_reach_the_config() {
+        let c = run(&[
+            "--authority",
+            "http://h:1",
+            "--task",
+            "t",
+            "--ttl",
+            "9s",
+            "--heartbeat",
+            "2s",
+            "--grace",
+            "1s",
+            "--holder",
+            "me",
+            "--on-expiry",
+            "grace",
+            "--expiry-grace",
+            "4s",
+            "--",
+            "cmd",
+            "--",
+            "x",
+        ])
+        .unwrap();
+        let s = Duration::from_secs;
+        assert_eq!((c.ttl, c.heartbeat, c.grace), (s(9), s(2), s(1)));
+        assert_eq!(c.holder, "me");
+        assert_eq!(c.on_expiry, crate::authority::ExpiryPolicy::Grace);
+        assert_eq!(c.expiry_grace, s(4));
+        // Only the first `--` ends the flags.
+        assert_eq!(c.command, ["cmd", "--", "x"].map(OsString::from));
+        // The last of a repeated run flag wins, as it always did.
+        let c = run(&[
+            "--authority",
+            "http://h:1",
+            "--task",
+            "a",
+            "--task",
+            "b",
+            "--",
+            "x",
+        ])
+        .unwrap();
+        assert_eq!(c.task, "b");
+    }
+
+    #[test]
+    fn operator_commands_take_the_authority_from_the_environment() {
+        let Command::Leases(a) = cmd(&["leases"], &test_env) else {
+            panic!("not leases")
+        };
+        assert_eq!(a.authority.authority.as_deref(), Some("http://e:1"));
+        assert!(!a.json);
+        let Command::Leases(a) = cmd(&["leases", "--json"], &no_env) else {
+            panic!("not leases")
+        };
+        assert_eq!(a.authority.authority, None);
+        assert!(a.json);
+        let argv = ["revoke", "--force", "--authority=http://f:1", "t"];
+        let Command::Revoke(a) = cmd(&argv, &test_env) else {
+            panic!("not revoke")
+        };
+        assert_eq!(a.authority.authority.as_deref(), Some("http://f:1"));
+        assert_eq!((a.task.as_str(), a.force, a.json), ("t", true, false));
+        let Command::Clear(a) = cmd(&["clear", "--json", "--", "-t"], &no_env) else {
+            panic!("not clear")
+        };
+        assert_eq!((a.task.as_str(), a.json), ("-t", true));
+    }
+
+    #[test]
+    fn serve_publish_and_check_build_their_arguments() {
+        let Command::Serve(a) = cmd(&["serve", "--listen", "127.0.0.1:0", "--db=x.db"], &no_env)
+        else {
+            panic!("not serve")
+        };
+        assert_eq!(a.listen, "127.0.0.1:0");
+        assert_eq!(a.db, std::path::PathBuf::from("x.db"));
+        assert_eq!(a.max_connections, 1024);
+        let argv = [
+            "serve",
+            "--max-connections",
+            "5",
+            "--db",
+            "d",
+            "--listen",
+            "l",
+        ];
+        let Command::Serve(a) = cmd(&argv, &no_env) else {
+            panic!("not serve")
+        };
+        assert_eq!(a.max_connections, 5);
+
+        let Command::Publish(a) = cmd(&["publish", "a", "b"], &no_env) else {
+            panic!("not publish")
+        };
+        assert_eq!(a.token, None);
+        assert_eq!(a.lock_timeout, Duration::from_secs(30));
+        assert_eq!((a.src.to_str(), a.dest.to_str()), (Some("a"), Some("b")));
+        let argv = ["publish", "--token", "7", "--lock-timeout", "2s", "a", "b"];
+        let Command::Publish(a) = cmd(&argv, &no_env) else {
+            panic!("not publish")
+        };
+        assert_eq!((a.token, a.lock_timeout), (Some(7), Duration::from_secs(2)));
+
+        let Command::Check(a) = cmd(&["check"], &no_env) else {
+            panic!("not check")
+        };
+        assert_eq!(
+            (a.min_remaining, a.quiet, a.json),
+            (Duration::ZERO, false, false)
+        );
+        let argv = ["check", "-q", "--json", "--min-remaining", "5s"];
+        let Command::Check(a) = cmd(&argv, &no_env) else {
+            panic!("not check")
+        };
+        assert_eq!(
+            (a.min_remaining, a.quiet, a.json),
+            (Duration::from_secs(5), true, true)
+        );
+    }
+
+    #[test]
+    fn help_texts_are_the_golden_files() {
+        let golden = [
+            (
+                &defs::RUN,
+                include_str!("../../tests/integration/golden/help-run.txt"),
+            ),
+            (
+                &defs::SERVE,
+                include_str!("../../tests/integration/golden/help-serve.txt"),
+            ),
+            (
+                &defs::PUBLISH,
+                include_str!("../../tests/integration/golden/help-publish.txt"),
+            ),
+            (
+                &defs::CHECK,
+                include_str!("../../tests/integration/golden/help-check.txt"),
+            ),
+            (
+                &defs::LEASES,
+                include_str!("../../tests/integration/golden/help-leases.txt"),
+            ),
+            (
+                &defs::REVOKE,
+                include_str!("../../tests/integration/golden/help-revoke.txt"),
+            ),
+            (
+                &defs::CLEAR,
+                include_str!("../../tests/integration/golden/help-clear.txt"),
+            ),
+        ];
+        for (def, want) in golden {
+            assert_eq!(flags::help(def, &no_env), want, "{}", def.program());
+        }
     }
 }

@@ -9,43 +9,39 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::authority::{Authority, LeaseInfo, OperatorError};
+use crate::authority::{Authority, AuthoritySpec, LeaseInfo, OperatorError};
 
-use crate::cmd::AuthorityArg;
+/// The authority flags every operator command shares (flag table:
+/// `cmd::defs`, `AUTHORITY`).
+#[derive(Debug, Clone, Default)]
+pub struct AuthorityArg {
+    /// `--authority`, or `LEASEAGENT_AUTHORITY`; `None`: the embedded default.
+    pub authority: Option<String>,
+    /// The trust flags (TLS roots, client certificate, credentials).
+    pub trust: crate::authority::trust::TrustFiles,
+}
 
-#[derive(clap::Args, Debug, Clone)]
+/// `leaseagent leases` (flags: `cmd::defs::LEASES`).
+#[derive(Debug, Clone)]
 pub struct LeasesArgs {
-    #[command(flatten)]
     pub authority: AuthorityArg,
-    /// Print JSON instead of a table
-    #[arg(long)]
     pub json: bool,
 }
 
-#[derive(clap::Args, Debug, Clone)]
+/// `leaseagent revoke` (flags: `cmd::defs::REVOKE`).
+#[derive(Debug, Clone)]
 pub struct RevokeArgs {
-    #[command(flatten)]
     pub authority: AuthorityArg,
-    /// The task whose current lease is revoked
-    #[arg(value_name = "TASK")]
     pub task: String,
-    /// Free the task at once instead of after the lease's current expiry
-    #[arg(long)]
     pub force: bool,
-    /// Print JSON instead of text
-    #[arg(long)]
     pub json: bool,
 }
 
-#[derive(clap::Args, Debug, Clone)]
+/// `leaseagent clear` (flags: `cmd::defs::CLEAR`).
+#[derive(Debug, Clone)]
 pub struct ClearArgs {
-    #[command(flatten)]
     pub authority: AuthorityArg,
-    /// The task held for an operator
-    #[arg(value_name = "TASK")]
     pub task: String,
-    /// Print JSON instead of text
-    #[arg(long)]
     pub json: bool,
 }
 
@@ -56,8 +52,8 @@ pub const NOTHING_TO_DO: u8 = 1;
 
 /// The authority an operator command talks to (any kind: each implements
 /// the operator methods of [`Authority`] or says it cannot).
-fn open_target(a: &crate::cmd::AuthorityArg) -> Result<Box<dyn Authority>, String> {
-    crate::authority::open(&a.spec()?, &a.trust)
+fn open_target(a: &AuthorityArg) -> Result<Box<dyn Authority>, String> {
+    crate::authority::open(&AuthoritySpec::from_flag(a.authority.as_deref())?, &a.trust)
 }
 
 fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
@@ -68,7 +64,7 @@ fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
     }
 }
 
-fn open_or_exit(cmd: &str, a: &crate::cmd::AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
+fn open_or_exit(cmd: &str, a: &AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
     open_target(a).map_err(|e| {
         eprintln!("leaseagent {cmd}: {e}");
         ExitCode::from(crate::exit::AGENT_FAILED)

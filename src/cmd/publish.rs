@@ -35,26 +35,16 @@ pub const EXIT_FAILED: u8 = 2;
 #[doc(hidden)]
 pub const FAULT_ENV: &str = "LEASEAGENT_TEST_FAULT";
 
-#[derive(clap::Args, Debug, Clone)]
-#[command(after_help = "\
-The highest token published to DEST is kept in DEST's directory, in the hidden file
-.NAME.leaseagent-fence (NAME = DEST's file name), with the lock file .NAME.leaseagent-fence.lock.
-SRC must be on the same filesystem as DEST (write it next to DEST).
-
-Exit status: 0 published; 1 refused (token superseded), DEST untouched;
-2 could not publish (no token, missing SRC, another filesystem, I/O); 125 usage.")]
+/// `leaseagent publish` (flags and help: `cmd::defs::PUBLISH`).
+#[derive(Debug, Clone)]
 pub struct PublishArgs {
-    /// Fencing token of this attempt [default: $LEASE_TOKEN]
-    #[arg(long, value_name = "N")]
+    /// `--token`; `None`: `$LEASE_TOKEN`.
     pub token: Option<u64>,
-    /// Longest wait for another publisher of DEST
-    #[arg(long = "lock-timeout", value_name = "DUR", default_value = "30s", value_parser = crate::time::duration::parse)]
+    /// `--lock-timeout`: longest wait for another publisher of DEST.
     pub lock_timeout: Duration,
-    /// The file or directory to publish
-    #[arg(value_name = "SRC")]
+    /// The file or directory to publish.
     pub src: PathBuf,
-    /// Where it becomes visible
-    #[arg(value_name = "DEST")]
+    /// Where it becomes visible.
     pub dest: PathBuf,
 }
 

@@ -18,17 +18,14 @@ use std::time::Duration;
 
 use crate::engine::batched::ServeEngine;
 
-/// Arguments of `leaseagent serve`.
-#[derive(clap::Args, Debug, Clone)]
+/// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
+#[derive(Debug, Clone)]
 pub struct ServeArgs {
-    /// Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)
-    #[arg(long, value_name = "ADDR")]
+    /// `--listen`: address to listen on.
     pub listen: String,
-    /// SQLite database file holding tokens and leases (created if missing)
-    #[arg(long, value_name = "PATH")]
+    /// `--db`: the SQLite database file.
     pub db: PathBuf,
-    /// Most open connections; beyond this, new ones get 503
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    /// `--max-connections`: most open connections.
     pub max_connections: usize,
 }
 

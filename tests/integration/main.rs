@@ -11,6 +11,7 @@ mod agent_failures;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
+mod cli_help;
 mod client_trust;
 mod etcd_agent;
 mod etcd_authority;
