@@ -219,6 +219,9 @@ pub struct LeaseInfo {
     pub lease_id: String,
     pub token: u64,
     pub holder: String,
+    /// The principal that acquired the lease (`""` without principals).
+    #[serde(default)]
+    pub principal: String,
     pub state: LeaseState,
     /// Milliseconds until expiry (for `grace`: until the task is free again;
     /// absent for `held_for_operator`).

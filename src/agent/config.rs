@@ -27,10 +27,18 @@ pub struct RunConfig {
     pub expiry_grace: Duration,
     /// `None`: no wait. `Some(None)`: wait forever. `Some(Some(d))`: up to d.
     pub wait: Option<Option<Duration>>,
+    /// ρ of the deadline rule, in parts per million (`--clock-drift`).
+    pub clock_drift_ppm: u32,
+    /// `--remap-exit`: the command's own 124 and 125 become 1.
+    pub remap_exit: bool,
     pub command: Vec<OsString>,
     /// The trust flags (files are read when the authority is opened).
     pub trust: TrustFiles,
 }
+
+/// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
+/// not drifting).
+pub const MAX_CLOCK_DRIFT_PPM: u32 = 100_000;
 
 /// The flags as parsed, before validation.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +52,8 @@ pub struct RawRun {
     pub on_expiry: String,
     pub expiry_grace: Option<Duration>,
     pub wait: Option<Option<Duration>>,
+    pub clock_drift_ppm: Option<u32>,
+    pub remap_exit: bool,
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
 }
@@ -113,6 +123,14 @@ impl RawRun {
                 "no command given: usage is leaseagent [OPTIONS] -- COMMAND [ARG...]".into(),
             );
         }
+        let clock_drift_ppm = self
+            .clock_drift_ppm
+            .unwrap_or(crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM);
+        if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
+            return Err(format!(
+                "--clock-drift: {clock_drift_ppm} ppm is more than {MAX_CLOCK_DRIFT_PPM} (10%)"
+            ));
+        }
         Ok(RunConfig {
             authority,
             task,
@@ -123,9 +141,24 @@ impl RawRun {
             on_expiry,
             expiry_grace,
             wait: self.wait,
+            clock_drift_ppm,
+            remap_exit: self.remap_exit,
             command: self.command,
             trust: self.trust,
         })
+    }
+}
+
+impl RunConfig {
+    /// The timing the supervisor and the heartbeat work from.
+    pub fn settings(&self) -> crate::agent::machine::Settings {
+        crate::agent::machine::Settings {
+            asked_ttl: self.ttl,
+            heartbeat: self.heartbeat,
+            grace: self.grace,
+            drift_ppm: self.clock_drift_ppm,
+            remap_exit: self.remap_exit,
+        }
     }
 }
 

@@ -19,33 +19,35 @@
 //!   from.
 //! - Waits are capped at [`crate::time::clock::MAX_WAIT`] and the boot clock re-read,
 //!   so a suspend does not push the next renewal out by the suspend's length.
+//! - Every successful renewal sets the local deadline to that renewal's
+//!   [`Settings::deadline`] and refits the heartbeat to the granted ttl
+//!   (a renewal may grant less, or more, than before).
 //! - A refusal ends the thread: the lease is gone for good.
 
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::agent::machine::Event;
+use crate::agent::machine::{Event, Settings};
 use crate::authority::{Authority, LeaseRef, RenewError};
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
 /// Timing of the renewals.
 #[derive(Clone, Copy, Debug)]
 pub struct Schedule {
-    pub heartbeat: Duration,
-    /// The deadline the grant gave (acquire send time + granted ttl).
-    pub deadline: BootInstant,
+    /// The user's timing and the deadline rule (shared with the machine).
+    pub settings: Settings,
+    /// The grant's ttl.
+    pub ttl: Duration,
     /// The grant's send time (the first renewal is due a heartbeat after it).
     pub granted_at: BootInstant,
 }
 
-impl Schedule {
-    /// The pause before retrying after a transient failure.
-    pub fn retry_interval(&self) -> Duration {
-        (self.heartbeat / 4)
-            .max(Duration::from_millis(50))
-            .min(self.heartbeat)
-    }
+/// The pause before retrying after a transient failure.
+pub fn retry_interval(heartbeat: Duration) -> Duration {
+    (heartbeat / 4)
+        .max(Duration::from_millis(50))
+        .min(heartbeat)
 }
 
 /// Handle to stop the thread: dropping it stops renewals. An in-flight
@@ -89,8 +91,9 @@ fn run(
     events: &Sender<Event>,
     stop: &Receiver<()>,
 ) {
-    let mut deadline = s.deadline;
-    let mut next = s.granted_at + s.heartbeat;
+    let mut deadline = s.settings.deadline(s.granted_at, s.ttl);
+    let mut heartbeat = s.settings.fitted(s.ttl).0;
+    let mut next = s.granted_at + heartbeat;
     loop {
         if !sleep_until(next, stop) {
             return;
@@ -100,14 +103,17 @@ fn run(
         if left.is_zero() {
             // Past the deadline: the supervisor has killed the job; any answer
             // now would be `expired`. Wait to be stopped.
-            next = sent_at + s.heartbeat;
+            next = sent_at + heartbeat;
             continue;
         }
-        let timeout = s.heartbeat.min(left);
+        let timeout = heartbeat.min(left);
         let event = match authority.renew(lease, timeout) {
             Ok(r) => {
-                deadline = deadline.max(sent_at + r.ttl);
-                next = sent_at + s.heartbeat;
+                // The same rule as the machine: the latest answer counts,
+                // longer or shorter than before.
+                deadline = s.settings.deadline(sent_at, r.ttl);
+                heartbeat = s.settings.fitted(r.ttl).0;
+                next = sent_at + heartbeat;
                 log::debug!(
                     "renewed task {} token {}: ttl {}",
                     lease.task,
@@ -124,7 +130,7 @@ fn run(
                 return;
             }
             Err(RenewError::Transient(error)) => {
-                next = BootInstant::now() + s.retry_interval();
+                next = BootInstant::now() + retry_interval(heartbeat);
                 Event::RenewFailed { error }
             }
         };

@@ -3,18 +3,25 @@
 //!
 //! Nothing here touches a process, a socket or a clock; the supervisor loop
 //! feeds it events stamped with the boot clock and carries out the actions it
-//! returns. That is what lets the property tests throw every order and timing
-//! of events at it.
+//! returns (signals first, then everything that does I/O). That is what lets
+//! the property tests throw every order and timing of events at it. It says
+//! what happened as typed [`Notice`]s; `report` words them.
 //!
 //! The rules it enforces:
-//! - **Deadline** = the latest `send time + granted ttl` over the grant and
-//!   every successful renewal. The agent counts from when it *sent* the
-//!   request, the authority from when it *received* it, so the local deadline
-//!   is never later than the authority's expiry.
-//! - SIGTERM to the job's group at `deadline - grace`, SIGKILL at `deadline`,
-//!   whatever the network is doing. The loop wakes up for both
-//!   ([`Machine::next_wake`]), and a late wake-up (the agent was paused) kills
-//!   at once, before any other event is looked at.
+//! - **Deadline** = `sent + ttl·(1 − ρ) − ε` of the grant or of the latest
+//!   successful renewal ([`Settings::deadline`]), whether that renewal granted
+//!   a longer or a shorter ttl than before (renewals are sequential: the
+//!   latest answer is the authority's latest word). The agent counts from
+//!   when it *sent* the request, the authority from when it *received* it;
+//!   ρ (default [`DEFAULT_CLOCK_DRIFT_PPM`]) budgets for the two clocks'
+//!   rates differing (NTP slews `CLOCK_BOOTTIME` by up to 500 ppm), ε
+//!   ([`ROUNDING_MARGIN`]) for an authority that rounds its receipt time down
+//!   to whole milliseconds. So the local deadline is never later than the
+//!   authority's expiry.
+//! - SIGTERM to the job's group at `deadline - grace`, SIGKILL at
+//!   `deadline - kill lead`, whatever the network is doing. The loop wakes up
+//!   for both ([`Machine::next_wake`]), and a late wake-up (the agent was
+//!   paused) kills at once, before any other event is looked at.
 //! - **Refusal**: SIGTERM at once, SIGKILL `grace` later (never after the
 //!   deadline).
 //! - **Cancel** (SIGTERM/SIGINT/SIGQUIT to the agent): the signal is relayed,
@@ -22,31 +29,82 @@
 //! - Once lost, always lost: a renewal answer that arrives after the lease
 //!   was given up (refused, expired, or the job already told to stop for the
 //!   deadline) changes nothing.
+//! - **The exit status is decided by timestamps**, not by the order events
+//!   reach the loop: the job counts as lost only if the keeper's stamp of its
+//!   end is at or after the moment the lease was lost (the moment the agent
+//!   acted on the loss, or the deadline, whichever is earlier). A job that
+//!   ended during a pause, before the deadline, keeps its own status even if
+//!   the loop sees the clock before it sees the exit.
 //! - The job is finished only when its whole process tree is gone (the
 //!   keeper's `TreeGone`): leftovers in the group get SIGTERM when the leader
 //!   exits, and SIGKILL after grace, before the lease is released.
+//! - Everything after SIGKILL is bounded: if the tree is not reported gone
+//!   [`TREE_GONE_TIMEOUT`] after SIGKILL (keeper stopped or lost, a process
+//!   stuck in uninterruptible sleep), the run ends with a log line, and the
+//!   lease is released only if the supervisor finds the group provably empty;
+//!   otherwise it is left to expire.
 
 use std::time::Duration;
 
+use crate::agent::report::{LostWhy, Notice};
 use crate::agent::state_file::LeaseView;
 use crate::exit::{self, ChildStatus};
 use crate::lease::{Outcome, RefusalReason};
+use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
-
-pub const SIGTERM: i32 = 15;
-pub const SIGKILL: i32 = 9;
-const SIGINT: i32 = 2;
-const SIGQUIT: i32 = 3;
 
 /// After SIGKILL, how long to wait for the keeper's "tree gone" before
 /// finishing anyway (descendants that left the process group survive
-/// SIGKILL to the group; they are reported, not waited for forever).
+/// SIGKILL to the group; a stopped keeper reports nothing; a process in
+/// uninterruptible sleep dies only when it wakes).
 pub const TREE_GONE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long before the deadline SIGKILL is sent (capped at ttl/20): the
 /// kernel needs a moment to take a killed process down, and "dead before
 /// the deadline" must hold, not "signalled at it".
 pub const KILL_LEAD: Duration = Duration::from_millis(20);
+
+/// ε of the deadline: an authority may floor its receipt time to whole
+/// milliseconds (the reference engine does), so its expiry can be up to 1 ms
+/// before `receipt + ttl`.
+pub const ROUNDING_MARGIN: Duration = Duration::from_millis(1);
+
+/// ρ of the deadline by default: 1,000 ppm (0.1 %), twice the most NTP slews
+/// a clock (500 ppm), so the agent's clock may run that much slower than the
+/// authority's.
+pub const DEFAULT_CLOCK_DRIFT_PPM: u32 = 1_000;
+
+/// The timing the user asked for, and how a grant becomes a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// `--ttl`: what heartbeat and grace were chosen for.
+    pub asked_ttl: Duration,
+    /// `--heartbeat` for the asked ttl.
+    pub heartbeat: Duration,
+    /// `--grace` for the asked ttl.
+    pub grace: Duration,
+    /// ρ in parts per million (`--clock-drift`).
+    pub drift_ppm: u32,
+    /// `--remap-exit`: the job's own 124 and 125 become 1.
+    pub remap_exit: bool,
+}
+
+impl Settings {
+    /// The local deadline of a grant or renewal sent at `sent` that granted
+    /// `ttl`: `sent + ttl·(1 − ρ) − ε`.
+    pub fn deadline(&self, sent: BootInstant, ttl: Duration) -> BootInstant {
+        let ppm = u128::from(self.drift_ppm.min(1_000_000));
+        let budget_ns = ttl.as_nanos() * (1_000_000 - ppm) / 1_000_000;
+        let budget = Duration::from_nanos(u64::try_from(budget_ns).unwrap_or(u64::MAX));
+        sent + budget.saturating_sub(ROUNDING_MARGIN)
+    }
+
+    /// Heartbeat and grace for a granted ttl (scaled down when the authority
+    /// granted less than was asked; as configured otherwise).
+    pub fn fitted(&self, granted: Duration) -> (Duration, Duration) {
+        crate::agent::config::fit_to_granted(self.asked_ttl, self.heartbeat, self.grace, granted)
+    }
+}
 
 /// Something that happened, as the supervisor loop saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,7 +121,7 @@ pub enum Event {
         message: String,
     },
     /// A signal was delivered to the agent.
-    Signal(i32),
+    Signal(Sig),
     /// The keeper started the job; its process group id is `pid`.
     ChildStarted { pid: i32 },
     /// The command could not be started.
@@ -79,12 +137,14 @@ pub enum Event {
     KeeperLost,
 }
 
-/// What the supervisor must do, in order.
+/// What the supervisor must do. Within one step it sends every
+/// [`Action::SignalGroup`] first, then carries out the rest in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send this signal to the job's process group.
-    SignalGroup(i32),
-    Log(log::Level, String),
+    SignalGroup(Sig),
+    /// Say something (the reporter words it).
+    Report(Notice),
     /// Publish the lease view (state file, systemd STATUS).
     Publish(LeaseView, String),
     /// The job is running: tell systemd READY.
@@ -93,10 +153,15 @@ pub enum Action {
     Stopping(String),
     /// No more renewals.
     StopHeartbeat,
-    /// Release the lease with this outcome, then exit.
+    /// The run's result, before any release: published in the state file and
+    /// the last STATUS line.
+    Finished { outcome: Outcome, status: u8 },
+    /// Release the lease with this outcome. With `if_group_empty`, only if
+    /// the job's process group is provably empty (else it is left to expire).
     Release {
         outcome: Outcome,
         exit_code: Option<i32>,
+        if_group_empty: bool,
     },
     /// Exit with this status (after any release).
     Exit(u8),
@@ -109,7 +174,7 @@ pub enum StopReason {
     DeadlineNear,
     Refused(RefusalReason),
     /// A signal asked the agent to stop.
-    Cancelled(i32),
+    Cancelled(Sig),
     /// The leader exited; leftovers of its group are being stopped.
     Drain,
     /// The keeper vanished; the group is killed.
@@ -126,9 +191,7 @@ struct Stop {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Job {
     Starting,
-    Running {
-        pid: i32,
-    },
+    Running,
     /// The leader exited; the tree may still have members.
     Exited {
         status: ChildStatus,
@@ -151,58 +214,72 @@ enum Lease {
 /// The supervisor's whole state.
 #[derive(Clone, Debug)]
 pub struct Machine {
+    settings: Settings,
+    /// The ttl of the latest grant or renewal.
+    ttl: Duration,
+    /// `--grace` fitted to `ttl`.
     grace: Duration,
-    kill_lead: Duration,
     deadline: BootInstant,
     lease: Lease,
     job: Job,
     stop: Option<Stop>,
-    cancel: Option<i32>,
+    cancel: Option<Sig>,
     keeper_lost: bool,
-    /// The lease was lost while the leader still ran: the exit status is 124.
-    lost_while_running: bool,
-    /// Relayable signals that arrived before the group was known.
-    early_signals: Vec<i32>,
-    task: String,
+    /// When the lease was lost: the moment the agent acted on the loss, or
+    /// the deadline, whichever is earlier.
+    lost_at: Option<BootInstant>,
+    /// Relayable signals that arrived after the keeper was started but
+    /// before its start report (the job may already run).
+    early_signals: Vec<Sig>,
     token: u64,
 }
 
+/// `t` rounded down to whole milliseconds, the resolution of the keeper's
+/// exit stamps.
+fn floor_ms(t: BootInstant) -> BootInstant {
+    let d = t.since_boot();
+    BootInstant::from_since_boot(Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
+}
+
 impl Machine {
-    /// A machine for a lease granted to a request sent at `acquire_sent`.
-    pub fn new(
-        task: &str,
-        token: u64,
-        acquire_sent: BootInstant,
-        ttl: Duration,
-        grace: Duration,
-    ) -> Self {
+    /// A machine for a lease granted with `ttl` to a request sent at
+    /// `acquire_sent`.
+    pub fn new(token: u64, acquire_sent: BootInstant, ttl: Duration, settings: Settings) -> Self {
+        let (_, grace) = settings.fitted(ttl);
         Machine {
+            settings,
+            ttl,
             grace,
-            kill_lead: KILL_LEAD.min(ttl / 20),
-            deadline: acquire_sent + ttl,
+            deadline: settings.deadline(acquire_sent, ttl),
             lease: Lease::Valid,
             job: Job::Starting,
             stop: None,
             cancel: None,
             keeper_lost: false,
-            lost_while_running: false,
+            lost_at: None,
             early_signals: Vec::new(),
-            task: task.to_string(),
             token,
         }
     }
 
-    /// The local deadline: last successful send + ttl. The job must be
-    /// dead by then.
+    /// The local deadline. The job must be dead by then.
     pub fn deadline(&self) -> BootInstant {
         self.deadline
+    }
+
+    /// The grace in force (`--grace` fitted to the latest granted ttl).
+    #[cfg(test)]
+    pub fn grace(&self) -> Duration {
+        self.grace
     }
 
     /// When SIGKILL goes out: [`KILL_LEAD`] (at most a twentieth of the
     /// ttl) before the deadline, so the group is dead, not merely
     /// signalled, by the deadline.
     pub fn kill_time(&self) -> BootInstant {
-        self.deadline - self.kill_lead
+        self.deadline - KILL_LEAD.min(self.ttl / 20)
     }
 
     /// When SIGTERM goes out without a renewal: `grace` before the
@@ -216,12 +293,13 @@ impl Machine {
         self.job == Job::Finished
     }
 
-    /// Records that the lease is gone; returns whether it was held until now.
-    fn lose(&mut self, how: Lease) -> bool {
+    /// Records that the lease is gone at `now`; returns whether it was held
+    /// until now.
+    fn lose(&mut self, how: Lease, now: BootInstant) -> bool {
         let was_lost = self.lease_lost();
         self.lease = how;
-        if matches!(self.job, Job::Starting | Job::Running { .. }) {
-            self.lost_while_running = true;
+        if !was_lost {
+            self.lost_at = Some(now.min(self.deadline));
         }
         !was_lost
     }
@@ -231,22 +309,15 @@ impl Machine {
     }
 
     fn job_alive(&self) -> bool {
-        matches!(
-            self.job,
-            Job::Starting | Job::Running { .. } | Job::Exited { .. }
-        )
+        matches!(self.job, Job::Starting | Job::Running | Job::Exited { .. })
     }
 
     fn group_known(&self) -> bool {
-        matches!(self.job, Job::Running { .. } | Job::Exited { .. })
+        matches!(self.job, Job::Running | Job::Exited { .. })
     }
 
     fn killed(&self) -> bool {
         self.stop.is_some_and(|s| s.killed_at.is_some())
-    }
-
-    fn left(&self, now: BootInstant) -> String {
-        crate::time::duration::format(now.until(self.deadline))
     }
 
     /// When the loop must wake up next, even if nothing happens.
@@ -282,60 +353,26 @@ impl Machine {
             Event::RenewFailed { error } => self.on_renew_failed(error, now, &mut out),
             Event::Refused { reason, message } => self.on_refused(reason, message, now, &mut out),
             Event::Signal(sig) => self.on_signal(sig, now, &mut out),
-            Event::ChildStarted { pid } => self.on_started(pid, now, &mut out),
+            Event::ChildStarted { pid } => self.on_started(pid, &mut out),
             Event::SpawnFailed { not_found, message } => {
-                out.push(Action::Log(
-                    log::Level::Error,
-                    format!("cannot run the command: {message}"),
-                ));
-                out.push(Action::StopHeartbeat);
-                self.job = Job::Finished;
-                let code = if not_found {
-                    exit::NOT_FOUND
-                } else {
-                    exit::CANNOT_EXECUTE
-                };
-                out.push(Action::Release {
-                    outcome: Outcome::Failed,
-                    exit_code: Some(code as i32),
-                });
-                out.push(Action::Exit(code));
+                self.on_spawn_failed(not_found, message, &mut out)
             }
             Event::ChildExited { status, at } => self.on_exited(status, at, now, &mut out),
-            Event::TreeGone => self.on_tree_gone(now, &mut out),
-            Event::KeeperLost => {
-                if self.job_alive() {
-                    self.keeper_lost = true;
-                    out.push(Action::Log(
-                        log::Level::Error,
-                        "the keeper process died; killing the job's process group".into(),
-                    ));
-                    self.begin_stop(StopReason::KeeperLost, SIGKILL, now, now, &mut out);
-                    self.kill(now, &mut out);
-                }
-                if let Job::Exited { .. } | Job::Running { .. } | Job::Starting = self.job {
-                    self.finish(now, &mut out);
-                }
-            }
+            Event::TreeGone => self.on_tree_gone(&mut out),
+            Event::KeeperLost => self.on_keeper_lost(now, &mut out),
         }
         self.check_time(now, &mut out);
         out
     }
 
-    /// Deadline rules; called before and after every event.
+    /// Deadline rules; called after every event.
     fn check_time(&mut self, now: BootInstant, out: &mut Vec<Action>) {
         if !self.job_alive() {
             return;
         }
         if now >= self.kill_time() && !self.killed() {
-            if !self.lease_lost() && self.lose(Lease::Expired) {
-                out.push(Action::Log(
-                    log::Level::Error,
-                    format!(
-                        "lease lost: task {} token {}: deadline passed without a renewal",
-                        self.task, self.token
-                    ),
-                ));
+            if !self.lease_lost() && self.lose(Lease::Expired, now) {
+                out.push(Action::Report(Notice::LeaseLost(LostWhy::DeadlinePassed)));
                 out.push(Action::Publish(
                     LeaseView::Lost,
                     format!("lease lost (expired), token {}", self.token),
@@ -344,7 +381,7 @@ impl Machine {
             if self.stop.is_none() {
                 self.begin_stop(
                     StopReason::DeadlineNear,
-                    SIGTERM,
+                    Sig::Term,
                     self.kill_time(),
                     now,
                     out,
@@ -354,41 +391,40 @@ impl Machine {
             return;
         }
         if self.stop.is_none() && now >= self.term_time() {
-            self.lose(Lease::Expired);
-            out.push(Action::Log(
-                log::Level::Error,
-                format!(
-                    "lease lost: task {} token {}: no renewal for too long; stopping the command, SIGKILL in {}",
-                    self.task,
-                    self.token,
-                    self.left(now)
-                ),
-            ));
+            self.lose(Lease::Expired, now);
+            out.push(Action::Report(Notice::LeaseLost(LostWhy::NoRenewal {
+                kill_in: now.until(self.kill_time()),
+            })));
             out.push(Action::Publish(
                 LeaseView::Lost,
                 format!("lease lost (renewals failed), token {}", self.token),
             ));
             self.begin_stop(
                 StopReason::DeadlineNear,
-                SIGTERM,
+                Sig::Term,
                 self.kill_time(),
                 now,
                 out,
             );
             return;
         }
-        if let Some(stop) = self.stop {
-            if stop.killed_at.is_none() && now >= stop.kill_at {
-                self.kill(now, out);
-            }
-            if let (Some(k), Job::Exited { .. }) = (stop.killed_at, &self.job) {
-                if now >= k + TREE_GONE_TIMEOUT {
-                    out.push(Action::Log(
-                        log::Level::Warn,
-                        "processes the command started are still running outside its process group; not waiting for them".into(),
-                    ));
-                    self.finish(now, out);
+        let Some(stop) = self.stop else { return };
+        if stop.killed_at.is_none() && now >= stop.kill_at {
+            self.kill(now, out);
+        }
+        if let Some(k) = stop.killed_at {
+            if now >= k + TREE_GONE_TIMEOUT {
+                // After a keeper loss nobody could report the tree gone:
+                // that was said already, and release depends on the group.
+                if !self.keeper_lost {
+                    out.push(Action::Report(match self.job {
+                        Job::Exited { .. } => Notice::LeftoversOutsideGroup,
+                        _ => Notice::GroupNotGone {
+                            waited: now.saturating_since(k),
+                        },
+                    }));
                 }
+                self.finish(true, out);
             }
         }
     }
@@ -396,7 +432,7 @@ impl Machine {
     fn begin_stop(
         &mut self,
         reason: StopReason,
-        sig: i32,
+        sig: Sig,
         kill_at: BootInstant,
         now: BootInstant,
         out: &mut Vec<Action>,
@@ -407,34 +443,28 @@ impl Machine {
             kill_at,
             killed_at: None,
         });
+        if self.group_known() {
+            out.push(Action::SignalGroup(sig));
+        }
         if reason != StopReason::Drain {
             out.push(Action::Stopping(format!(
                 "stopping the command (token {})",
                 self.token
             )));
-        }
-        if self.group_known() {
-            out.push(Action::SignalGroup(sig));
-        }
-        if reason != StopReason::Drain && reason != StopReason::KeeperLost {
-            out.push(Action::Log(
-                log::Level::Warn,
-                format!(
-                    "stopping: task {} token {}: signal {sig} sent, SIGKILL in {}",
-                    self.task,
-                    self.token,
-                    crate::time::duration::format(now.until(kill_at))
-                ),
-            ));
+            out.push(Action::Report(Notice::Stopping {
+                sig,
+                kill_in: now.until(kill_at),
+            }));
         }
     }
 
     fn kill(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        let known = self.group_known();
         if let Some(stop) = self.stop.as_mut() {
             if stop.killed_at.is_none() {
                 stop.killed_at = Some(now);
-                if self.group_known() {
-                    out.push(Action::SignalGroup(SIGKILL));
+                if known {
+                    out.push(Action::SignalGroup(Sig::Kill));
                 }
             }
         }
@@ -447,28 +477,35 @@ impl Machine {
         now: BootInstant,
         out: &mut Vec<Action>,
     ) {
+        let deadline = self.settings.deadline(sent_at, ttl);
         if self.lease_lost()
             || self
                 .stop
                 .is_some_and(|s| s.reason == StopReason::DeadlineNear)
         {
+            // Once lost, always lost; but an answer saying the lease ends
+            // even sooner still brings SIGKILL forward.
+            self.deadline = self.deadline.min(deadline);
             return;
         }
-        let new_deadline = sent_at + ttl;
-        if new_deadline > self.deadline {
-            self.deadline = new_deadline;
+        // Renewals are sequential: this answer is the authority's latest
+        // word, whether it granted more or less than before.
+        self.deadline = deadline;
+        if ttl != self.ttl {
+            let was = self.ttl;
+            self.ttl = ttl;
+            self.grace = self.settings.fitted(ttl).1;
+            out.push(Action::Report(Notice::TtlChanged {
+                ttl,
+                was,
+                grace: self.grace,
+            }));
         }
         if let Lease::Failing { since } = self.lease {
-            out.push(Action::Log(
-                log::Level::Info,
-                format!(
-                    "renewals recovered after {}: task {} token {}, {} left",
-                    crate::time::duration::format(now.saturating_since(since)),
-                    self.task,
-                    self.token,
-                    self.left(now)
-                ),
-            ));
+            out.push(Action::Report(Notice::RenewalsRecovered {
+                after: now.saturating_since(since),
+                left: now.until(self.deadline),
+            }));
         }
         self.lease = Lease::Valid;
         out.push(Action::Publish(
@@ -478,44 +515,31 @@ impl Machine {
     }
 
     fn on_renew_failed(&mut self, error: String, now: BootInstant, out: &mut Vec<Action>) {
-        if self.lease_lost() {
-            return;
-        }
         match self.lease {
             Lease::Valid => {
                 self.lease = Lease::Failing { since: now };
-                out.push(Action::Log(
-                    log::Level::Warn,
-                    format!(
-                        "renewal failing: task {} token {}: {error}; lease valid for {} more at most",
-                        self.task,
-                        self.token,
-                        self.left(now)
-                    ),
-                ));
+                out.push(Action::Report(Notice::RenewalFailing {
+                    error,
+                    left: now.until(self.deadline),
+                }));
                 out.push(Action::Publish(
                     LeaseView::Renewing,
                     format!("holding token {}, renewals failing", self.token),
                 ));
             }
             Lease::Failing { since } => {
-                out.push(Action::Log(
-                    log::Level::Debug,
-                    format!(
-                        "renewal still failing after {}: {error}",
-                        crate::time::duration::format(now.saturating_since(since))
-                    ),
-                ));
+                let since = now.saturating_since(since);
+                out.push(Action::Report(Notice::RenewalStillFailing { error, since }));
                 out.push(Action::Publish(
                     LeaseView::Renewing,
                     format!(
                         "holding token {}, renewals failing for {}",
                         self.token,
-                        crate::time::duration::format(now.saturating_since(since))
+                        crate::time::duration::format(since)
                     ),
                 ));
             }
-            _ => {}
+            Lease::Refused(_) | Lease::Expired => {}
         }
     }
 
@@ -530,14 +554,11 @@ impl Machine {
         if matches!(self.lease, Lease::Refused(_)) {
             return;
         }
-        if self.lose(Lease::Refused(reason)) {
-            out.push(Action::Log(
-                log::Level::Error,
-                format!(
-                    "lease lost: task {} token {}: renewal refused ({reason}) {message}",
-                    self.task, self.token
-                ),
-            ));
+        if self.lose(Lease::Refused(reason), now) {
+            out.push(Action::Report(Notice::LeaseLost(LostWhy::Refused {
+                reason,
+                message,
+            })));
             out.push(Action::Publish(
                 LeaseView::Lost,
                 format!("lease lost ({reason}), token {}", self.token),
@@ -549,7 +570,7 @@ impl Machine {
                 Some(ref mut s) => s.kill_at = s.kill_at.min(now + self.grace),
                 None => self.begin_stop(
                     StopReason::Refused(reason),
-                    SIGTERM,
+                    Sig::Term,
                     now + self.grace,
                     now,
                     out,
@@ -558,67 +579,59 @@ impl Machine {
         }
     }
 
-    fn on_signal(&mut self, sig: i32, now: BootInstant, out: &mut Vec<Action>) {
+    fn on_signal(&mut self, sig: Sig, now: BootInstant, out: &mut Vec<Action>) {
         if !self.job_alive() {
             return;
         }
         if self.group_known() {
             out.push(Action::SignalGroup(sig));
-        } else if !matches!(sig, SIGTERM | SIGINT | SIGQUIT) {
+        } else if !sig.is_stop() {
             // The job may already run while its start report is still on
             // the way: relay once the group is known, never drop it. (Stop
             // signals are carried out by the stop itself, on start.)
             self.early_signals.push(sig);
         }
-        if matches!(sig, SIGTERM | SIGINT | SIGQUIT) && self.cancel.is_none() {
-            self.cancel = Some(sig);
-            out.push(Action::Log(
-                log::Level::Warn,
-                format!(
-                    "signal {sig} received: stopping the command and releasing task {} token {}",
-                    self.task, self.token
-                ),
-            ));
-            match self.stop {
-                Some(ref mut s) => s.kill_at = s.kill_at.min(now + self.grace),
-                None => {
-                    // The relayed signal is the stop signal; SIGKILL follows.
-                    self.stop = Some(Stop {
-                        reason: StopReason::Cancelled(sig),
-                        kill_at: (now + self.grace).min(self.kill_time()),
-                        killed_at: None,
-                    });
-                    out.push(Action::Stopping(format!(
-                        "stopping the command (signal {sig})"
-                    )));
-                    out.push(Action::Publish(
-                        LeaseView::Stopping,
-                        format!("stopping (signal {sig}), token {}", self.token),
-                    ));
-                }
+        if !sig.is_stop() || self.cancel.is_some() {
+            return;
+        }
+        self.cancel = Some(sig);
+        out.push(Action::Report(Notice::Cancelling { sig }));
+        match self.stop {
+            Some(ref mut s) => s.kill_at = s.kill_at.min(now + self.grace),
+            None => {
+                // The relayed signal is the stop signal; SIGKILL follows.
+                self.stop = Some(Stop {
+                    reason: StopReason::Cancelled(sig),
+                    kill_at: (now + self.grace).min(self.kill_time()),
+                    killed_at: None,
+                });
+                out.push(Action::Stopping(format!(
+                    "stopping the command (signal {sig})"
+                )));
+                out.push(Action::Publish(
+                    LeaseView::Stopping,
+                    format!("stopping (signal {sig}), token {}", self.token),
+                ));
             }
         }
     }
 
-    fn on_started(&mut self, pid: i32, now: BootInstant, out: &mut Vec<Action>) {
+    fn on_started(&mut self, pid: i32, out: &mut Vec<Action>) {
         if self.job != Job::Starting {
             return;
         }
-        self.job = Job::Running { pid };
-        out.push(Action::Log(
-            log::Level::Debug,
-            format!("command started, process group {pid}"),
-        ));
+        self.job = Job::Running;
+        out.push(Action::Report(Notice::CommandStarted { pgid: pid }));
         match self.stop {
             // A stop decided before the group existed is carried out now.
             Some(stop) => {
                 let sig = match stop.reason {
                     StopReason::Cancelled(sig) => sig,
-                    _ => SIGTERM,
+                    _ => Sig::Term,
                 };
                 out.push(Action::SignalGroup(sig));
                 if stop.killed_at.is_some() {
-                    out.push(Action::SignalGroup(SIGKILL));
+                    out.push(Action::SignalGroup(Sig::Kill));
                 }
             }
             None => {
@@ -635,7 +648,30 @@ impl Machine {
         for sig in std::mem::take(&mut self.early_signals) {
             out.push(Action::SignalGroup(sig));
         }
-        let _ = now;
+    }
+
+    fn on_spawn_failed(&mut self, not_found: bool, message: String, out: &mut Vec<Action>) {
+        if !self.job_alive() {
+            return;
+        }
+        out.push(Action::Report(Notice::SpawnFailed { message }));
+        out.push(Action::StopHeartbeat);
+        self.job = Job::Finished;
+        let code = if not_found {
+            exit::NOT_FOUND
+        } else {
+            exit::CANNOT_EXECUTE
+        };
+        out.push(Action::Finished {
+            outcome: Outcome::Failed,
+            status: code,
+        });
+        out.push(Action::Release {
+            outcome: Outcome::Failed,
+            exit_code: Some(i32::from(code)),
+            if_group_empty: false,
+        });
+        out.push(Action::Exit(code));
     }
 
     fn on_exited(
@@ -645,45 +681,104 @@ impl Machine {
         now: BootInstant,
         out: &mut Vec<Action>,
     ) {
-        if !matches!(self.job, Job::Running { .. } | Job::Starting) {
+        if !matches!(self.job, Job::Running | Job::Starting) {
             return;
         }
         // The keeper stamps the exit; a paused agent learns of it late.
         let at = at.min(now);
         self.job = Job::Exited { status, at };
-        out.push(Action::Log(
-            log::Level::Info,
-            format!("command ended with {status}"),
-        ));
+        out.push(Action::Report(Notice::CommandEnded { status }));
         if self.stop.is_none() {
             // Leftovers of the group must be gone before the lease is released.
-            self.begin_stop(StopReason::Drain, SIGTERM, now + self.grace, now, out);
+            self.begin_stop(StopReason::Drain, Sig::Term, now + self.grace, now, out);
         }
     }
 
-    fn on_tree_gone(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+    fn on_tree_gone(&mut self, out: &mut Vec<Action>) {
         match self.job {
-            Job::Exited { .. } => self.finish(now, out),
-            Job::Running { .. } | Job::Starting => {
+            Job::Exited { .. } => self.finish(false, out),
+            Job::Running | Job::Starting => {
                 // The keeper saw no child left before reporting an exit: treat
                 // as a lost keeper (cannot happen with a sound keeper).
                 self.keeper_lost = true;
-                self.finish(now, out);
+                self.finish(true, out);
             }
             Job::Finished => {}
         }
     }
 
+    fn on_keeper_lost(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        if !self.job_alive() || self.keeper_lost {
+            return;
+        }
+        self.keeper_lost = true;
+        out.push(Action::Report(Notice::KeeperLost));
+        if !self.group_known() {
+            // No group to kill or to prove empty: the lease is left to expire.
+            self.finish(true, out);
+            return;
+        }
+        // SIGKILL now; nobody will report the tree gone, so the run ends
+        // TREE_GONE_TIMEOUT later, releasing only if the group is empty by then.
+        if self.stop.is_none() {
+            out.push(Action::Stopping(format!(
+                "stopping the command (token {})",
+                self.token
+            )));
+        }
+        if !self.killed() {
+            self.stop = Some(Stop {
+                reason: StopReason::KeeperLost,
+                kill_at: now,
+                killed_at: None,
+            });
+            self.kill(now, out);
+        }
+    }
+
+    /// Whether the job counts as lost: it was still running at the moment
+    /// the lease was lost (by the keeper's exit stamp), or ended after the
+    /// deadline, or was never seen to end while the lease was lost.
+    fn lost_while_running(&self, ended_at: Option<BootInstant>) -> bool {
+        if ended_at.is_some_and(|at| at >= self.deadline) {
+            return true;
+        }
+        match (self.lost_at, ended_at) {
+            // Exit stamps are whole milliseconds: an end in the same
+            // millisecond as the loss counts as after it.
+            (Some(lost), Some(at)) => at >= floor_ms(lost),
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// The job's own status, as passed on (with `--remap-exit`, its own 124
+    /// and 125 become 1, so they cannot be read as the agent's).
+    fn passthrough(&self, status: ChildStatus) -> u8 {
+        let code = status.passthrough();
+        if self.settings.remap_exit
+            && matches!(status, ChildStatus::Exited(_))
+            && (code == exit::LEASE_LOST || code == exit::AGENT_FAILED)
+        {
+            1
+        } else {
+            code
+        }
+    }
+
     /// The tree is gone (or given up on): decide the exit status and release.
-    fn finish(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+    /// `if_group_empty`: the tree was not reported gone, so the lease is
+    /// released only if the supervisor finds the group empty.
+    fn finish(&mut self, if_group_empty: bool, out: &mut Vec<Action>) {
         let exited = match self.job {
             Job::Exited { status, at } => Some((status, at)),
             _ => None,
         };
         self.job = Job::Finished;
         out.push(Action::StopHeartbeat);
-        let ended_after_deadline = exited.is_some_and(|(_, at)| at >= self.deadline);
-        let (outcome, code, exit_status) = if self.lost_while_running || ended_after_deadline {
+        let ended_at = exited.map(|(_, at)| at);
+        let lost = self.lost_while_running(ended_at);
+        let (outcome, code, exit_status) = if lost {
             let code = exited.and_then(|(s, _)| s.exit_code());
             (Outcome::Lost, code, exit::LEASE_LOST)
         } else if self.keeper_lost {
@@ -696,27 +791,32 @@ impl Machine {
             } else {
                 Outcome::Failed
             };
-            (outcome, status.exit_code(), status.passthrough())
+            (outcome, status.exit_code(), self.passthrough(status))
         } else {
             (Outcome::Failed, None, exit::AGENT_FAILED)
         };
-        if ended_after_deadline && !self.lost_while_running {
-            out.push(Action::Log(
-                log::Level::Error,
-                format!("lease lost: task {} token {}: the command ended after the lease's deadline (was the agent paused?)", self.task, self.token),
-            ));
+        let stopped_for_lease = self
+            .stop
+            .is_some_and(|s| matches!(s.reason, StopReason::DeadlineNear | StopReason::Refused(_)));
+        if ended_at.is_some_and(|at| at >= self.deadline) && !stopped_for_lease {
+            out.push(Action::Report(Notice::LeaseLost(
+                LostWhy::EndedAfterDeadline,
+            )));
         }
-        if let Lease::Refused(_) = self.lease {
-            // The authority already dropped the lease; releasing would only be refused.
-            out.push(Action::Exit(exit_status));
-        } else {
+        out.push(Action::Finished {
+            outcome,
+            status: exit_status,
+        });
+        // After a refusal the authority already dropped the lease; releasing
+        // would only be refused.
+        if !matches!(self.lease, Lease::Refused(_)) {
             out.push(Action::Release {
                 outcome,
                 exit_code: code,
+                if_group_empty,
             });
-            out.push(Action::Exit(exit_status));
         }
-        let _ = now;
+        out.push(Action::Exit(exit_status));
     }
 }
 
@@ -733,7 +833,34 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn signals(actions: &[Action]) -> Vec<i32> {
+    const SIGTERM: Sig = Sig::Term;
+    const SIGKILL: Sig = Sig::Kill;
+    const SIGINT: Sig = Sig::Int;
+
+    /// No drift budget, no remapping: the deadline is `sent + ttl - 1ms`.
+    fn settings(ttl: u64, grace: u64) -> Settings {
+        Settings {
+            asked_ttl: ms(ttl),
+            heartbeat: ms(ttl / 3),
+            grace: ms(grace),
+            drift_ppm: 0,
+            remap_exit: false,
+        }
+    }
+
+    fn machine(ttl: u64, grace: u64) -> Machine {
+        Machine::new(1, at(0), ms(ttl), settings(ttl, grace))
+    }
+
+    fn release(outcome: Outcome, exit_code: Option<i32>) -> Action {
+        Action::Release {
+            outcome,
+            exit_code,
+            if_group_empty: false,
+        }
+    }
+
+    fn signals(actions: &[Action]) -> Vec<Sig> {
         actions
             .iter()
             .filter_map(|a| match a {
@@ -764,21 +891,23 @@ mod tests {
     }
 
     fn started(ttl: u64, grace: u64) -> Machine {
-        let mut m = Machine::new("t", 1, at(0), ms(ttl), ms(grace));
+        let mut m = machine(ttl, grace);
         m.step(Event::ChildStarted { pid: 100 }, at(1));
         m
     }
 
     #[test]
     fn silence_gives_term_at_deadline_minus_grace_and_kill_at_deadline() {
+        // Deadline: 3000 - 1 ms of rounding margin (no drift budget here).
         let mut m = started(3000, 500);
-        assert_eq!(m.next_wake(), Some(at(2500)));
-        assert!(signals(&m.step(Event::Tick, at(2499))).is_empty());
-        assert_eq!(signals(&m.step(Event::Tick, at(2500))), vec![SIGTERM]);
+        assert_eq!(m.deadline(), at(2999));
+        assert_eq!(m.next_wake(), Some(at(2499)));
+        assert!(signals(&m.step(Event::Tick, at(2498))).is_empty());
+        assert_eq!(signals(&m.step(Event::Tick, at(2499))), vec![SIGTERM]);
         // SIGKILL leads the deadline by KILL_LEAD.
-        assert_eq!(m.next_wake(), Some(at(2980)));
-        assert!(signals(&m.step(Event::Tick, at(2979))).is_empty());
-        assert_eq!(signals(&m.step(Event::Tick, at(2980))), vec![SIGKILL]);
+        assert_eq!(m.next_wake(), Some(at(2979)));
+        assert!(signals(&m.step(Event::Tick, at(2978))).is_empty());
+        assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
         let a = m.step(
             Event::ChildExited {
                 status: ChildStatus::Signaled(9),
@@ -789,14 +918,11 @@ mod tests {
         assert!(signals(&a).is_empty());
         let a = m.step(Event::TreeGone, at(3002));
         assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Lost,
-            exit_code: None
-        }));
+        assert!(a.contains(&release(Outcome::Lost, None)));
     }
 
     #[test]
-    fn renewal_counts_from_its_send_time() {
+    fn every_renewal_sets_the_deadline_from_its_send_time_lower_or_higher() {
         let mut m = started(3000, 500);
         m.step(
             Event::Renewed {
@@ -805,16 +931,147 @@ mod tests {
             },
             at(1900),
         );
-        assert_eq!(m.deadline(), at(4000));
-        // A late answer to an older request never moves the deadline back.
+        assert_eq!(m.deadline(), at(3999));
+        // A renewal that grants less moves the deadline down, and grace
+        // shrinks to fit the new ttl (a sixth of it).
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(2000),
+                ttl: ms(600),
+            },
+            at(2010),
+        );
+        assert_eq!(m.deadline(), at(2599));
+        assert_eq!(m.grace(), ms(100));
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Report(Notice::TtlChanged { .. })))
+        );
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Publish(LeaseView::Valid, _)))
+        );
+        assert_eq!(m.next_wake(), Some(at(2499)));
+        // And one that grants more moves it up again, grace back to --grace.
         m.step(
             Event::Renewed {
-                sent_at: at(500),
+                sent_at: at(2100),
                 ttl: ms(3000),
             },
-            at(1950),
+            at(2110),
         );
-        assert_eq!(m.deadline(), at(4000));
+        assert_eq!(m.deadline(), at(5099));
+        assert_eq!(m.grace(), ms(500));
+    }
+
+    #[test]
+    fn the_drift_budget_takes_rho_of_the_ttl_and_the_rounding_margin() {
+        let s = Settings {
+            drift_ppm: 1_000,
+            ..settings(30_000, 5_000)
+        };
+        // 30 s * (1 - 0.001) - 1 ms = 29.969 s.
+        assert_eq!(s.deadline(at(0), ms(30_000)), at(29_969));
+        // 24 h: 86.4 s of budget.
+        assert_eq!(
+            s.deadline(at(0), Duration::from_secs(86_400)),
+            at(86_400_000 - 86_400 - 1)
+        );
+        assert_eq!(s.deadline(at(0), Duration::ZERO), at(0));
+    }
+
+    #[test]
+    fn after_a_loss_a_late_renewal_can_only_bring_the_deadline_forward() {
+        let mut m = started(3000, 500);
+        m.step(Event::Tick, at(2499));
+        assert_eq!(m.deadline(), at(2999));
+        m.step(
+            Event::Renewed {
+                sent_at: at(2400),
+                ttl: ms(3000),
+            },
+            at(2500),
+        );
+        assert_eq!(m.deadline(), at(2999), "once lost, always lost");
+        m.step(
+            Event::Renewed {
+                sent_at: at(2400),
+                ttl: ms(500),
+            },
+            at(2510),
+        );
+        assert_eq!(
+            m.deadline(),
+            at(2899),
+            "the authority's word on expiry still counts"
+        );
+        assert_eq!(signals(&m.step(Event::Tick, at(2879))), vec![SIGKILL]);
+    }
+
+    #[test]
+    fn a_frozen_keeper_ends_the_run_after_the_tree_gone_timeout_without_a_plain_release() {
+        let mut m = started(3000, 500);
+        m.step(Event::Tick, at(2499));
+        assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
+        // No exit, no tree-gone report: the next wake is the timeout, in the future.
+        assert_eq!(m.next_wake(), Some(at(2979) + TREE_GONE_TIMEOUT));
+        let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
+        assert!(m.is_finished());
+        assert_eq!(m.next_wake(), None);
+        assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
+        assert!(a.contains(&Action::Release {
+            outcome: Outcome::Lost,
+            exit_code: None,
+            if_group_empty: true
+        }));
+        assert!(
+            a.iter()
+                .any(|x| matches!(x, Action::Report(Notice::GroupNotGone { .. })))
+        );
+    }
+
+    #[test]
+    fn keeper_loss_kills_and_waits_for_the_group_before_deciding_on_release() {
+        let mut m = started(30_000, 1000);
+        let a = m.step(Event::KeeperLost, at(100));
+        assert_eq!(signals(&a), vec![SIGKILL]);
+        assert!(!m.is_finished());
+        let a = m.step(Event::Tick, at(100) + TREE_GONE_TIMEOUT);
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(a.contains(&Action::Release {
+            outcome: Outcome::Failed,
+            exit_code: None,
+            if_group_empty: true
+        }));
+        // Keeper lost before the group was known: nothing is released.
+        let mut m = machine(30_000, 1000);
+        let a = m.step(Event::KeeperLost, at(5));
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(a.contains(&Action::Release {
+            outcome: Outcome::Failed,
+            exit_code: None,
+            if_group_empty: true
+        }));
+    }
+
+    #[test]
+    fn remap_exit_turns_the_jobs_own_124_and_125_into_1() {
+        for (code, plain, remapped) in [(124, 124, 1), (125, 125, 1), (3, 3, 3), (0, 0, 0)] {
+            for remap in [false, true] {
+                let s = Settings {
+                    remap_exit: remap,
+                    ..settings(30_000, 1000)
+                };
+                let mut m = Machine::new(1, at(0), ms(30_000), s);
+                m.step(Event::ChildStarted { pid: 3 }, at(1));
+                let a = end(&mut m, ChildStatus::Exited(code), 10, 10);
+                assert_eq!(exit_of(&a), Some(if remap { remapped } else { plain }));
+                // The authority still hears the job's real code.
+                assert!(a.iter().any(
+                    |x| matches!(x, Action::Release { exit_code: Some(c), .. } if *c == code)
+                ));
+            }
+        }
     }
 
     #[test]
@@ -847,10 +1104,7 @@ mod tests {
         assert_eq!(signals(&m.step(Event::Tick, at(1010))), vec![SIGKILL]);
         let a = end(&mut m, ChildStatus::Exited(3), 1011, 1011);
         assert_eq!(exit_of(&a), Some(3));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Cancelled,
-            exit_code: Some(3)
-        }));
+        assert!(a.contains(&release(Outcome::Cancelled, Some(3))));
     }
 
     #[test]
@@ -880,7 +1134,7 @@ mod tests {
 
     #[test]
     fn stop_decided_before_the_group_exists_is_carried_out_on_start() {
-        let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+        let mut m = machine(3000, 500);
         let a = m.step(
             Event::Refused {
                 reason: RefusalReason::Expired,
@@ -895,11 +1149,11 @@ mod tests {
 
     #[test]
     fn signals_before_the_start_report_are_relayed_once_the_group_is_known() {
-        let mut m = Machine::new("t", 1, at(0), ms(30_000), ms(500));
-        assert!(signals(&m.step(Event::Signal(10), at(1))).is_empty());
-        assert!(signals(&m.step(Event::Signal(1), at(2))).is_empty());
+        let mut m = machine(30_000, 500);
+        assert!(signals(&m.step(Event::Signal(Sig::Usr1), at(1))).is_empty());
+        assert!(signals(&m.step(Event::Signal(Sig::Hup), at(2))).is_empty());
         let a = m.step(Event::ChildStarted { pid: 7 }, at(3));
-        assert_eq!(signals(&a), vec![10, 1]);
+        assert_eq!(signals(&a), vec![Sig::Usr1, Sig::Hup]);
         assert!(
             signals(&m.step(Event::Tick, at(4))).is_empty(),
             "relayed once"
@@ -909,17 +1163,60 @@ mod tests {
     #[test]
     fn spawn_failure_maps_to_127_and_126() {
         for (not_found, code) in [(true, 127), (false, 126)] {
-            let mut m = Machine::new("t", 1, at(0), ms(3000), ms(500));
+            let mut m = machine(3000, 500);
             let event = Event::SpawnFailed {
                 not_found,
                 message: "x".into(),
             };
             let a = m.step(event, at(1));
             assert_eq!(exit_of(&a), Some(code));
-            assert!(a.contains(&Action::Release {
-                outcome: Outcome::Failed,
-                exit_code: Some(code as i32)
-            }));
+            assert!(a.contains(&release(Outcome::Failed, Some(code as i32))));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The agent is paused before it had any reason to act; meanwhile
+        /// the job ends by itself (stamped `end`) and the agent resumes
+        /// later. Whether the loop sees the clock or the keeper's report
+        /// first, the status is 124 exactly when the job ended at or after
+        /// the deadline, and the job's own status otherwise.
+        #[test]
+        fn exit_status_follows_the_exit_stamp_not_the_event_order(
+            ttl in 1000u64..10_000,
+            grace_frac in 0u64..100,
+            pause_frac in 0u64..100,
+            end_after_pause in 0u64..12_000,
+            resume_after_end in 1u64..5000,
+            drift_ppm in prop::sample::select(vec![0u32, 1_000, 50_000]),
+            clock_first in any::<bool>(),
+            code in 0i32..3,
+        ) {
+            let grace = ttl * grace_frac / 100;
+            let st = Settings { drift_ppm, ..settings(ttl, grace) };
+            let mut m = Machine::new(1, at(0), ms(ttl), st);
+            m.step(Event::ChildStarted { pid: 4 }, at(1));
+            let term = (m.term_time().since_boot().as_millis() as u64).saturating_sub(1_000_000);
+            prop_assume!(term > 2);
+            let pause = 2 + (term - 2) * pause_frac / 100;
+            prop_assert!(m.next_wake().is_some_and(|w| w > at(pause)));
+            let end = pause + end_after_pause;
+            let resume = at(end + resume_after_end);
+            let exited = Event::ChildExited { status: ChildStatus::Exited(code), at: at(end) };
+            let mut actions = Vec::new();
+            if clock_first {
+                actions.extend(m.step(Event::Tick, resume));
+                actions.extend(m.step(exited, resume));
+            } else {
+                actions.extend(m.step(exited, resume));
+                actions.extend(m.step(Event::Tick, resume));
+            }
+            if !m.is_finished() {
+                actions.extend(m.step(Event::TreeGone, resume + ms(1)));
+            }
+            let expected = if at(end) >= floor_ms(m.deadline()) { exit::LEASE_LOST } else { code as u8 };
+            prop_assert_eq!(exit_of(&actions), Some(expected));
         }
     }
 
@@ -930,14 +1227,15 @@ mod tests {
         Advance(u64),
         /// Time passes with the agent paused (no ticks).
         Pause(u64),
-        /// A renewal sent `lag` ms ago is answered.
+        /// A renewal sent `lag` ms ago (but not before the previous one:
+        /// renewals are sequential) is answered.
         Renewed {
             lag: u64,
             ttl: u64,
         },
         RenewFailed,
         Refused,
-        Signal(i32),
+        Signal(Sig),
         Exit(i32),
         TreeGone,
     }
@@ -949,7 +1247,7 @@ mod tests {
             4 => ((0u64..3000), (500u64..6000)).prop_map(|(lag, ttl)| Op::Renewed { lag, ttl }),
             2 => Just(Op::RenewFailed),
             1 => Just(Op::Refused),
-            1 => prop::sample::select(vec![1, 2, 3, 10, 12, 15]).prop_map(Op::Signal),
+            1 => prop::sample::select(Sig::RELAYED.to_vec()).prop_map(Op::Signal),
             1 => (0i32..3).prop_map(Op::Exit),
             1 => Just(Op::TreeGone),
         ]
@@ -964,18 +1262,26 @@ mod tests {
         /// - the job is never stopped while the lease is provably valid
         ///   with more than grace left (no refusal, no stop signal, leader
         ///   still running);
-        /// - the local deadline never exceeds what the renewals prove.
+        /// - the local deadline never exceeds what the renewals prove, and
+        ///   is the latest renewal's `sent + ttl·(1 − ρ) − ε` while the
+        ///   lease is held (lower or higher than before).
         #[test]
         fn kill_never_late_and_never_early(
             ttl in 1000u64..10_000,
             grace_frac in 0u64..100,
             start_delay in 0u64..200,
+            drift_ppm in prop::sample::select(vec![0u32, 1_000, 50_000]),
             ops in prop::collection::vec(op(), 1..60),
         ) {
             let grace = ttl * grace_frac / 100;
-            let mut m = Machine::new("t", 1, at(0), ms(ttl), ms(grace));
+            let st = Settings { drift_ppm, ..settings(ttl, grace) };
+            let mut m = Machine::new(1, at(0), ms(ttl), st);
             let mut now = at(start_delay);
+            // What the authority's answers prove: the latest renewal's send
+            // time + ttl (its expiry is no earlier), and the budgeted deadline.
             let mut proven = at(0) + ms(ttl);
+            let mut budget = st.deadline(at(0), ms(ttl));
+            let mut last_sent = at(0);
             let mut killed = false;
             let mut justified_stop = false;
             let mut leader_running = true;
@@ -984,8 +1290,8 @@ mod tests {
             let mut stopping = false;
             let first = m.step(Event::ChildStarted { pid: 10 }, now);
 
-            let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<i32>,
-                             killed: &mut bool, stopping: &mut bool, justified: bool, proven: BootInstant, leader_running: bool| {
+            let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<Sig>,
+                             killed: &mut bool, stopping: &mut bool, justified: bool, (proven, budget): (BootInstant, BootInstant), leader_running: bool| {
                 for s in signals(actions) {
                     if Some(s) == relay { continue; }
                     let first_stop = !*stopping;
@@ -993,11 +1299,12 @@ mod tests {
                     if s == SIGKILL { *killed = true; }
                     // Judge the decision to stop; its SIGKILL follows from it.
                     prop_assert!(
-                        !first_stop || justified || !leader_running || now >= proven - ms(grace).max(KILL_LEAD),
-                        "signal {s} at {now:?} with the lease provably valid until {proven:?} (grace {grace})"
+                        !first_stop || justified || !leader_running || now >= budget - ms(grace).max(KILL_LEAD),
+                        "signal {s:?} at {now:?} with the lease provably valid until {budget:?} (grace {grace})"
                     );
                 }
                 prop_assert!(m.deadline() <= proven);
+                prop_assert_eq!(m.deadline(), budget);
                 if leader_running && !m.is_finished() {
                     if now >= m.kill_time() {
                         prop_assert!(*killed, "past the kill time at {now:?} ({:?}) without SIGKILL", m.kill_time());
@@ -1010,7 +1317,7 @@ mod tests {
                 Ok(())
             };
 
-            check(&m, &first, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+            check(&m, &first, now, None, &mut killed, &mut stopping, justified_stop, (proven, budget), leader_running)?;
             for op in ops {
                 if m.is_finished() { break; }
                 let (event, relay) = match op {
@@ -1021,7 +1328,7 @@ mod tests {
                             now = now.max(w);
                             let a = m.step(Event::Tick, now);
                             exit_seen |= exit_of(&a).is_some();
-                            check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                            check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, (proven, budget), leader_running)?;
                             if killed && leader_running && pending_exit.is_none() {
                                 // SIGKILL ends the leader.
                                 pending_exit = Some(ChildStatus::Signaled(9));
@@ -1033,8 +1340,19 @@ mod tests {
                     }
                     Op::Pause(d) => { now = now + ms(d); (Event::Tick, None) }
                     Op::Renewed { lag, ttl: t } => {
-                        let sent = now.saturating_sub(ms(lag)).max(at(0));
-                        proven = proven.max(sent + ms(t));
+                        let sent = now.saturating_sub(ms(lag)).max(last_sent);
+                        last_sent = sent;
+                        // The machine's own view of "lost" decides which rule
+                        // applies; the model then checks the deadline it keeps.
+                        let frozen = m.lease_lost()
+                            || m.stop.is_some_and(|s| s.reason == StopReason::DeadlineNear);
+                        if !frozen {
+                            proven = sent + ms(t);
+                            budget = st.deadline(sent, ms(t));
+                        } else {
+                            proven = proven.min(sent + ms(t));
+                            budget = budget.min(st.deadline(sent, ms(t)));
+                        }
                         (Event::Renewed { sent_at: sent, ttl: ms(t) }, None)
                     }
                     Op::RenewFailed => (Event::RenewFailed { error: "x".into() }, None),
@@ -1043,7 +1361,7 @@ mod tests {
                         (Event::Refused { reason: RefusalReason::Superseded, message: String::new() }, None)
                     }
                     Op::Signal(s) => {
-                        if matches!(s, SIGTERM | SIGINT | SIGQUIT) { justified_stop = true; }
+                        if s.is_stop() { justified_stop = true; }
                         (Event::Signal(s), Some(s))
                     }
                     Op::Exit(c) => {
@@ -1058,13 +1376,13 @@ mod tests {
                 };
                 let a = m.step(event, now);
                 exit_seen |= exit_of(&a).is_some();
-                check(&m, &a, now, relay, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                check(&m, &a, now, relay, &mut killed, &mut stopping, justified_stop, (proven, budget), leader_running)?;
                 if let Some(status) = pending_exit.take() {
                     if leader_running {
                         leader_running = false;
                         let a = m.step(Event::ChildExited { status, at: now }, now);
                         exit_seen |= exit_of(&a).is_some();
-                        check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, proven, leader_running)?;
+                        check(&m, &a, now, None, &mut killed, &mut stopping, justified_stop, (proven, budget), leader_running)?;
                     }
                 }
                 prop_assert_eq!(m.is_finished(), exit_seen, "finished exactly when an exit was decided");

@@ -6,12 +6,18 @@
 //!    agent cleanly instead of killing it between "granted" and "job started"
 //!    (which would leave a lease to expire by itself).
 //! 2. Acquire. The send instant is read before the request: the first local
-//!    deadline is `acquire sent + granted ttl`.
-//! 3. Keeper and job, then the heartbeat thread, then the loop.
+//!    deadline counts from it.
+//! 3. Signals that arrived before the job exists: a stop signal releases the
+//!    lease and exits 128+N without starting the command; any other signal
+//!    had no job to go to and is dropped (a SIGHUP sent during acquire must
+//!    not hit the job that starts afterwards).
+//! 4. Keeper and job, then the heartbeat thread, then the loop.
 
 pub mod config;
 pub mod heartbeat;
+pub mod logging;
 pub mod machine;
+pub mod report;
 pub mod signals;
 pub mod state_file;
 pub mod supervisor;
@@ -19,40 +25,79 @@ pub mod supervisor;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::agent::config::RunConfig;
 use crate::agent::machine::{Event, Machine};
-use crate::agent::supervisor::Supervisor;
-use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant};
+use crate::agent::supervisor::{Supervisor, release_timeout};
+use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant, Outcome};
 use crate::exit;
 use crate::sys::notify::Notifier;
 use crate::time::clock::BootInstant;
-
-/// Sets up stderr logging: `RUST_LOG` sets the level, `info` by default.
-pub fn init_logging() {
-    let env = env_logger::Env::default().filter_or("RUST_LOG", "info");
-    let _ = env_logger::Builder::from_env(env)
-        .format(|buf, record| {
-            use std::io::Write;
-            writeln!(
-                buf,
-                "leaseagent: {}: {}",
-                record.level().as_str().to_lowercase(),
-                record.args()
-            )
-        })
-        .try_init();
-}
 
 /// The longest acquire may take.
 fn acquire_timeout(cfg: &RunConfig) -> Duration {
     (cfg.ttl / 2).clamp(Duration::from_millis(1), Duration::from_secs(10))
 }
 
+/// Runs the command under a lease; the whole life of the agent.
+pub fn main(cfg: RunConfig) -> ExitCode {
+    crate::agent::logging::init();
+    let code = run(cfg);
+    // Bounded: a stalled stderr delays the exit by at most this much.
+    crate::agent::logging::flush(Duration::from_millis(500));
+    ExitCode::from(code)
+}
+
+fn run(cfg: RunConfig) -> u8 {
+    let (tx, rx) = crossbeam_channel::unbounded::<Event>();
+    if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
+        log::error!("cannot install signal handlers: {e}");
+        return exit::AGENT_FAILED;
+    }
+    let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
+        Ok(a) => a,
+        Err(e) => {
+            log::error!("{e}");
+            return exit::AGENT_FAILED;
+        }
+    };
+    let mut notifier = Notifier::from_env();
+    notifier.status(&format!("acquiring task {}", cfg.task));
+    let (grant, sent) = match acquire(&cfg, &mut *auth, &rx, &mut notifier) {
+        Acquired::Granted(g, sent) => (g, sent),
+        Acquired::Exit(code) => return code,
+    };
+    if let Some(code) = signals_before_start(&grant, &mut *auth, &rx) {
+        return code;
+    }
+    start(&cfg, grant, sent, auth, (tx, rx), notifier)
+}
+
+// ---------------------------------------------------------------- acquire
+
 enum Acquired {
     Granted(Grant, BootInstant),
     Exit(u8),
+}
+
+/// One acquire call's answer, when it is not a grant.
+enum NotGranted {
+    /// The task is held; `note` says by whom.
+    Held {
+        note: String,
+        retry_after: Option<Duration>,
+    },
+    Exit(u8),
+}
+
+/// The state of a `--wait` between attempts.
+struct Waiting {
+    started: BootInstant,
+    /// `None`: no `--wait`. `Some(None)`: forever.
+    until: Option<Option<BootInstant>>,
+    backoff: Duration,
+    last_note: String,
 }
 
 /// Acquires the task, waiting while it is held if `--wait` says so.
@@ -70,107 +115,210 @@ fn acquire(
         grace: cfg.expiry_grace,
     };
     let started = BootInstant::now();
-    let wait_until = cfg.wait.map(|d| d.map(|d| started + d));
-    let mut backoff = Duration::from_millis(100);
-    let mut last_note = String::new();
+    let mut waiting = Waiting {
+        started,
+        until: cfg.wait.map(|d| d.map(|d| started + d)),
+        backoff: Duration::from_millis(100),
+        last_note: String::new(),
+    };
     loop {
         let sent = BootInstant::now();
-        let answer = match wait_until {
-            // Waiting: an authority with a queue (etcd) keeps our place
-            // between calls; slices of at most a second keep signals and our
-            // own deadline noticed.
-            Some(until) => {
-                let slice = until.map_or(Duration::from_secs(1), |u| {
-                    sent.until(u).min(Duration::from_secs(1))
-                });
-                auth.acquire_wait(&req, slice, acquire_timeout(cfg))
-            }
-            None => auth.acquire(&req, acquire_timeout(cfg)),
-        };
-        let (holder_note, retry_after) = match answer {
+        let (note, retry_after) = match attempt(cfg, auth, &req, waiting.until, sent) {
             Ok(g) => return Acquired::Granted(g, sent),
-            Err(AcquireError::Rejected(m)) => {
-                log::error!("cannot acquire task {}: {m}", cfg.task);
-                return Acquired::Exit(exit::AGENT_FAILED);
+            Err(NotGranted::Exit(code)) => {
+                // Every way out of a wait that is not a grant gives up the
+                // queued place (etcd), or it would block the next holder.
+                if waiting.until.is_some() {
+                    auth.abandon_wait(acquire_timeout(cfg));
+                }
+                return Acquired::Exit(code);
             }
-            Err(AcquireError::Trust(m)) => {
-                log::error!("cannot acquire task {}: {m}", cfg.task);
-                return Acquired::Exit(exit::AGENT_FAILED);
-            }
-            Err(AcquireError::Transient(m)) => {
-                log::error!(
-                    "cannot acquire task {}: authority {} unreachable or broken: {m}",
-                    cfg.task,
-                    auth.url()
-                );
-                return Acquired::Exit(exit::AGENT_FAILED);
-            }
-            Err(e @ AcquireError::Held { .. }) | Err(e @ AcquireError::HeldForOperator { .. }) => {
-                let retry_after = match &e {
-                    AcquireError::Held { retry_after, .. } => *retry_after,
-                    _ => None,
-                };
-                (e.to_string(), retry_after)
-            }
+            Err(NotGranted::Held { note, retry_after }) => (note, retry_after),
         };
-        let now = BootInstant::now();
-        let Some(until) = wait_until else {
+        let Some(until) = waiting.until else {
             log::error!(
-                "task {} is {holder_note}; not acquired (use --wait to wait for it)",
+                "task {} is {note}; not acquired (use --wait to wait for it)",
                 cfg.task
             );
             return Acquired::Exit(exit::HELD);
         };
+        if let Some(code) = waiting.note_or_give_up(cfg, auth, until, note, notifier) {
+            return Acquired::Exit(code);
+        }
+        if let Some(code) = waiting.pause(cfg, auth, until, retry_after, events) {
+            return Acquired::Exit(code);
+        }
+    }
+}
+
+/// One acquire call (a slice of at most a second of waiting in the
+/// authority's queue with `--wait`).
+fn attempt(
+    cfg: &RunConfig,
+    auth: &mut dyn Authority,
+    req: &AcquireRequest,
+    wait_until: Option<Option<BootInstant>>,
+    sent: BootInstant,
+) -> Result<Grant, NotGranted> {
+    let answer = match wait_until {
+        // Waiting: an authority with a queue (etcd) keeps our place
+        // between calls; slices of at most a second keep signals and our
+        // own deadline noticed.
+        Some(until) => {
+            let slice = until.map_or(Duration::from_secs(1), |u| {
+                sent.until(u).min(Duration::from_secs(1))
+            });
+            auth.acquire_wait(req, slice, acquire_timeout(cfg))
+        }
+        None => auth.acquire(req, acquire_timeout(cfg)),
+    };
+    match answer {
+        Ok(g) => Ok(g),
+        Err(AcquireError::Rejected(m)) => {
+            log::error!("cannot acquire task {}: {m}", cfg.task);
+            Err(NotGranted::Exit(exit::AGENT_FAILED))
+        }
+        Err(AcquireError::Trust(m)) => {
+            log::error!("cannot acquire task {}: {m}", cfg.task);
+            Err(NotGranted::Exit(exit::AGENT_FAILED))
+        }
+        Err(AcquireError::Transient(m)) => {
+            log::error!(
+                "cannot acquire task {}: authority {} unreachable or broken: {m}",
+                cfg.task,
+                auth.url()
+            );
+            Err(NotGranted::Exit(exit::AGENT_FAILED))
+        }
+        Err(e @ AcquireError::Held { .. }) | Err(e @ AcquireError::HeldForOperator { .. }) => {
+            let retry_after = match &e {
+                AcquireError::Held { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            Err(NotGranted::Held {
+                note: e.to_string(),
+                retry_after,
+            })
+        }
+    }
+}
+
+impl Waiting {
+    /// Gives up when `--wait` ran out (`Some(exit status)`); otherwise says
+    /// who holds the task, once per change of holder.
+    fn note_or_give_up(
+        &mut self,
+        cfg: &RunConfig,
+        auth: &mut dyn Authority,
+        until: Option<BootInstant>,
+        note: String,
+        notifier: &mut Notifier,
+    ) -> Option<u8> {
+        let now = BootInstant::now();
         if until.is_some_and(|u| now >= u) {
             auth.abandon_wait(acquire_timeout(cfg));
             log::error!(
-                "task {} is still {holder_note} after waiting {}; giving up",
+                "task {} is still {note} after waiting {}; giving up",
                 cfg.task,
-                crate::time::duration::format(now.saturating_since(started))
+                crate::time::duration::format(now.saturating_since(self.started))
             );
-            return Acquired::Exit(exit::HELD);
+            return Some(exit::HELD);
         }
-        if holder_note != last_note {
+        if note != self.last_note {
             let limit = match until {
                 Some(u) => format!("up to {} more", crate::time::duration::format(now.until(u))),
                 None => "with no limit".into(),
             };
-            log::info!("task {} is {holder_note}; waiting ({limit})", cfg.task);
-            notifier.status(&format!("waiting for task {}: {holder_note}", cfg.task));
-            last_note = holder_note;
+            log::info!("task {} is {note}; waiting ({limit})", cfg.task);
+            notifier.status(&format!("waiting for task {}: {note}", cfg.task));
+            self.last_note = note;
         }
-        // Poll again soon: a release frees the task at once, and retry_after
-        // only says when it frees at the latest. Jitter spreads waiters.
-        let mut pause = backoff;
+        None
+    }
+
+    /// Sleeps before the next attempt, watching for stop signals
+    /// (`Some(128 + N)`). Polls again soon: a release frees the task at once,
+    /// and retry_after only says when it frees at the latest. Jitter spreads
+    /// waiters.
+    fn pause(
+        &mut self,
+        cfg: &RunConfig,
+        auth: &mut dyn Authority,
+        until: Option<BootInstant>,
+        retry_after: Option<Duration>,
+        events: &Receiver<Event>,
+    ) -> Option<u8> {
+        let now = BootInstant::now();
+        let mut pause = self.backoff;
         if let Some(r) = retry_after {
             pause = pause.min(r.max(Duration::from_millis(20)));
         }
-        let jitter = 0.8 + fastrand::f64() * 0.4;
-        pause = pause.mul_f64(jitter);
+        pause = pause.mul_f64(0.8 + fastrand::f64() * 0.4);
         if let Some(u) = until {
             pause = pause.min(now.until(u));
         }
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
         let pause_until = BootInstant::now() + pause;
         loop {
             let left = BootInstant::now().until(pause_until);
             if left.is_zero() {
-                break;
+                return None;
             }
             match events.recv_timeout(left.min(crate::time::clock::MAX_WAIT)) {
-                Ok(Event::Signal(sig)) if crate::agent::signals::is_stop_signal(sig) => {
+                Ok(Event::Signal(sig)) if sig.is_stop() => {
                     auth.abandon_wait(acquire_timeout(cfg));
                     log::warn!(
                         "signal {sig} while waiting for task {}; not acquired",
                         cfg.task
                     );
-                    return Acquired::Exit((128 + sig) as u8);
+                    return Some(sig.exit_status());
                 }
+                // No job yet: other signals have nothing to go to.
                 Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Disconnected) => return None,
             }
         }
     }
+}
+
+// ---------------------------------------------------------------- start
+
+/// Signals that reached the agent before the job exists (during acquire):
+/// a stop signal releases the lease and ends the agent with 128+N without
+/// starting the command; relayable ones are dropped, since there was no job
+/// to relay them to when they came.
+fn signals_before_start(
+    grant: &Grant,
+    auth: &mut dyn Authority,
+    events: &Receiver<Event>,
+) -> Option<u8> {
+    let mut stop = None;
+    while let Ok(event) = events.try_recv() {
+        match event {
+            Event::Signal(sig) if sig.is_stop() => {
+                stop.get_or_insert(sig);
+            }
+            Event::Signal(sig) => {
+                log::debug!("signal {sig} arrived before the command started; not relayed to it")
+            }
+            _ => {}
+        }
+    }
+    let sig = stop?;
+    log::warn!(
+        "signal {sig} received before the command started: releasing task {} token {} without starting it",
+        grant.task,
+        grant.token
+    );
+    let timeout = release_timeout(grant.ttl);
+    if let Err(e) = auth.release(&grant.lease_ref(), Outcome::Cancelled, None, timeout) {
+        log::warn!(
+            "release of task {} token {} failed ({e}); the lease will expire by itself",
+            grant.task,
+            grant.token
+        );
+    }
+    Some(sig.exit_status())
 }
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.
@@ -198,33 +346,58 @@ fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
     }
 }
 
-/// Runs the command under a lease; the whole life of the agent.
-pub fn main(cfg: RunConfig) -> ExitCode {
-    init_logging();
-    ExitCode::from(run(cfg))
+/// The variables the job gets on top of the agent's environment.
+fn job_env(
+    grant: &Grant,
+    auth: &dyn Authority,
+    state: Option<&crate::agent::state_file::StateWriter>,
+) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            crate::lease::env::TOKEN.to_string(),
+            grant.token.to_string(),
+        ),
+        (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
+        (crate::lease::env::TASK.to_string(), grant.task.clone()),
+        (crate::lease::env::AUTHORITY.to_string(), auth.url()),
+        (
+            crate::lease::env::TTL_MS.to_string(),
+            grant.ttl.as_millis().to_string(),
+        ),
+    ];
+    if let Some(s) = state {
+        env.push((
+            crate::agent::state_file::ENV_STATE_FILE.to_string(),
+            s.path().display().to_string(),
+        ));
+    }
+    // Credentials in a URL never reach the job (the trust flags' own
+    // variables are removed, see `job_env_remove`).
+    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
+        .ok()
+        .filter(|u| authority::trust::has_userinfo(u))
+    {
+        env.push((
+            "LEASEAGENT_AUTHORITY".to_string(),
+            authority::trust::redact_url(&url),
+        ));
+    }
+    env
 }
 
-fn run(cfg: RunConfig) -> u8 {
-    let (tx, rx) = crossbeam_channel::unbounded::<Event>();
-    if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
-        log::error!("cannot install signal handlers: {e}");
-        return exit::AGENT_FAILED;
-    }
-    let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
-        Ok(a) => a,
-        Err(e) => {
-            log::error!("{e}");
-            return exit::AGENT_FAILED;
-        }
-    };
-    let mut notifier = Notifier::from_env();
-    notifier.status(&format!("acquiring task {}", cfg.task));
-    let (grant, sent) = match acquire(&cfg, &mut *auth, &rx, &mut notifier) {
-        Acquired::Granted(g, sent) => (g, sent),
-        Acquired::Exit(code) => return code,
-    };
-    let (heartbeat, grace) =
-        crate::agent::config::fit_to_granted(cfg.ttl, cfg.heartbeat, cfg.grace, grant.ttl);
+/// Variables removed from the job's environment: systemd's, and the trust
+/// flags' (`authority::trust::JOB_ENV_REMOVE`).
+fn job_env_remove() -> Vec<&'static str> {
+    crate::sys::notify::JOB_ENV_REMOVE
+        .iter()
+        .chain(authority::trust::JOB_ENV_REMOVE)
+        .copied()
+        .collect()
+}
+
+/// Says what was granted (and what was scaled to fit a clamped ttl).
+fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn Authority) {
+    let (heartbeat, grace) = cfg.settings().fitted(grant.ttl);
     if grant.ttl < cfg.ttl && (heartbeat, grace) != (cfg.heartbeat, cfg.grace) {
         log::warn!(
             "authority granted a ttl of {} (asked {}); heartbeat {} and grace {} scaled to fit",
@@ -244,80 +417,54 @@ fn run(cfg: RunConfig) -> u8 {
         crate::time::duration::format(grace),
         auth.url()
     );
-    let machine = Machine::new(&grant.task, grant.token, sent, grant.ttl, grace);
+}
+
+/// Starts the keeper (and through it the job) and the heartbeat, then runs
+/// the supervisor loop to the end.
+fn start(
+    cfg: &RunConfig,
+    grant: Grant,
+    sent: BootInstant,
+    mut auth: Box<dyn Authority>,
+    events: (Sender<Event>, Receiver<Event>),
+    notifier: Notifier,
+) -> u8 {
+    log_grant(cfg, &grant, &*auth);
+    let settings = cfg.settings();
+    let machine = Machine::new(grant.token, sent, grant.ttl, settings);
     let state = state_writer();
-    let mut env = vec![
-        (
-            crate::lease::env::TOKEN.to_string(),
-            grant.token.to_string(),
-        ),
-        (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
-        (crate::lease::env::TASK.to_string(), grant.task.clone()),
-        (crate::lease::env::AUTHORITY.to_string(), auth.url()),
-        (
-            crate::lease::env::TTL_MS.to_string(),
-            grant.ttl.as_millis().to_string(),
-        ),
-    ];
-    if let Some(s) = &state {
-        env.push((
-            crate::agent::state_file::ENV_STATE_FILE.to_string(),
-            s.path().display().to_string(),
-        ));
-    }
-    let boot_id = crate::time::clock::boot_id().unwrap_or_default();
-    let mut sup = Supervisor {
+    let env = job_env(&grant, &*auth, state.as_ref());
+    let tx = events.0.clone();
+    let mut sup = Supervisor::new(
         machine,
-        grant: grant.clone(),
-        authority: auth.clone_box(),
-        events: rx,
+        grant.clone(),
+        auth.clone_box(),
+        events,
         notifier,
         state,
-        boot_id,
-        heartbeat: None,
-        keeper: None,
-        _events_tx: tx.clone(),
-        release_timeout: grant.ttl.min(Duration::from_secs(5)),
-    };
+    );
     // Publish before the job starts so `check` works from its first line.
-    let first = sup.machine.step(Event::Tick, BootInstant::now());
-    debug_assert!(first.is_empty());
     sup.publish_initial();
-    // Neither the trust flags' variables nor credentials in a URL reach the job.
-    let env_remove: Vec<&str> = crate::sys::notify::JOB_ENV_REMOVE
-        .iter()
-        .chain(authority::trust::JOB_ENV_REMOVE)
-        .copied()
-        .collect();
-    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
-        .ok()
-        .filter(|u| authority::trust::has_userinfo(u))
-    {
-        env.push((
-            "LEASEAGENT_AUTHORITY".to_string(),
-            authority::trust::redact_url(&url),
-        ));
-    }
-    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
-        Ok(k) => sup.keeper = Some(k),
+    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &job_env_remove(), tx.clone()) {
+        Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");
             let _ = auth.release(
                 &grant.lease_ref(),
-                crate::lease::Outcome::Failed,
+                Outcome::Failed,
                 None,
-                sup.release_timeout,
+                release_timeout(grant.ttl),
             );
             return exit::AGENT_FAILED;
         }
     }
     let schedule = crate::agent::heartbeat::Schedule {
-        heartbeat,
-        deadline: sent + grant.ttl,
+        settings,
+        ttl: grant.ttl,
         granted_at: sent,
     };
     match crate::agent::heartbeat::spawn(auth, grant.lease_ref(), schedule, tx) {
-        Ok(h) => sup.heartbeat = Some(h),
+        Ok(h) => sup.set_heartbeat(h),
         Err(e) => {
             // No renewals: the machine stops the job before the deadline.
             log::error!("cannot start the heartbeat thread: {e}");

@@ -6,7 +6,9 @@
 //! decides what each signal means:
 //! - SIGTERM, SIGINT, SIGQUIT: relayed to the job's group, then the job is
 //!   stopped (grace, SIGKILL) and the lease released as `cancelled`;
-//! - SIGHUP, SIGUSR1, SIGUSR2: relayed only.
+//! - SIGHUP, SIGUSR1, SIGUSR2: relayed only;
+//! - any of them before the job exists (during acquire): a stop signal ends
+//!   the agent without starting the job, the others are dropped.
 //!
 //! Signals not listed keep their default action; SIGKILL and SIGSTOP cannot be
 //! caught, and are what the keeper (SIGKILL) and the deadline-on-wake rule
@@ -16,27 +18,24 @@ use crossbeam_channel::Sender;
 use signal_hook::iterator::Signals;
 
 use crate::agent::machine::Event;
-use crate::keeper::RELAYED;
+use crate::sys::signal::Sig;
 
 /// Installs the handlers and starts the forwarding thread.
 pub fn spawn(events: Sender<Event>) -> std::io::Result<()> {
-    let mut signals = Signals::new(RELAYED)?;
+    let numbers: Vec<i32> = Sig::RELAYED.iter().map(|s| s.number()).collect();
+    let mut signals = Signals::new(numbers)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            for sig in signals.forever() {
+            for n in signals.forever() {
+                // Only the relayed six are registered.
+                let Some(sig) = Sig::from_number(n) else {
+                    continue;
+                };
                 if events.send(Event::Signal(sig)).is_err() {
                     break;
                 }
             }
         })?;
     Ok(())
-}
-
-/// Whether a signal asks the agent to stop (not only to relay).
-pub fn is_stop_signal(sig: i32) -> bool {
-    matches!(
-        sig,
-        signal_hook::consts::SIGTERM | signal_hook::consts::SIGINT | signal_hook::consts::SIGQUIT
-    )
 }

@@ -47,6 +47,10 @@ pub struct LeaseStateFile {
     pub deadline_boot_ms: u64,
     pub boot_id: String,
     pub agent_pid: u32,
+    /// The run's outcome once the agent decided it (`succeeded`, `failed`,
+    /// `cancelled`, `lost`): tells a job's own 124 from the agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 impl LeaseStateFile {
@@ -125,6 +129,7 @@ mod tests {
             deadline_boot_ms: (now + Duration::from_secs(10)).since_boot().as_millis() as u64,
             boot_id: "b".into(),
             agent_pid: 1,
+            outcome: None,
         };
         w.write(&s).unwrap();
         let back = LeaseStateFile::read(w.path()).unwrap();

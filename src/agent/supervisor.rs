@@ -17,105 +17,224 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::agent::machine::{Action, Event, Machine};
-use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
-use crate::authority::{Authority, Grant, RenewError};
+use crate::authority::{Authority, Grant, Outcome, RenewError};
 use crate::keeper::handle::{JobGroup, Keeper};
-use crate::sys::notify::Notifier;
 use crate::time::clock::{BootInstant, MAX_WAIT};
+
+use crate::agent::machine::{Action, Event, Machine};
+use crate::agent::report::{Notice, Reporter};
+use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
+use crate::sys::notify::Notifier;
+
+/// The shortest wait of the loop when the machine names a wake-up time that
+/// already passed and was acted on: a floor, so nothing can make it spin.
+const MIN_WAIT: Duration = Duration::from_millis(10);
 
 /// Everything the loop needs, prepared by `run`.
 pub struct Supervisor {
-    pub machine: Machine,
-    pub grant: Grant,
-    pub authority: Box<dyn Authority>,
-    pub events: Receiver<Event>,
-    pub notifier: Notifier,
-    pub state: Option<StateWriter>,
-    pub boot_id: String,
+    machine: Machine,
+    grant: Grant,
+    authority: Box<dyn Authority>,
+    events: Receiver<Event>,
+    notifier: Notifier,
+    state: Option<StateWriter>,
+    boot_id: String,
+    reporter: Reporter,
     /// Dropped to stop renewals.
-    pub heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
-    pub keeper: Option<Keeper>,
+    heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
+    keeper: Option<Keeper>,
     /// Kept so the channel never reads as disconnected while the loop runs.
-    pub _events_tx: Sender<Event>,
-    /// Upper bound for the release call.
-    pub release_timeout: Duration,
+    _events_tx: Sender<Event>,
+    /// The run's outcome, once decided (published in the state file).
+    outcome: Option<Outcome>,
+    /// The job's group, once the keeper reported it.
+    group: Option<JobGroup>,
+    /// The last `STATUS=` sent to systemd.
+    last_status: String,
+    next_watchdog: Option<Instant>,
+    /// When the machine was last stepped.
+    last_step: BootInstant,
+}
+
+/// Upper bound for the release call.
+pub fn release_timeout(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(5))
+}
+
+impl Supervisor {
+    /// A supervisor for `grant`, before the keeper and the heartbeat exist.
+    pub fn new(
+        machine: Machine,
+        grant: Grant,
+        authority: Box<dyn Authority>,
+        events: (Sender<Event>, Receiver<Event>),
+        notifier: Notifier,
+        state: Option<StateWriter>,
+    ) -> Self {
+        Supervisor {
+            reporter: Reporter::new(&grant.task, grant.token),
+            machine,
+            grant,
+            authority,
+            events: events.1,
+            notifier,
+            state,
+            boot_id: crate::time::clock::boot_id().unwrap_or_default(),
+            heartbeat: None,
+            keeper: None,
+            _events_tx: events.0,
+            outcome: None,
+            group: None,
+            last_status: String::new(),
+            next_watchdog: None,
+            last_step: BootInstant::from_since_boot(Duration::ZERO),
+        }
+    }
+
+    /// Hands the running keeper over.
+    pub fn set_keeper(&mut self, keeper: Keeper) {
+        self.keeper = Some(keeper);
+    }
+
+    /// Hands the heartbeat thread over (dropped to stop renewals).
+    pub fn set_heartbeat(&mut self, heartbeat: crate::agent::heartbeat::Heartbeat) {
+        self.heartbeat = Some(heartbeat);
+    }
 }
 
 impl Supervisor {
     /// Runs until the machine says exit; returns the exit status.
     pub fn run(mut self) -> u8 {
-        let mut group: Option<JobGroup> = None;
-        let mut last_status = String::new();
-        let watchdog = self.notifier.watchdog_interval();
-        let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
+        self.next_watchdog = self
+            .notifier
+            .watchdog_interval()
+            .map(|w| Instant::now() + w);
         loop {
+            let event = self.next_event();
+            if let Event::ChildStarted { pid } = event {
+                self.group = JobGroup::for_kill(pid);
+            }
+            let now = BootInstant::now();
+            self.last_step = now;
+            let actions = self.machine.step(event, now);
+            self.send_signals(&actions);
+            for action in actions {
+                if let Some(code) = self.carry_out(action) {
+                    return code;
+                }
+            }
             // A READY=1 systemd could not take yet goes out again.
             self.notifier.flush();
-            let now = BootInstant::now();
-            let mut wait = MAX_WAIT;
-            if let Some(w) = self.machine.next_wake() {
-                wait = wait.min(now.until(w));
-            }
-            if let Some(t) = next_watchdog {
-                wait = wait.min(t.saturating_duration_since(Instant::now()));
-            }
-            let event = match self.events.recv_timeout(wait) {
-                Ok(e) => e,
-                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Event::Tick,
-            };
-            if let Event::ChildStarted { pid } = event {
-                group = JobGroup::for_kill(pid);
-            }
-            let now = BootInstant::now();
-            let actions = self.machine.step(event, now);
-            for action in actions {
-                match action {
-                    Action::SignalGroup(sig) => {
-                        if let Some(g) = group {
-                            if let Err(e) = g.signal(sig) {
-                                log::warn!("cannot signal process group {}: {e}", g.pgid());
-                            }
-                        }
-                    }
-                    Action::Log(level, msg) => log::log!(level, "{msg}"),
-                    Action::Publish(view, status) => {
-                        self.publish(view);
-                        if status != last_status {
-                            self.notifier.status(&status);
-                            last_status = status;
-                        }
-                    }
-                    Action::Ready(status) => {
-                        self.notifier.ready(&status);
-                        last_status = status;
-                    }
-                    Action::Stopping(status) => {
-                        self.notifier.stopping(&status);
-                        self.publish(LeaseView::Stopping);
-                        last_status = status;
-                    }
-                    Action::StopHeartbeat => {
-                        self.heartbeat = None;
-                    }
-                    Action::Release { outcome, exit_code } => self.release(outcome, exit_code),
-                    Action::Exit(code) => {
-                        if let Some(k) = self.keeper.take() {
-                            k.finish(Duration::from_secs(1));
-                        }
-                        if let Some(s) = &self.state {
-                            s.remove();
-                        }
-                        return code;
-                    }
+            self.feed_watchdog();
+        }
+    }
+
+    /// Waits for the next event, or for the machine's next wake-up time,
+    /// the watchdog, or [`MAX_WAIT`] (a `Tick`).
+    fn next_event(&self) -> Event {
+        let now = BootInstant::now();
+        let mut wait = MAX_WAIT;
+        if let Some(w) = self.machine.next_wake() {
+            // A wake-up time the last step already reached was acted on;
+            // if the machine still names it, never spin on it.
+            wait = wait.min(if w <= self.last_step {
+                MIN_WAIT
+            } else {
+                now.until(w)
+            });
+        }
+        if let Some(t) = self.next_watchdog {
+            wait = wait.min(t.saturating_duration_since(Instant::now()));
+        }
+        match self.events.recv_timeout(wait) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => Event::Tick,
+        }
+    }
+
+    /// The kill path first: every signal of a step goes out before anything
+    /// that does I/O (log, state file, systemd, release).
+    fn send_signals(&self, actions: &[Action]) {
+        let Some(g) = self.group else { return };
+        for action in actions {
+            if let Action::SignalGroup(sig) = action {
+                if let Err(e) = g.signal(*sig) {
+                    self.reporter.report(&Notice::SignalFailed {
+                        pgid: g.pgid(),
+                        error: e.to_string(),
+                    });
                 }
             }
-            if let (Some(t), Some(w)) = (next_watchdog, watchdog) {
-                if Instant::now() >= t {
-                    self.notifier.watchdog();
-                    next_watchdog = Some(Instant::now() + w);
+        }
+    }
+
+    /// Carries out one action other than a signal; `Some(status)` to exit.
+    fn carry_out(&mut self, action: Action) -> Option<u8> {
+        match action {
+            Action::SignalGroup(_) => {}
+            Action::Report(notice) => self.reporter.report(&notice),
+            Action::Finished { outcome, status } => {
+                self.outcome = Some(outcome);
+                self.publish(if outcome == Outcome::Lost {
+                    LeaseView::Lost
+                } else {
+                    LeaseView::Stopping
+                });
+                let notice = Notice::Finished { outcome, status };
+                self.reporter.report(&notice);
+                let line = self.reporter.line(&notice).1;
+                self.notifier.status(&line);
+                self.last_status = line;
+            }
+            Action::Publish(view, status) => {
+                self.publish(view);
+                if status != self.last_status {
+                    self.notifier.status(&status);
+                    self.last_status = status;
                 }
             }
+            Action::Ready(status) => {
+                self.notifier.ready(&status);
+                self.last_status = status;
+            }
+            Action::Stopping(status) => {
+                self.notifier.stopping(&status);
+                self.publish(LeaseView::Stopping);
+                self.last_status = status;
+            }
+            Action::StopHeartbeat => self.heartbeat = None,
+            Action::Release {
+                outcome,
+                exit_code,
+                if_group_empty,
+            } => {
+                if if_group_empty && !self.group.is_some_and(|g| g.is_empty()) {
+                    self.reporter.report(&Notice::NotReleasing);
+                } else {
+                    self.release(outcome, exit_code);
+                }
+            }
+            Action::Exit(code) => {
+                if let Some(k) = self.keeper.take() {
+                    k.finish(Duration::from_secs(1));
+                }
+                if let Some(s) = &self.state {
+                    s.remove();
+                }
+                return Some(code);
+            }
+        }
+        None
+    }
+
+    /// `WATCHDOG=1` every half watchdog interval, from the loop itself.
+    fn feed_watchdog(&mut self) {
+        let (Some(t), Some(w)) = (self.next_watchdog, self.notifier.watchdog_interval()) else {
+            return;
+        };
+        if Instant::now() >= t {
+            self.notifier.watchdog();
+            self.next_watchdog = Some(Instant::now() + w);
         }
     }
 
@@ -131,6 +250,7 @@ impl Supervisor {
             lease_id: self.grant.lease_id.clone(),
             token: self.grant.token,
             state: view,
+            outcome: self.outcome.map(|o| o.as_str().to_string()),
             deadline_boot_ms: self.machine.deadline().since_boot().as_millis() as u64,
             boot_id: self.boot_id.clone(),
             agent_pid: std::process::id(),
@@ -140,26 +260,16 @@ impl Supervisor {
         }
     }
 
-    fn release(&mut self, outcome: crate::lease::Outcome, exit_code: Option<i32>) {
+    fn release(&mut self, outcome: Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
-        let timeout = self.release_timeout;
-        match self.authority.release(&lease, outcome, exit_code, timeout) {
-            Ok(()) => log::info!(
-                "released task {} token {} ({})",
-                lease.task,
-                lease.token,
-                outcome.as_str()
-            ),
-            Err(RenewError::Refused { reason, .. }) => log::info!(
-                "release of task {} token {}: the authority had already dropped the lease ({reason})",
-                lease.task,
-                lease.token
-            ),
-            Err(RenewError::Transient(e)) => log::warn!(
-                "release of task {} token {} failed ({e}); the lease will expire by itself",
-                lease.task,
-                lease.token
-            ),
-        }
+        let timeout = release_timeout(self.grant.ttl);
+        let notice = match self.authority.release(&lease, outcome, exit_code, timeout) {
+            Ok(()) => Notice::Released { outcome },
+            Err(RenewError::Refused { reason, .. }) => Notice::ReleaseRefused { reason },
+            Err(RenewError::Transient(e)) => Notice::ReleaseFailed {
+                error: e.to_string(),
+            },
+        };
+        self.reporter.report(&notice);
     }
 }

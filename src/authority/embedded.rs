@@ -5,10 +5,11 @@
 //! again only after a failed open); [`Authority::clone_box`] gives a handle
 //! with its own connection, so the renewal thread never shares one with the
 //! main thread. Cross-process exclusion and durability are the engine's
-//! (see `engine::shared`): one `BEGIN IMMEDIATE` transaction per call, with
-//! SQLite's busy timeout set to the call's timeout, so every call returns
-//! within its timeout and a busy or broken database is a transient failure,
-//! never a grant or a renewal.
+//! (see `engine::file`): one immediate transaction per call, the write lock
+//! taken in turns with other processes and waited for until the call's
+//! timeout, so every call returns within its timeout and a busy or broken
+//! database is a transient failure, never a grant or a renewal. There are no
+//! principals here: every lease is owned by `""`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -70,6 +71,7 @@ impl Authority for EmbeddedAuthority {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let spec = AcquireSpec {
             task: req.task.clone(),
+            principal: String::new(),
             holder: req.holder.clone(),
             ttl_ms: ms(req.ttl),
             policy: req.on_expiry,
@@ -78,17 +80,18 @@ impl Authority for EmbeddedAuthority {
             } else {
                 0
             },
+            max_leases: None,
         };
         // A malformed request is rejected without touching the database.
         crate::engine::validate_acquire(&spec)
             .map_err(|e| AcquireError::Rejected(e.to_string()))?;
         let engine = self.engine(timeout).map_err(AcquireError::Transient)?;
         match engine.acquire(&spec, timeout) {
-            Ok((lease_id, token, ttl_ms)) => Ok(Grant {
-                lease_id,
+            Ok(g) => Ok(Grant {
+                lease_id: g.lease_id,
                 task: req.task.clone(),
-                token,
-                ttl: Duration::from_millis(ttl_ms),
+                token: g.token,
+                ttl: Duration::from_millis(g.ttl_ms),
             }),
             Err(EngineError::Held {
                 holder,
@@ -108,7 +111,7 @@ impl Authority for EmbeddedAuthority {
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let engine = self.engine(timeout).map_err(RenewError::Transient)?;
         engine
-            .renew(&lease.lease_id, lease.token, timeout)
+            .renew(&lease.lease_id, lease.token, "", timeout)
             .map(|ttl| Renewed {
                 ttl: Duration::from_millis(ttl),
             })
@@ -124,7 +127,7 @@ impl Authority for EmbeddedAuthority {
     ) -> Result<(), RenewError> {
         let engine = self.engine(timeout).map_err(RenewError::Transient)?;
         engine
-            .release(&lease.lease_id, lease.token, timeout)
+            .release(&lease.lease_id, lease.token, "", timeout)
             .map_err(renew_error)
     }
 
@@ -171,10 +174,8 @@ mod tests {
         let t = Duration::from_secs(5);
         let g = a.acquire(&req("x"), t).unwrap();
         let mut b = a.clone_box();
-        assert!(matches!(
-            b.acquire(&req("x"), t),
-            Err(AcquireError::Held { .. })
-        ));
+        let e = b.acquire(&req("x"), t);
+        assert!(matches!(e, Err(AcquireError::Held { .. })), "{e:?}");
         b.renew(&g.lease_ref(), t).unwrap();
         a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), t)
             .unwrap();

@@ -173,6 +173,7 @@ mod tests {
             deadline_boot_ms: (now + left).since_boot().as_millis() as u64,
             boot_id: "b".into(),
             agent_pid: 1,
+            outcome: None,
         }
     }
 

@@ -108,6 +108,16 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             "Wait up to DUR (forever without DUR) while another holder has the task",
         )
         .optional_value(),
+        Flag::value(
+            "clock-drift",
+            "PPM",
+            "Clock-rate difference budgeted between this host and the authority:\nthe deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
+        )
+        .default_value("1000"),
+        Flag::switch(
+            "remap-exit",
+            "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
+        ),
     ],
     }, TRUST],
     positionals: &[],

@@ -110,6 +110,8 @@ fn raw_run(m: &mut Matches) -> Result<RawRun, UsageError> {
         on_expiry: m.get("on-expiry", text)?,
         expiry_grace: m.parse("expiry-grace", dur)?,
         wait: m.parse_optional("wait", dur)?,
+        clock_drift_ppm: m.parse("clock-drift", ppm)?,
+        remap_exit: m.switch("remap-exit"),
         command: m.take_trailing(),
         trust: trust(m),
     })
@@ -126,6 +128,12 @@ fn trust(m: &Matches) -> crate::authority::trust::TrustFiles {
         etcd_user: m.os("etcd-user").map(|u| u.to_string_lossy().into_owned()),
         etcd_password_file: path("etcd-password-file"),
     }
+}
+
+/// `--clock-drift`: a whole number of parts per million.
+fn ppm(s: &str) -> Result<u32, String> {
+    s.parse()
+        .map_err(|_| format!("`{s}` is not a whole number of parts per million"))
 }
 
 fn serve(m: &mut Matches) -> Result<Command, UsageError> {

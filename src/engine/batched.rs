@@ -21,9 +21,19 @@
 //!   never early.
 //! - On start, every lease on record expires `ttl` after now (the protocol's
 //!   Restart rule): a live holder renews in time and keeps it, a dead one is
-//!   found within one ttl.
+//!   found within one ttl. A lease seen expired under policy hold is written
+//!   as `held` (without waiting) when first seen — by a request, a listing,
+//!   or the sweeper thread that walks the rows a slice at a time — so it
+//!   stays `held_for_operator` across a restart.
+//! - Tokens come from one global sequence (in memory, written with every
+//!   batch of grants), so a released task's row is dropped from memory and
+//!   deleted on disk (compaction) and its next token is still higher.
+//! - Bounded: the listing is built a page at a time, copying only that page
+//!   under the lock; live leases are counted per principal and in total, and
+//!   an acquire over a cap is refused ([`EngineError::TooManyLeases`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,18 +41,23 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use rusqlite::Connection;
+use rusqlite::{Connection, TransactionBehavior};
 
 use crate::lease::{LeaseInfo, RefusalReason};
 
-use super::rules::{AcquireSpec, Phase, TaskRow, lease_id, parse_lease_id};
-use super::store::{self, Expiry};
-use super::{EngineError, now_ms, validate_acquire};
+use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
+use super::store::{self, Context, Expiry, StoreError};
+use super::{CapScope, EngineError, Granted, MAX_PAGE, Page, now_ms, validate_acquire};
 
 /// How long a request waits for its commit before answering 503.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
 /// Most changes committed in one transaction.
 const MAX_BATCH: usize = 4096;
+/// At most this many rows are looked at per listed lease (plus a little):
+/// a page over many expired rows ends early rather than hold the lock.
+const SCAN_PER_LEASE: usize = 4;
+/// How often a full pass may drop expired leases when a cap is reached.
+const RECLAIM_EVERY_MS: u64 = 1000;
 
 /// Event counters, read by `/metrics`.
 #[derive(Default)]
@@ -82,46 +97,142 @@ pub struct StateCounts {
     pub held_for_operator: u64,
 }
 
+/// Limits set when the engine starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// Most live leases (active, grace, held) overall; `None`: no limit.
+    pub max_live_leases: Option<u64>,
+}
+
 struct MemRow {
     row: TaskRow,
     /// The current lease's expiry has been counted.
     expiry_counted: bool,
 }
 
+type Ack = Sender<Result<(), Arc<StoreError>>>;
+
 enum Job {
-    Write(TaskRow, Option<Sender<Result<(), String>>>),
+    Write(TaskRow, Option<Ack>),
     Stop,
+}
+
+/// Everything under the engine's one lock.
+struct State {
+    rows: BTreeMap<String, MemRow>,
+    /// The last token issued (the global sequence; on disk with its grant).
+    last_issued: u64,
+    /// Rows holding a lease (in any phase, until reclaimed), by principal.
+    occupied: HashMap<String, u64>,
+    /// The same, in total.
+    total: u64,
+    /// When expired leases were last reclaimed (boot-clock ms).
+    last_reclaim_ms: Option<u64>,
+}
+
+impl State {
+    fn count(&mut self, principal: Option<String>, up: bool) {
+        let Some(p) = principal else { return };
+        if up {
+            self.total += 1;
+            *self.occupied.entry(p).or_insert(0) += 1;
+        } else {
+            self.total = self.total.saturating_sub(1);
+            if let Some(n) = self.occupied.get_mut(&p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.occupied.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// Applies `f` to the task's row keeping the counts right, and drops the
+    /// row from memory when it holds nothing (compaction; the caller queues
+    /// the write that deletes it on disk).
+    fn change<T>(&mut self, task: &str, f: impl FnOnce(&mut MemRow) -> T) -> Option<T> {
+        let m = self.rows.get_mut(task)?;
+        let before = occupant(&m.row);
+        let out = f(m);
+        let after = occupant(&m.row);
+        let empty = m.row.lease.is_none() && m.row.ended.is_none();
+        if before != after {
+            self.count(before, false);
+            self.count(after, true);
+        }
+        if empty {
+            self.rows.remove(task);
+        }
+        Some(out)
+    }
+}
+
+fn occupant(row: &TaskRow) -> Option<String> {
+    row.lease.as_ref().map(|l| l.principal.clone())
 }
 
 /// The serve engine (shared by all request threads).
 pub struct ServeEngine {
-    tasks: Mutex<HashMap<String, MemRow>>,
+    state: Arc<Mutex<State>>,
     jobs: Sender<Job>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    sweeper: Mutex<Option<JoinHandle<()>>>,
+    stop_sweeping: Arc<AtomicBool>,
     failed: Arc<AtomicBool>,
-    instance: String,
+    limits: Limits,
     pub counters: Arc<Counters>,
 }
 
 impl ServeEngine {
-    /// Opens the database, loads every record (each lease expiring one ttl
-    /// from now) and starts the writer.
+    /// Opens the database with no limits (see [`ServeEngine::open_with`]).
     pub fn open(path: &Path) -> Result<Self, EngineError> {
-        let (conn, instance) = store::open(path, Duration::from_secs(5))?;
+        Self::open_with(path, Limits::default())
+    }
+
+    /// Opens the database, loads every record (each lease expiring one ttl
+    /// from now; a held one stays held) and starts the writer and the sweeper.
+    pub fn open_with(path: &Path, limits: Limits) -> Result<Self, EngineError> {
+        Self::open_inner(path, limits, FORGET_AFTER_MS)
+    }
+
+    /// [`ServeEngine::open_with`], forgetting expired free leases
+    /// `forget_after_ms` after they became free.
+    fn open_inner(path: &Path, limits: Limits, forget_after_ms: u64) -> Result<Self, EngineError> {
+        let mut conn = store::connect(path)?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .ctx("setting the busy timeout")?;
+        store::set_modes(&conn, path)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .ctx("taking the write lock")?;
+        store::ensure_schema(&tx)?;
+        tx.commit().ctx("committing the schema")?;
         let now = now_ms();
-        let rows = store::load_all(&conn, Expiry::RestartAt(now))?;
-        let tasks = rows
-            .into_iter()
-            .map(|row| {
-                (
-                    row.task.clone(),
-                    MemRow {
-                        row,
-                        expiry_counted: false,
-                    },
-                )
-            })
-            .collect();
+        let last_issued = store::last_issued(&conn)?;
+        let mut state = State {
+            rows: BTreeMap::new(),
+            last_issued,
+            occupied: HashMap::new(),
+            total: 0,
+            last_reclaim_ms: None,
+        };
+        for row in store::load_all(&conn, Expiry::RestartAt(now))? {
+            if row.last_token > last_issued {
+                return Err(EngineError::SequenceBehind {
+                    task: row.task,
+                    next: last_issued,
+                    last: row.last_token,
+                });
+            }
+            state.count(occupant(&row), true);
+            state.rows.insert(
+                row.task.clone(),
+                MemRow {
+                    row,
+                    expiry_counted: false,
+                },
+            );
+        }
         let (tx, rx) = crossbeam_channel::unbounded();
         let failed = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
@@ -129,13 +240,29 @@ impl ServeEngine {
         let writer = std::thread::Builder::new()
             .name("lease-writer".into())
             .spawn(move || writer_loop(conn, rx, f2, c2))
-            .map_err(|e| EngineError::Storage(format!("starting the writer: {e}")))?;
+            .map_err(|_| EngineError::Unavailable("cannot start the lease writer thread"))?;
+        let state = Arc::new(Mutex::new(state));
+        let stop_sweeping = Arc::new(AtomicBool::new(false));
+        let sweep = Sweep {
+            state: state.clone(),
+            jobs: tx.clone(),
+            failed: failed.clone(),
+            counters: counters.clone(),
+            stop: stop_sweeping.clone(),
+            forget_after_ms,
+        };
+        let sweeper = std::thread::Builder::new()
+            .name("lease-sweeper".into())
+            .spawn(move || sweep.run())
+            .map_err(|_| EngineError::Unavailable("cannot start the lease sweeper thread"))?;
         Ok(ServeEngine {
-            tasks: Mutex::new(tasks),
+            state,
             jobs: tx,
             writer: Mutex::new(Some(writer)),
+            sweeper: Mutex::new(Some(sweeper)),
+            stop_sweeping,
             failed,
-            instance,
+            limits,
             counters,
         })
     }
@@ -145,155 +272,260 @@ impl ServeEngine {
         !self.failed.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, MemRow>> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave a half-applied change:
         // every change is one assignment of a row computed before it.
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn check_healthy(&self) -> Result<(), EngineError> {
         if self.healthy() {
             Ok(())
         } else {
-            Err(EngineError::Storage(
-                "the lease database failed a commit; restart the server".into(),
+            Err(EngineError::Unavailable(
+                "the lease database failed a commit; restart the server",
             ))
         }
     }
 
-    fn count_expiry(&self, m: &mut MemRow, now: u64) {
-        if let Some(l) = &m.row.lease {
-            if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
-                m.expiry_counted = true;
-                self.counters.expiries.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+    /// Counts a newly seen expiry and records a hold; call on every row
+    /// touched.
+    fn observe(&self, m: &mut MemRow, now: u64) {
+        observe(m, now, &self.jobs, &self.failed, &self.counters);
     }
 
     /// Queues a durable write of `row`; the receiver yields once it is committed.
-    fn queue(&self, row: &TaskRow, wait: bool) -> Option<Receiver<Result<(), String>>> {
-        let (ack, rx) = if wait {
-            let (t, r) = crossbeam_channel::bounded(1);
-            (Some(t), Some(r))
-        } else {
-            (None, None)
-        };
-        if self.jobs.send(Job::Write(row.clone(), ack)).is_err() {
-            self.failed.store(true, Ordering::Relaxed);
-        }
-        rx
+    fn queue(&self, row: &TaskRow, wait: bool) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
+        queue(&self.jobs, &self.failed, row, wait)
     }
 
-    fn wait(&self, rx: Option<Receiver<Result<(), String>>>) -> Result<(), EngineError> {
+    fn wait(&self, rx: Option<Receiver<Result<(), Arc<StoreError>>>>) -> Result<(), EngineError> {
         let Some(rx) = rx else { return Ok(()) };
         match rx.recv_timeout(COMMIT_WAIT) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(EngineError::Storage(e)),
+            Ok(Err(e)) => Err(EngineError::Commit(e)),
             Err(_) => {
                 self.failed.store(true, Ordering::Relaxed);
-                Err(EngineError::Storage(
-                    "the lease database did not commit in time".into(),
+                Err(EngineError::Unavailable(
+                    "the lease database did not commit in time",
                 ))
             }
         }
     }
 
-    /// Grants the task if free; answers only once the grant is on disk.
-    pub fn acquire(&self, spec: &AcquireSpec) -> Result<(String, u64, u64), EngineError> {
-        validate_acquire(spec)?;
-        let now = now_ms();
-        let (token, rx) = {
-            let mut map = self.lock();
-            self.check_healthy()?;
-            let m = map.entry(spec.task.clone()).or_insert_with(|| MemRow {
-                row: TaskRow::new(&spec.task),
-                expiry_counted: false,
+    /// Drops leases that expired and are free (they still count against
+    /// the caps until then), writing the compaction without waiting. A full
+    /// pass, so at most once per [`RECLAIM_EVERY_MS`].
+    fn reclaim(&self, st: &mut State, now: u64) {
+        if st
+            .last_reclaim_ms
+            .is_some_and(|t| now.saturating_sub(t) < RECLAIM_EVERY_MS)
+        {
+            return;
+        }
+        st.last_reclaim_ms = Some(now);
+        let free: Vec<String> = st
+            .rows
+            .iter()
+            .filter(|(_, m)| {
+                m.row
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.phase(now) == Phase::Free)
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task in free {
+            let row = st.change(&task, |m| {
+                m.row.lease = None;
+                m.row.clone()
             });
-            self.count_expiry(m, now);
-            let token = match m.row.acquire(spec, now, &self.instance) {
-                Ok(t) => t,
-                Err(e) => {
-                    match e {
-                        EngineError::Held { .. } => &self.counters.acquire_held,
-                        _ => &self.counters.acquire_held_for_operator,
-                    }
-                    .fetch_add(1, Ordering::Relaxed);
-                    return Err(e);
-                }
-            };
-            m.expiry_counted = false;
-            (token, self.queue(&m.row, true))
-        };
-        self.wait(rx)?;
-        self.counters.grants.fetch_add(1, Ordering::Relaxed);
-        Ok((
-            lease_id(&self.instance, token, &spec.task),
-            token,
-            spec.ttl_ms,
-        ))
-    }
-
-    fn task_of<'a>(&self, id: &'a str, token: u64) -> Result<&'a str, EngineError> {
-        match parse_lease_id(id) {
-            Some((inst, t, task)) if inst == self.instance && t == token => Ok(task),
-            _ => {
-                self.counters.refusal(RefusalReason::UnknownLease);
-                Err(EngineError::Refused(RefusalReason::UnknownLease))
+            if let Some(row) = row {
+                self.queue(&row, false);
             }
         }
     }
 
-    /// Renews in memory only.
-    pub fn renew(&self, id: &str, token: u64) -> Result<u64, EngineError> {
+    /// The cap this acquire would exceed, if any (`replacing`: the row's
+    /// current lease, free now, that the grant replaces).
+    fn over_cap(
+        &self,
+        st: &State,
+        spec: &AcquireSpec,
+        replacing: Option<&str>,
+    ) -> Option<EngineError> {
+        if let Some(limit) = self.limits.max_live_leases {
+            let total = st.total - u64::from(replacing.is_some());
+            if total >= limit {
+                return Some(EngineError::TooManyLeases {
+                    scope: CapScope::Global,
+                    limit,
+                });
+            }
+        }
+        if let Some(limit) = spec.max_leases {
+            let mine = st.occupied.get(&spec.principal).copied().unwrap_or(0)
+                - u64::from(replacing == Some(spec.principal.as_str()));
+            if mine >= limit {
+                return Some(EngineError::TooManyLeases {
+                    scope: CapScope::Principal,
+                    limit,
+                });
+            }
+        }
+        None
+    }
+
+    /// Checks the caps for a grant of `spec.task` (reclaiming expired
+    /// leases once if a cap is reached).
+    fn check_caps(&self, st: &mut State, spec: &AcquireSpec, now: u64) -> Result<(), EngineError> {
+        if self.limits.max_live_leases.is_none() && spec.max_leases.is_none() {
+            return Ok(());
+        }
+        let replacing = |st: &State| {
+            st.rows
+                .get(&spec.task)
+                .and_then(|m| m.row.lease.as_ref())
+                .filter(|l| l.phase(now) == Phase::Free)
+                .map(|l| l.principal.clone())
+        };
+        let r = replacing(st);
+        if self.over_cap(st, spec, r.as_deref()).is_none() {
+            return Ok(());
+        }
+        self.reclaim(st, now);
+        let r = replacing(st);
+        match self.over_cap(st, spec, r.as_deref()) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Grants the task if free; answers only once the grant is on disk.
+    pub fn acquire(&self, spec: &AcquireSpec) -> Result<Granted, EngineError> {
+        validate_acquire(spec)?;
         let now = now_ms();
-        let task = self.task_of(id, token)?;
-        let mut map = self.lock();
-        let res = match map.get_mut(task) {
-            None => Err(RefusalReason::UnknownLease),
-            Some(m) => {
-                self.count_expiry(m, now);
-                m.row.renew(token, now)
+        let key = new_key().map_err(StoreError::Random)?;
+        let (token, rx) = {
+            let mut st = self.lock();
+            self.check_healthy()?;
+            let st = &mut *st;
+            if let Some(m) = st.rows.get_mut(&spec.task) {
+                self.observe(m, now);
+            }
+            let grantable = st
+                .rows
+                .get(&spec.task)
+                .and_then(|m| m.row.lease.as_ref())
+                .is_none_or(|l| l.phase(now) == Phase::Free);
+            if grantable {
+                self.check_caps(st, spec, now)?;
+            }
+            let token = st
+                .last_issued
+                .checked_add(1)
+                .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
+            st.rows.entry(spec.task.clone()).or_insert_with(|| MemRow {
+                row: TaskRow::new(&spec.task),
+                expiry_counted: false,
+            });
+            let res = st.change(&spec.task, |m| {
+                m.row
+                    .acquire(
+                        spec,
+                        now,
+                        NewLease {
+                            token,
+                            key: key.clone(),
+                        },
+                    )
+                    .map(|()| {
+                        m.expiry_counted = false;
+                        self.queue(&m.row, true)
+                    })
+            });
+            match res {
+                Some(Ok(rx)) => {
+                    st.last_issued = token;
+                    (token, rx)
+                }
+                Some(Err(e)) => {
+                    match e {
+                        EngineError::Held { .. } => Some(&self.counters.acquire_held),
+                        EngineError::HeldForOperator { .. } => {
+                            Some(&self.counters.acquire_held_for_operator)
+                        }
+                        _ => None,
+                    }
+                    .map(|c| c.fetch_add(1, Ordering::Relaxed));
+                    return Err(e);
+                }
+                None => return Err(EngineError::Unavailable("task row vanished")),
             }
         };
-        drop(map);
+        self.wait(rx)?;
+        self.counters.grants.fetch_add(1, Ordering::Relaxed);
+        Ok(Granted {
+            lease_id: lease_id(&key, &spec.task),
+            token,
+            ttl_ms: spec.ttl_ms,
+        })
+    }
+
+    fn refused(&self, e: EngineError) -> EngineError {
+        if let EngineError::Refused(r) = e {
+            self.counters.refusal(r);
+        }
+        e
+    }
+
+    /// Renews in memory only, for the lease's owner `principal`.
+    pub fn renew(&self, id: &str, token: u64, principal: &str) -> Result<u64, EngineError> {
+        let now = now_ms();
+        let (key, task) = task_of(id).map_err(|e| self.refused(e))?;
+        let mut st = self.lock();
+        let res = match st.rows.get_mut(task) {
+            None => Err(EngineError::Refused(RefusalReason::UnknownLease)),
+            Some(m) => {
+                self.observe(m, now);
+                m.row.renew(key, token, principal, now)
+            }
+        };
+        drop(st);
         match res {
             Ok(ttl) => {
                 self.counters.renewals.fetch_add(1, Ordering::Relaxed);
                 Ok(ttl)
             }
-            Err(r) => {
-                self.counters.refusal(r);
-                Err(EngineError::Refused(r))
-            }
+            Err(e) => Err(self.refused(e)),
         }
     }
 
-    /// Releases; written to disk without waiting (see the module docs).
-    pub fn release(&self, id: &str, token: u64) -> Result<(), EngineError> {
+    /// Releases for the owner; written to disk without waiting (see the
+    /// module docs). The row is compacted when nothing is left in it.
+    pub fn release(&self, id: &str, token: u64, principal: &str) -> Result<(), EngineError> {
         let now = now_ms();
-        let task = self.task_of(id, token)?;
-        let mut map = self.lock();
-        let res = match map.get_mut(task) {
-            None => Err(RefusalReason::UnknownLease),
-            Some(m) => {
-                self.count_expiry(m, now);
-                let r = m.row.release(token, now);
+        let (key, task) = task_of(id).map_err(|e| self.refused(e))?;
+        let mut st = self.lock();
+        if let Some(m) = st.rows.get_mut(task) {
+            self.observe(m, now);
+        }
+        let res = st
+            .change(task, |m| {
+                let r = m.row.release(key, token, principal, now);
                 if r.is_ok() {
                     self.queue(&m.row, false);
                 }
                 r
-            }
-        };
-        drop(map);
+            })
+            .unwrap_or(Err(EngineError::Refused(RefusalReason::UnknownLease)));
+        drop(st);
         match res {
             Ok(()) => {
                 self.counters.releases.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(r) => {
-                self.counters.refusal(r);
-                Err(EngineError::Refused(r))
-            }
+            Err(e) => Err(self.refused(e)),
         }
     }
 
@@ -305,14 +537,16 @@ impl ServeEngine {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
         let (token, rx) = {
-            let mut map = self.lock();
+            let mut st = self.lock();
             self.check_healthy()?;
-            let Some(m) = map.get_mut(task) else {
+            let Some(m) = st.rows.get_mut(task) else {
                 return Err(EngineError::NotFound(format!("task `{task}` has no lease")));
             };
-            self.count_expiry(m, now);
-            let token = f(&mut m.row, now)?;
-            (token, self.queue(&m.row, true))
+            self.observe(m, now);
+            st.change(task, |m| {
+                f(&mut m.row, now).map(|token| (token, self.queue(&m.row, true)))
+            })
+            .unwrap_or_else(|| Err(EngineError::NotFound(format!("task `{task}` has no lease"))))?
         };
         self.wait(rx)?;
         Ok(token)
@@ -328,29 +562,63 @@ impl ServeEngine {
         self.operator(task, |row, now| row.clear(now))
     }
 
-    /// Every lease that matters (active, grace, held), sorted by task.
-    pub fn leases(&self) -> Vec<LeaseInfo> {
+    /// Up to `limit` (at most [`MAX_PAGE`]) leases that matter after task
+    /// `after`, in task order. Only the page is copied under the lock, and
+    /// the scan stops after a few rows per lease, so a listing never holds
+    /// up renewals for long; `next_after` says where to go on.
+    pub fn leases_page(&self, after: Option<&str>, limit: usize) -> Page {
+        let limit = limit.clamp(1, MAX_PAGE);
+        let budget = limit.saturating_mul(SCAN_PER_LEASE).saturating_add(64);
         let now = now_ms();
-        let mut map = self.lock();
-        let mut out: Vec<LeaseInfo> = map
-            .values_mut()
-            .filter_map(|m| {
-                self.count_expiry(m, now);
-                m.row.info(now, &self.instance)
-            })
-            .collect();
-        drop(map);
-        out.sort_by(|a, b| a.task.cmp(&b.task));
-        out
+        let mut page = Page::default();
+        let mut st = self.lock();
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        for (scanned, (task, m)) in st
+            .rows
+            .range_mut::<str, _>((lower, Bound::Unbounded))
+            .enumerate()
+        {
+            self.observe(m, now);
+            if let Some(info) = m.row.info(now) {
+                page.leases.push(info);
+            }
+            if page.leases.len() >= limit || scanned + 1 >= budget {
+                page.next_after = Some(task.clone());
+                break;
+            }
+        }
+        page
     }
 
-    /// Leases by state (also brings the expiry counter up to date).
+    /// Every lease that matters, sorted by task, a page at a time (the lock
+    /// is let go between pages).
+    pub fn leases(&self) -> Vec<LeaseInfo> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.leases_page(after.as_deref(), MAX_PAGE);
+            out.extend(page.leases);
+            match page.next_after {
+                Some(a) => after = Some(a),
+                None => return out,
+            }
+        }
+    }
+
+    /// Live leases (active, grace, held, and expired ones not yet
+    /// reclaimed) of `principal`, as counted for its cap.
+    #[cfg(test)]
+    pub fn live_leases_of(&self, principal: &str) -> u64 {
+        self.lock().occupied.get(principal).copied().unwrap_or(0)
+    }
+
+    /// Leases by state (also brings the expiry counter and holds up to date).
     pub fn state_counts(&self) -> StateCounts {
         let now = now_ms();
         let mut c = StateCounts::default();
-        let mut map = self.lock();
-        for m in map.values_mut() {
-            self.count_expiry(m, now);
+        let mut st = self.lock();
+        for m in st.rows.values_mut() {
+            self.observe(m, now);
             match m.row.lease.as_ref().map(|l| l.phase(now)) {
                 Some(Phase::Active { .. }) => c.active += 1,
                 Some(Phase::Grace { .. }) => c.grace += 1,
@@ -361,8 +629,17 @@ impl ServeEngine {
         c
     }
 
-    /// Commits whatever is queued and stops the writer.
+    /// Commits whatever is queued and stops the writer and the sweeper.
     pub fn shutdown(&self) {
+        self.stop_sweeping.store(true, Ordering::Relaxed);
+        let sweeper = self
+            .sweeper
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = sweeper {
+            let _ = h.join();
+        }
         let _ = self.jobs.send(Job::Stop);
         let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
@@ -371,23 +648,134 @@ impl ServeEngine {
     }
 }
 
-fn commit(conn: &Connection, rows: &[&TaskRow]) -> Result<(), store::StoreError> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let res = rows
-        .iter()
-        .try_for_each(|r| store::save(conn, r, None))
-        .and_then(|_| {
-            conn.execute_batch("COMMIT")
-                .map_err(store::StoreError::from)
-        });
-    if res.is_err() && !conn.is_autocommit() {
-        let _ = conn.execute_batch("ROLLBACK");
+impl Drop for ServeEngine {
+    fn drop(&mut self) {
+        self.stop_sweeping.store(true, Ordering::Relaxed);
     }
-    res
+}
+
+/// Counts a newly seen expiry of the row's lease and records a hold
+/// (queued without waiting).
+fn observe(m: &mut MemRow, now: u64, jobs: &Sender<Job>, failed: &AtomicBool, counters: &Counters) {
+    if let Some(l) = &m.row.lease {
+        if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
+            m.expiry_counted = true;
+            counters.expiries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if m.row.settle(now) {
+        queue(jobs, failed, &m.row, false);
+    }
+}
+
+/// Queues a durable write of `row`; the receiver yields once it is committed.
+fn queue(
+    jobs: &Sender<Job>,
+    failed: &AtomicBool,
+    row: &TaskRow,
+    wait: bool,
+) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
+    let (ack, rx) = if wait {
+        let (t, r) = crossbeam_channel::bounded(1);
+        (Some(t), Some(r))
+    } else {
+        (None, None)
+    };
+    if jobs.send(Job::Write(row.clone(), ack)).is_err() {
+        failed.store(true, Ordering::Relaxed);
+    }
+    rx
+}
+
+/// Walks the rows a slice at a time so that a lease expiring under policy
+/// hold is recorded as held soon after its expiry even if no request
+/// touches it (else a restart would bring it back live for one ttl), and
+/// the expiry counter is current. Each slice holds the lock for at most
+/// [`SWEEP_SLICE`] rows.
+struct Sweep {
+    state: Arc<Mutex<State>>,
+    jobs: Sender<Job>,
+    failed: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+    forget_after_ms: u64,
+}
+
+/// How long after it became free an expired lease is kept (so that a late
+/// renewal hears `expired`); then its row is compacted like a released one
+/// (a renewal after that hears `unknown_lease`: refused all the same). This
+/// bounds the state left by holders that died without releasing.
+const FORGET_AFTER_MS: u64 = 600_000;
+
+/// Rows looked at per slice of the sweep, and the pause between slices.
+const SWEEP_SLICE: usize = 1024;
+const SWEEP_PAUSE: Duration = Duration::from_millis(100);
+
+impl Sweep {
+    fn run(self) {
+        let mut cursor: Option<String> = None;
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(SWEEP_PAUSE);
+            cursor = self.slice(cursor.as_deref());
+        }
+    }
+
+    /// Sweeps up to [`SWEEP_SLICE`] rows after `after`; returns where to go on.
+    fn slice(&self, after: Option<&str>) -> Option<String> {
+        let now = now_ms();
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut last = None;
+        let mut forget = Vec::new();
+        for (i, (task, m)) in st
+            .rows
+            .range_mut::<str, _>((lower, Bound::Unbounded))
+            .enumerate()
+        {
+            observe(m, now, &self.jobs, &self.failed, &self.counters);
+            if m.row.lease.as_ref().is_some_and(|l| {
+                l.phase(now) == Phase::Free
+                    && now
+                        >= l.expires_ms
+                            .saturating_add(l.grace_ms)
+                            .saturating_add(self.forget_after_ms)
+            }) {
+                forget.push(task.clone());
+            }
+            if i + 1 >= SWEEP_SLICE {
+                last = Some(task.clone());
+                break;
+            }
+        }
+        for task in forget {
+            let row = st.change(&task, |m| {
+                m.row.lease = None;
+                m.row.clone()
+            });
+            if let Some(row) = row {
+                queue(&self.jobs, &self.failed, &row, false);
+            }
+        }
+        last
+    }
+}
+
+/// Commits `rows` and the token sequence in one immediate transaction.
+fn commit(conn: &mut Connection, rows: &[&TaskRow]) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .ctx("taking the write lock")?;
+    let mut top = 0;
+    for r in rows {
+        store::save(&tx, r, None)?;
+        top = top.max(r.last_token);
+    }
+    store::set_last_issued(&tx, top)?;
+    tx.commit().ctx("committing")
 }
 
 fn writer_loop(
-    conn: Connection,
+    mut conn: Connection,
     rx: Receiver<Job>,
     failed: Arc<AtomicBool>,
     counters: Arc<Counters>,
@@ -410,14 +798,12 @@ fn writer_loop(
                 Job::Stop => None,
             })
             .collect();
-        let res = if rows.is_empty() || failed.load(Ordering::Relaxed) {
-            if failed.load(Ordering::Relaxed) {
-                Err("the lease database failed an earlier commit".to_string())
-            } else {
-                Ok(())
-            }
+        let res: Result<(), Arc<StoreError>> = if failed.load(Ordering::Relaxed) {
+            Err(Arc::new(StoreError::Failed))
+        } else if rows.is_empty() {
+            Ok(())
         } else {
-            commit(&conn, &rows).map_err(|e| e.to_string())
+            commit(&mut conn, &rows).map_err(Arc::new)
         };
         match &res {
             Ok(()) => {
@@ -427,7 +813,7 @@ fn writer_loop(
                     .fetch_add(rows.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                log::error!("lease database commit failed: {e}");
+                log::error!("lease database commit failed: {}", super::chain(e.as_ref()));
                 failed.store(true, Ordering::Relaxed);
             }
         }
@@ -444,5 +830,235 @@ fn writer_loop(
         if stop {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::ExpiryPolicy;
+
+    fn spec(task: &str, principal: &str, ttl_ms: u64, policy: ExpiryPolicy) -> AcquireSpec {
+        AcquireSpec {
+            task: task.into(),
+            principal: principal.into(),
+            holder: "h".into(),
+            ttl_ms,
+            policy,
+            grace_ms: 0,
+            max_leases: None,
+        }
+    }
+
+    fn open(d: &tempfile::TempDir, limits: Limits) -> ServeEngine {
+        ServeEngine::open_with(&d.path().join("s.db"), limits).unwrap()
+    }
+
+    #[test]
+    fn the_sweep_forgets_a_dead_holders_lease_some_time_after_expiry() {
+        let d = tempfile::tempdir().unwrap();
+        let e = ServeEngine::open_inner(&d.path().join("s.db"), Limits::default(), 500).unwrap();
+        let g = e
+            .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        let start = std::time::Instant::now();
+        while e.state.lock().unwrap().rows.contains_key("dead") {
+            assert!(start.elapsed() < Duration::from_secs(20), "never forgotten");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(1400),
+            "not before expiry + 500 ms"
+        );
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, ""),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+        e.shutdown();
+        let c = Connection::open(d.path().join("s.db")).unwrap();
+        let rows: i64 = c
+            .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0, "compacted on disk too");
+        let e = open(&d, Limits::default());
+        let g2 = e
+            .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(g2.token > g.token);
+        e.shutdown();
+    }
+
+    #[test]
+    fn only_the_owner_renews_or_releases() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        let g = e
+            .acquire(&spec("t", "alice", 30_000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "bob"),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            e.release(&g.lease_id, g.token, ""),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert_eq!(e.leases()[0].principal, "alice");
+        e.renew(&g.lease_id, g.token, "alice").unwrap();
+        e.release(&g.lease_id, g.token, "alice").unwrap();
+        assert!(e.leases().is_empty());
+        e.shutdown();
+    }
+
+    #[test]
+    fn caps_per_principal_and_overall_and_expired_leases_are_reclaimed() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(
+            &d,
+            Limits {
+                max_live_leases: Some(3),
+            },
+        );
+        let capped = |task: &str, p: &str| {
+            let mut s = spec(task, p, 30_000, ExpiryPolicy::Redispatch);
+            s.max_leases = Some(2);
+            s
+        };
+        let a1 = e.acquire(&capped("a1", "a")).unwrap();
+        e.acquire(&capped("a2", "a")).unwrap();
+        assert!(matches!(
+            e.acquire(&capped("a3", "a")),
+            Err(EngineError::TooManyLeases {
+                scope: CapScope::Principal,
+                limit: 2
+            })
+        ));
+        e.acquire(&capped("b1", "b")).unwrap();
+        assert!(matches!(
+            e.acquire(&capped("b2", "b")),
+            Err(EngineError::TooManyLeases {
+                scope: CapScope::Global,
+                limit: 3
+            })
+        ));
+        assert_eq!(e.live_leases_of("a"), 2);
+        // A release frees a place at once.
+        e.release(&a1.lease_id, a1.token, "a").unwrap();
+        assert_eq!(e.live_leases_of("a"), 1);
+        e.acquire(&capped("b2", "b")).unwrap();
+        // An expired lease still counts until reclaimed, which a full cap does.
+        let d2 = tempfile::tempdir().unwrap();
+        let e2 = open(
+            &d2,
+            Limits {
+                max_live_leases: Some(1),
+            },
+        );
+        e2.acquire(&spec("x", "", 1000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            match e2.acquire(&spec("y", "", 1000, ExpiryPolicy::Redispatch)) {
+                Ok(_) => break,
+                Err(EngineError::TooManyLeases { .. }) => {
+                    assert!(start.elapsed() < Duration::from_secs(10));
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert!(start.elapsed() >= Duration::from_millis(900));
+        assert_eq!(e2.live_leases_of(""), 1);
+        e.shutdown();
+        e2.shutdown();
+    }
+
+    #[test]
+    fn pages_are_ordered_bounded_and_cover_everything_once() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        for i in 0..250 {
+            e.acquire(&spec(
+                &format!("t{i:03}"),
+                "",
+                30_000,
+                ExpiryPolicy::Redispatch,
+            ))
+            .unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let p = e.leases_page(after.as_deref(), 100);
+            assert!(p.leases.len() <= 100);
+            pages += 1;
+            seen.extend(p.leases.into_iter().map(|l| l.task));
+            match p.next_after {
+                Some(a) => after = Some(a),
+                None => break,
+            }
+        }
+        assert!((3..=4).contains(&pages), "{pages}");
+        let want: Vec<String> = (0..250).map(|i| format!("t{i:03}")).collect();
+        assert_eq!(seen, want);
+        assert_eq!(e.leases_page(Some("t100"), 1).leases[0].task, "t101");
+        e.shutdown();
+    }
+
+    #[test]
+    fn the_sweep_records_a_hold_that_no_request_looked_at() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        e.acquire(&spec("h", "", 1000, ExpiryPolicy::Hold)).unwrap();
+        let c = Connection::open(d.path().join("s.db")).unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            let held: i64 = c
+                .query_row("SELECT held FROM tasks WHERE task = 'h'", [], |r| r.get(0))
+                .unwrap();
+            if held == 1 {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "never recorded");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(900),
+            "not before expiry"
+        );
+        assert_eq!(e.counters.expiries.load(Ordering::Relaxed), 1);
+        e.shutdown();
+    }
+
+    #[test]
+    fn holds_tokens_and_compaction_survive_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(&d, Limits::default());
+        let held = e.acquire(&spec("h", "", 1000, ExpiryPolicy::Hold)).unwrap();
+        let mut last = held.token;
+        for _ in 0..5 {
+            let g = e
+                .acquire(&spec("r", "", 30_000, ExpiryPolicy::Redispatch))
+                .unwrap();
+            assert!(g.token > last);
+            last = g.token;
+            e.release(&g.lease_id, g.token, "").unwrap();
+        }
+        let start = std::time::Instant::now();
+        while e.state_counts().held_for_operator == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        e.shutdown();
+        let e = open(&d, Limits::default());
+        let c = e.state_counts();
+        assert_eq!((c.active, c.held_for_operator), (0, 1));
+        assert_eq!(e.leases().len(), 1, "the released task was compacted");
+        let g = e
+            .acquire(&spec("r", "", 30_000, ExpiryPolicy::Redispatch))
+            .unwrap();
+        assert!(g.token > last, "{} after {last}", g.token);
+        e.shutdown();
     }
 }

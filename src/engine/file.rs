@@ -1,12 +1,17 @@
 //! The engine over a SQLite file shared by every agent process on a host
 //! (the embedded default authority).
 //!
-//! Every call is one `BEGIN IMMEDIATE` transaction: read the task's row,
-//! apply the rule from [`super::rules`], write it back, commit (fsync'd, WAL
-//! with `synchronous=FULL`). SQLite's write lock serialises agents, so two
+//! Every call is one immediate transaction (`BEGIN IMMEDIATE`, through
+//! rusqlite's `Transaction`): read the task's row, apply the rule from
+//! [`super::rules`], write it back, commit (fsync'd, WAL with
+//! `synchronous=FULL`). SQLite's write lock serialises agents, so two
 //! processes racing for a free task cannot both see it free: exactly one
-//! grant. `busy_timeout` is set to the caller's timeout, so a call waits for
-//! the lock at most that long and then fails as transient.
+//! grant. Processes take turns at the write lock through [`super::gate`], so
+//! a peer that commits in a tight loop cannot starve the others (a turn is
+//! waited for at most half the time left, so a stopped peer holding the gate
+//! cannot stall the rest); every wait
+//! (gate, write lock, a busy answer retried) ends at the call's deadline, and
+//! then the call fails as transient.
 //!
 //! Expiry is a column: boot-clock milliseconds plus the boot id they were
 //! measured under (`CLOCK_BOOTTIME` is one clock for the whole host, and it
@@ -18,69 +23,134 @@
 //! both are the safe direction.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use crate::lease::{LeaseInfo, RefusalReason};
+use crate::lease::LeaseInfo;
 
-use super::rules::{AcquireSpec, TaskRow, lease_id, parse_lease_id};
-use super::store::{self, Expiry};
-use super::{EngineError, now_ms, validate_acquire};
-
-/// A granted lease: (lease id, token, ttl ms).
-pub type Granted = (String, u64, u64);
+use super::gate::{self, Gate, GateError, Turn};
+use super::rules::{AcquireSpec, NewLease, TaskRow, lease_id, new_key, task_of};
+use super::store::{self, Context, Expiry, StoreError};
+use super::{EngineError, Granted, Page, now_ms, validate_acquire};
 
 /// One process's handle on the shared database.
 pub struct SharedEngine {
     conn: Connection,
-    instance: String,
+    gate: Gate,
     boot_id: String,
 }
 
+/// Calls `f` again while it fails because the database was busy, until
+/// `deadline`.
+fn retrying<T>(
+    deadline: Instant,
+    mut f: impl FnMut() -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    loop {
+        match f() {
+            Err(e) if e.is_busy() && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn deadline_in(timeout: Duration) -> Instant {
+    Instant::now() + timeout.max(Duration::from_millis(1))
+}
+
+/// Takes a turn at the gate, waiting at most half the time left: a gate
+/// holder that is stopped (SIGSTOP, a debugger) must not stall everyone, so
+/// after that the write lock is polled without a turn.
+fn turn(gate: &Gate, deadline: Instant) -> Result<Option<Turn<'_>>, StoreError> {
+    let now = Instant::now();
+    let patience = now + deadline.saturating_duration_since(now) / 2;
+    match gate.enter(patience) {
+        Ok(t) => Ok(Some(t)),
+        Err(GateError::Timeout { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Begins an immediate transaction, taking turns with other processes.
+fn begin<'c>(
+    conn: &'c mut Connection,
+    gate: &Gate,
+    deadline: Instant,
+) -> Result<Transaction<'c>, StoreError> {
+    let _turn = turn(gate, deadline)?;
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .ctx("taking the write lock")
+}
+
 impl SharedEngine {
-    /// Opens (creating if needed) the database, waiting at most `busy` for
-    /// another process that is creating it.
-    pub fn open(path: &Path, busy: Duration) -> Result<Self, EngineError> {
-        let boot_id = crate::time::clock::boot_id()
-            .map_err(|e| EngineError::Storage(format!("reading the boot id: {e}")))?;
-        let (conn, instance) = store::open(path, busy)?;
+    /// Opens (creating if needed) the database, waiting at most `timeout`
+    /// for other processes that hold it.
+    pub fn open(path: &Path, timeout: Duration) -> Result<Self, EngineError> {
+        let deadline = deadline_in(timeout);
+        let boot_id = crate::time::clock::boot_id().map_err(StoreError::BootId)?;
+        let mut conn = store::connect(path)?;
+        conn.busy_handler(Some(gate::busy_handler))
+            .ctx("setting the busy handler")?;
+        let gate = Gate::open(path).map_err(StoreError::from)?;
+        gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                let _turn = turn(&gate, deadline)?;
+                store::set_modes(&conn, path)?;
+                if store::schema_current(&conn)? {
+                    return Ok(());
+                }
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .ctx("taking the write lock")?;
+                store::ensure_schema(&tx)?;
+                tx.commit().ctx("committing the schema")?;
+                Ok(())
+            })
+        })?;
         Ok(SharedEngine {
             conn,
-            instance,
+            gate,
             boot_id,
         })
     }
 
     /// Runs `f` on the task's row inside one immediate transaction; the row
-    /// is written back when `f` returns `Ok((_, true))`.
+    /// is written back when `f` returns `Ok((_, true))`, or when it had to
+    /// record a hold (whatever `f` answers).
     fn with_row<T>(
         &mut self,
         task: &str,
+        now: u64,
         timeout: Duration,
-        f: impl FnOnce(&mut TaskRow, &str) -> Result<(T, bool), EngineError>,
+        mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
-        self.conn
-            .busy_timeout(timeout.max(Duration::from_millis(1)))
-            .map_err(store::StoreError::from)?;
-        self.conn
-            .execute_batch("BEGIN IMMEDIATE")
-            .map_err(store::StoreError::from)?;
-        let res = (|| {
-            let mut row = store::load(&self.conn, task, Expiry::Boot(&self.boot_id))?;
-            let (out, write) = f(&mut row, &self.instance)?;
-            if write {
-                store::save(&self.conn, &row, Some(&self.boot_id))?;
-            }
-            self.conn
-                .execute_batch("COMMIT")
-                .map_err(store::StoreError::from)?;
-            Ok(out)
-        })();
-        if res.is_err() && !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
-        }
-        res
+        let deadline = deadline_in(timeout);
+        let SharedEngine {
+            conn,
+            gate,
+            boot_id,
+        } = self;
+        gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                let tx = begin(conn, gate, deadline)?;
+                let mut row = store::load(&tx, task, Expiry::Boot(boot_id))?;
+                let settled = row.settle(now);
+                let (out, write) = match f(&mut row, &tx) {
+                    Ok((out, write)) => (Ok(out), write),
+                    Err(e @ (EngineError::Storage(_) | EngineError::Commit(_))) => return Err(e),
+                    // The rules leave the row as it was when they refuse.
+                    Err(e) => (Err(e), false),
+                };
+                if write || settled {
+                    store::save(&tx, &row, Some(boot_id))?;
+                    tx.commit().ctx("committing")?;
+                }
+                out
+            })
+        })
     }
 
     pub fn acquire(
@@ -90,37 +160,57 @@ impl SharedEngine {
     ) -> Result<Granted, EngineError> {
         validate_acquire(spec)?;
         let now = now_ms();
-        self.with_row(&spec.task, timeout, |row, inst| {
-            let token = row.acquire(spec, now, inst)?;
+        let key = new_key().map_err(StoreError::Random)?;
+        self.with_row(&spec.task, now, timeout, |row, tx| {
+            let token = store::last_issued(tx)?
+                .checked_add(1)
+                .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
+            row.acquire(
+                spec,
+                now,
+                NewLease {
+                    token,
+                    key: key.clone(),
+                },
+            )?;
+            store::set_last_issued(tx, token)?;
             Ok((
-                (lease_id(inst, token, &spec.task), token, spec.ttl_ms),
+                Granted {
+                    lease_id: lease_id(&key, &spec.task),
+                    token,
+                    ttl_ms: spec.ttl_ms,
+                },
                 true,
             ))
         })
     }
 
-    /// The task a lease id names, if it is one of this database's.
-    fn task_of<'a>(&self, id: &'a str, token: u64) -> Result<&'a str, EngineError> {
-        match parse_lease_id(id) {
-            Some((inst, t, task)) if inst == self.instance && t == token => Ok(task),
-            _ => Err(EngineError::Refused(RefusalReason::UnknownLease)),
-        }
-    }
-
-    pub fn renew(&mut self, id: &str, token: u64, timeout: Duration) -> Result<u64, EngineError> {
+    /// Renews for `principal` (the embedded authority has none: `""`).
+    pub fn renew(
+        &mut self,
+        id: &str,
+        token: u64,
+        principal: &str,
+        timeout: Duration,
+    ) -> Result<u64, EngineError> {
         let now = now_ms();
-        let task = self.task_of(id, token)?;
-        self.with_row(task, timeout, |row, _| {
-            let ttl = row.renew(token, now).map_err(EngineError::Refused)?;
-            Ok((ttl, true))
+        let (key, task) = task_of(id)?;
+        self.with_row(task, now, timeout, |row, _| {
+            Ok((row.renew(key, token, principal, now)?, true))
         })
     }
 
-    pub fn release(&mut self, id: &str, token: u64, timeout: Duration) -> Result<(), EngineError> {
+    pub fn release(
+        &mut self,
+        id: &str,
+        token: u64,
+        principal: &str,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
         let now = now_ms();
-        let task = self.task_of(id, token)?;
-        self.with_row(task, timeout, |row, _| {
-            row.release(token, now).map_err(EngineError::Refused)?;
+        let (key, task) = task_of(id)?;
+        self.with_row(task, now, timeout, |row, _| {
+            row.release(key, token, principal, now)?;
             Ok(((), true))
         })
     }
@@ -133,26 +223,215 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, timeout, |row, _| Ok((row.revoke(force, now)?, true)))
+        self.with_row(task, now, timeout, |row, _| {
+            Ok((row.revoke(force, now)?, true))
+        })
     }
 
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, timeout, |row, _| Ok((row.clear(now)?, true)))
+        self.with_row(task, now, timeout, |row, _| Ok((row.clear(now)?, true)))
     }
 
-    pub fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, EngineError> {
-        self.conn
-            .busy_timeout(timeout.max(Duration::from_millis(1)))
-            .map_err(store::StoreError::from)?;
+    /// Up to `limit` rows' worth of leases after task `after`, in task
+    /// order. Reads need no write lock (WAL), so listing never holds up a
+    /// grant.
+    pub fn leases_page(
+        &mut self,
+        after: Option<&str>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Page, EngineError> {
+        let deadline = deadline_in(timeout);
+        let limit = limit.max(1);
         let now = now_ms();
-        let rows = store::load_all(&self.conn, Expiry::Boot(&self.boot_id))?;
-        let mut out: Vec<LeaseInfo> = rows
-            .iter()
-            .filter_map(|r| r.info(now, &self.instance))
-            .collect();
-        out.sort_by(|a, b| a.task.cmp(&b.task));
-        Ok(out)
+        let rows = gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                Ok(store::load_page(
+                    &self.conn,
+                    after,
+                    limit,
+                    Expiry::Boot(&self.boot_id),
+                )?)
+            })
+        })?;
+        let next_after = (rows.len() == limit)
+            .then(|| rows.last().map(|r| r.task.clone()))
+            .flatten();
+        Ok(Page {
+            leases: rows.iter().filter_map(|r| r.info(now)).collect(),
+            next_after,
+        })
+    }
+
+    /// Every lease that matters, in task order.
+    pub fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, EngineError> {
+        let deadline = deadline_in(timeout);
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let page = self.leases_page(after.as_deref(), 1000, left)?;
+            out.extend(page.leases);
+            match page.next_after {
+                Some(a) => after = Some(a),
+                None => return Ok(out),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::{ExpiryPolicy, RefusalReason};
+
+    const T: Duration = Duration::from_secs(5);
+
+    fn spec(task: &str, policy: ExpiryPolicy) -> AcquireSpec {
+        AcquireSpec {
+            task: task.into(),
+            principal: String::new(),
+            holder: "h".into(),
+            ttl_ms: 1000,
+            policy,
+            grace_ms: 0,
+            max_leases: None,
+        }
+    }
+
+    #[test]
+    fn released_rows_are_compacted_and_tokens_keep_rising() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut last = 0;
+        for i in 0..5 {
+            for task in ["a", "b"] {
+                let g = e.acquire(&spec(task, ExpiryPolicy::Redispatch), T).unwrap();
+                assert!(g.token > last, "round {i}: {} after {last}", g.token);
+                last = g.token;
+                e.release(&g.lease_id, g.token, "", T).unwrap();
+            }
+        }
+        // A task whose lease was revoked with force is compacted after its
+        // next lease is released (until then the old holder hears `revoked`).
+        let g = e.acquire(&spec("c", ExpiryPolicy::Redispatch), T).unwrap();
+        e.revoke("c", true, T).unwrap();
+        let g2 = e.acquire(&spec("c", ExpiryPolicy::Redispatch), T).unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "", T),
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        ));
+        e.release(&g2.lease_id, g2.token, "", T).unwrap();
+        last = g2.token;
+        let c = Connection::open(&db).unwrap();
+        let rows: i64 = c
+            .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0, "released rows are deleted");
+        assert_eq!(store::last_issued(&c).unwrap(), last);
+    }
+
+    #[test]
+    fn a_corrupt_row_fails_the_call_and_never_restarts_tokens() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let g = e.acquire(&spec("x", ExpiryPolicy::Redispatch), T).unwrap();
+        let c = Connection::open(&db).unwrap();
+        c.execute("UPDATE tasks SET last_token = -5, token = NULL", [])
+            .unwrap();
+        let err = e
+            .acquire(&spec("x", ExpiryPolicy::Redispatch), T)
+            .unwrap_err();
+        assert!(
+            matches!(err, EngineError::Storage(StoreError::Corrupt { .. })),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("last_token"), "{err}");
+        c.execute(
+            "UPDATE tasks SET last_token = 1, token = 1, policy = 'maybe'",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "", T),
+            Err(EngineError::Storage(StoreError::Corrupt { .. }))
+        ));
+        assert!(e.leases(T).is_err());
+        // A sequence behind a task's counter is refused, not reused.
+        c.execute(
+            "UPDATE tasks SET last_token = 50, token = NULL, policy = NULL",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            e.acquire(&spec("x", ExpiryPolicy::Redispatch), T),
+            Err(EngineError::SequenceBehind { .. })
+        ));
+    }
+
+    #[test]
+    fn another_principal_cannot_renew_or_release() {
+        let d = tempfile::tempdir().unwrap();
+        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let mut s = spec("o", ExpiryPolicy::Redispatch);
+        s.principal = "alice".into();
+        let g = e.acquire(&s, T).unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "bob", T),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            e.release(&g.lease_id, g.token, "", T),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert_eq!(e.leases(T).unwrap()[0].principal, "alice");
+        e.renew(&g.lease_id, g.token, "alice", T).unwrap();
+        e.release(&g.lease_id, g.token, "alice", T).unwrap();
+        assert!(matches!(
+            e.renew(&g.lease_id, g.token, "alice", T),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+    }
+
+    #[test]
+    fn a_stopped_peer_holding_the_gate_does_not_stall_a_call() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let peer = Gate::open(&db).unwrap();
+        let _stuck = peer.enter(Instant::now() + T).unwrap();
+        let start = Instant::now();
+        e.acquire(&spec("s", ExpiryPolicy::Redispatch), Duration::from_secs(2))
+            .unwrap();
+        let took = start.elapsed();
+        // It waited for its turn (half the time), then went without one.
+        assert!(took >= Duration::from_millis(900), "{took:?}");
+    }
+
+    #[test]
+    fn pages_cover_every_lease_once_in_order() {
+        let d = tempfile::tempdir().unwrap();
+        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        for i in 0..25 {
+            e.acquire(&spec(&format!("t{i:02}"), ExpiryPolicy::Redispatch), T)
+                .unwrap();
+        }
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let p = e.leases_page(after.as_deref(), 10, T).unwrap();
+            assert!(p.leases.len() <= 10);
+            seen.extend(p.leases.into_iter().map(|l| l.task));
+            match p.next_after {
+                Some(a) => after = Some(a),
+                None => break,
+            }
+        }
+        let want: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
+        assert_eq!(seen, want);
     }
 }

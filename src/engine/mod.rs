@@ -1,79 +1,141 @@
 //! The lease engine on SQLite, shared by `leaseagent serve` and the embedded
 //! default authority.
 //!
-//! One set of rules ([`core`]) over one schema ([`store`]), run two ways:
+//! One set of rules ([`rules`]) over one schema ([`store`]), run two ways:
 //!
 //! - [`batched::ServeEngine`] (behind `leaseagent serve`): every task's record
-//!   lives in memory; the database holds the token counter and who holds
+//!   lives in memory; the database holds the token sequence and who holds
 //!   what. Renewals only touch memory (expiry on the monotonic boot clock),
 //!   which is what makes them cheap. A grant goes to a single writer thread
 //!   that commits every pending grant in one transaction (WAL,
 //!   `synchronous=FULL`, so the commit is fsync'd) and only then answers
 //!   each of them: a grant is never answered before it is on disk, and under
 //!   load one fsync covers many grants. After a restart every lease on record
-//!   expires one ttl after the restart (the protocol's Restart rule).
+//!   expires one ttl after the restart (the protocol's Restart rule), except
+//!   one recorded as held for an operator.
 //! - [`file::SharedEngine`] (the embedded default): each agent process
-//!   opens the same file; every call is one `BEGIN IMMEDIATE` transaction,
-//!   so concurrent agents are serialised by SQLite's write lock and exactly
-//!   one of them gets a free task. The database is the only shared place, so
-//!   expiry is a column: `CLOCK_BOOTTIME` milliseconds plus the boot id they
-//!   are measured under; a different boot id means the lease has expired.
+//!   opens the same file; every call is one immediate transaction, so
+//!   concurrent agents are serialised by SQLite's write lock (taken in turns,
+//!   see [`gate`]) and exactly one of them gets a free task. The database is
+//!   the only shared place, so expiry is a column: `CLOCK_BOOTTIME`
+//!   milliseconds plus the boot id they are measured under; a different boot
+//!   id means the lease has expired.
 //!
 //! Invariants: tokens strictly increase per task and are never reused,
-//! whatever crashes, because the counter is committed in the same fsync'd
-//! transaction as the grant it belongs to, before the grant is answered.
+//! whatever crashes, because they come from one global sequence that is
+//! committed in the same fsync'd transaction as the grant it belongs to,
+//! before the grant is answered, and never decreases (so released rows can
+//! be deleted). Bad stored data is an error, never a default. A lease is
+//! renewed or released only by the principal that acquired it, with an id
+//! carrying 128 random bits.
 
 pub mod batched;
 pub mod file;
+pub mod gate;
 pub mod rules;
 pub mod store;
 
-use std::fmt;
+use std::error::Error;
+use std::sync::Arc;
 
 use crate::lease::{ExpiryPolicy, RefusalReason};
 
 pub use crate::lease::{MAX_GRACE_MS, MAX_TTL_MS, MIN_TTL_MS};
 
-/// Why an engine call did not succeed.
+/// A granted lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Granted {
+    pub lease_id: String,
+    pub token: u64,
+    pub ttl_ms: u64,
+}
+
+/// One page of the operator listing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Page {
+    /// Leases that matter (active, grace, held), in task order.
+    pub leases: Vec<crate::authority::LeaseInfo>,
+    /// Pass as `after` for the next page; `None` when this was the last.
+    pub next_after: Option<String>,
+}
+
+/// The most leases one page holds (a larger `limit` is cut to this).
+pub const MAX_PAGE: usize = 1000;
+
+/// Which limit on live leases an acquire ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapScope {
+    /// The acquiring principal's own `max_leases`: HTTP 429 (the client
+    /// should slow down; the agent treats it as transient).
+    Principal,
+    /// The authority's limit on live leases overall: HTTP 503 (the server
+    /// is full; transient for the agent too).
+    Global,
+}
+
+/// Why an engine call did not succeed.
+#[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// Another holder's lease is live or in its grace period.
+    #[error("held by {holder} (free in {retry_after_ms} ms)")]
     Held { holder: String, retry_after_ms: u64 },
     /// The previous lease expired under policy hold.
+    #[error(
+        "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
+    )]
     HeldForOperator { holder: String, lease_id: String },
     /// Renewal or release refused: the lease is gone for good.
+    #[error("lease refused: {0}")]
     Refused(RefusalReason),
+    /// Renewal or release of a lease that another principal acquired
+    /// (HTTP 403 `forbidden`; not a refusal of the lease).
+    #[error("the lease of task `{task}` belongs to another principal")]
+    NotOwner { task: String },
+    /// An acquire would exceed a limit on live leases (HTTP 429 for the
+    /// principal's own limit, 503 for the global one; see [`CapScope`]).
+    #[error("too many live leases: {} is {limit}", match scope {
+        CapScope::Principal => "this principal's limit",
+        CapScope::Global => "the authority's limit",
+    })]
+    TooManyLeases { scope: CapScope, limit: u64 },
     /// Operator call with nothing to act on.
+    #[error("{0}")]
     NotFound(String),
     /// The request is malformed (names the field).
+    #[error("{0}")]
     BadRequest(String),
-    /// The database failed or is busy; the answer is unknown, retry.
-    Storage(String),
+    /// The next token of the sequence is not above a task's last token: the
+    /// stored data is inconsistent, and granting could reuse a token.
+    #[error("token sequence at {next} is not above task `{task}`'s last token {last}")]
+    SequenceBehind { task: String, next: u64, last: u64 },
+    /// The database failed, is corrupt or is busy; the answer is unknown.
+    #[error("{}", chain(.0))]
+    Storage(#[from] store::StoreError),
+    /// A queued commit failed (serve's writer thread).
+    #[error("{}", chain(.0.as_ref()))]
+    Commit(Arc<store::StoreError>),
+    /// The engine cannot answer (names why); retry later.
+    #[error("{0}")]
+    Unavailable(&'static str),
 }
 
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::Held {
-                holder,
-                retry_after_ms,
-            } => write!(f, "held by {holder} (free in {retry_after_ms} ms)"),
-            EngineError::HeldForOperator { holder, lease_id } => write!(
-                f,
-                "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
-            ),
-            EngineError::Refused(r) => write!(f, "lease refused: {r}"),
-            EngineError::NotFound(m) | EngineError::BadRequest(m) | EngineError::Storage(m) => {
-                f.write_str(m)
-            }
-        }
+impl EngineError {
+    /// Another process held the database's write lock past the deadline.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, EngineError::Storage(e) if e.is_busy())
     }
 }
 
-impl From<store::StoreError> for EngineError {
-    fn from(e: store::StoreError) -> Self {
-        EngineError::Storage(e.to_string())
+/// An error and its causes on one line (`a: b: c`).
+pub fn chain(e: &dyn Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
     }
+    s
 }
 
 /// Checks a task name (the protocol's rule, [`crate::lease::check_task`]).

@@ -18,6 +18,12 @@ use super::EngineError;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub token: u64,
+    /// The random part of the lease id (see [`lease_id`]); empty for a lease
+    /// written by an older version, which then matches no id.
+    pub key: String,
+    /// Who acquired it: only this principal may renew or release it
+    /// (`""` when the authority has no principals).
+    pub principal: String,
     pub holder: String,
     pub ttl_ms: u64,
     pub policy: ExpiryPolicy,
@@ -27,13 +33,19 @@ pub struct Lease {
     /// Revoked by an operator: the next renewal is refused, and the task is
     /// free once `expires_ms` has passed (no grace, no hold).
     pub revoked: bool,
+    /// Seen expired under policy hold, and recorded so: held for an
+    /// operator whatever the clock says (survives a restart of serve, which
+    /// otherwise gives every lease on record a fresh ttl).
+    pub held: bool,
 }
 
 /// Everything the engine keeps about one task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRow {
     pub task: String,
-    /// The highest token ever issued for the task (0: none yet).
+    /// The highest token issued for the task since its row was last
+    /// compacted (0: none). Only tells `superseded` from `unknown_lease`:
+    /// new tokens come from the global sequence, which is above it.
     pub last_token: u64,
     pub lease: Option<Lease>,
     /// The last lease that ended early (forced revoke, cleared hold) and the
@@ -56,6 +68,9 @@ pub enum Phase {
 
 impl Lease {
     pub fn phase(&self, now_ms: u64) -> Phase {
+        if self.held {
+            return Phase::Held;
+        }
         if now_ms < self.expires_ms {
             return Phase::Active {
                 expires_ms: self.expires_ms,
@@ -83,26 +98,69 @@ impl Lease {
 #[derive(Clone, Debug)]
 pub struct AcquireSpec {
     pub task: String,
+    /// The principal acquiring (`""` without principals); it owns the lease.
+    pub principal: String,
     pub holder: String,
     pub ttl_ms: u64,
     pub policy: ExpiryPolicy,
     pub grace_ms: u64,
+    /// The principal's limit on live leases (serve's auth file, `max_leases`);
+    /// `None`: no limit of its own.
+    pub max_leases: Option<u64>,
 }
 
-/// The lease id names the authority instance, the token and the task, so a
-/// renewal can be routed to its task without an index and an id from another
-/// database (a deleted and recreated file) is never mistaken for a live one.
-pub fn lease_id(instance: &str, token: u64, task: &str) -> String {
-    format!("{instance}.{token}.{task}")
+/// Random bytes in a lease id's key: 128 bits, so no id can be guessed from
+/// another grant's.
+pub const KEY_BYTES: usize = 16;
+
+/// A fresh random lease key (32 lowercase hex digits) from the kernel's
+/// CSPRNG (`/dev/urandom`, opened once per process).
+pub fn new_key() -> std::io::Result<String> {
+    use std::io::Read;
+    static URANDOM: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    let file = match URANDOM.get() {
+        Some(f) => f,
+        None => {
+            let f = std::fs::File::open("/dev/urandom")?;
+            URANDOM.get_or_init(|| f)
+        }
+    };
+    let mut b = [0u8; KEY_BYTES];
+    (&*file).read_exact(&mut b)?;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    Ok(b.iter()
+        .flat_map(|x| [HEX[usize::from(x >> 4)], HEX[usize::from(x & 15)]])
+        .map(char::from)
+        .collect())
 }
 
-/// Splits a lease id into (instance, token, task).
-pub fn parse_lease_id(id: &str) -> Option<(&str, u64, &str)> {
-    let mut it = id.splitn(3, '.');
-    let inst = it.next()?;
-    let token = it.next()?.parse().ok()?;
-    let task = it.next()?;
-    Some((inst, token, task))
+/// The lease id: the random key, a dot, the task. The task lets a renewal
+/// be routed to its row without an index; the key is what must match.
+pub fn lease_id(key: &str, task: &str) -> String {
+    format!("{key}.{task}")
+}
+
+/// Splits a lease id into (key, task); `None` unless the key is 32 hex digits.
+pub fn parse_lease_id(id: &str) -> Option<(&str, &str)> {
+    let (key, task) = id.split_once('.')?;
+    (key.len() == 2 * KEY_BYTES
+        && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && !task.is_empty())
+    .then_some((key, task))
+}
+
+/// The (key, task) a lease id names; an id that cannot be one of ours is
+/// refused as `unknown_lease`.
+pub fn task_of(id: &str) -> Result<(&str, &str), EngineError> {
+    parse_lease_id(id).ok_or(EngineError::Refused(RefusalReason::UnknownLease))
+}
+
+/// A new lease's identity, chosen by the caller: the next token of the
+/// global sequence and a fresh random key.
+#[derive(Clone, Debug)]
+pub struct NewLease {
+    pub token: u64,
+    pub key: String,
 }
 
 impl TaskRow {
@@ -115,13 +173,27 @@ impl TaskRow {
         }
     }
 
-    /// Grants the task if it is free; returns the new token.
+    /// Records that the lease expired under policy hold (see
+    /// [`Lease::held`]); true when the row changed and should be stored.
+    pub fn settle(&mut self, now_ms: u64) -> bool {
+        match &mut self.lease {
+            Some(l) if !l.held && l.phase(now_ms) == Phase::Held => {
+                l.held = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Grants the task if it is free, as lease `new` (whose token must be
+    /// above every token this task ever had: the caller takes it from the
+    /// global sequence).
     pub fn acquire(
         &mut self,
         spec: &AcquireSpec,
         now_ms: u64,
-        instance: &str,
-    ) -> Result<u64, EngineError> {
+        new: NewLease,
+    ) -> Result<(), EngineError> {
         if let Some(l) = &self.lease {
             match l.phase(now_ms) {
                 Phase::Active { expires_ms } => {
@@ -139,27 +211,50 @@ impl TaskRow {
                 Phase::Held => {
                     return Err(EngineError::HeldForOperator {
                         holder: l.holder.clone(),
-                        lease_id: lease_id(instance, l.token, &self.task),
+                        lease_id: lease_id(&l.key, &self.task),
                     });
                 }
                 Phase::Free => {}
             }
         }
-        let token = self
-            .last_token
-            .checked_add(1)
-            .ok_or_else(|| EngineError::Storage("token counter exhausted".into()))?;
-        self.last_token = token;
+        if new.token <= self.last_token {
+            return Err(EngineError::SequenceBehind {
+                task: self.task.clone(),
+                next: new.token,
+                last: self.last_token,
+            });
+        }
+        self.last_token = new.token;
         self.lease = Some(Lease {
-            token,
+            token: new.token,
+            key: new.key,
+            principal: spec.principal.clone(),
             holder: spec.holder.clone(),
             ttl_ms: spec.ttl_ms,
             policy: spec.policy,
             grace_ms: spec.grace_ms,
             expires_ms: now_ms.saturating_add(spec.ttl_ms),
             revoked: false,
+            held: false,
         });
-        Ok(token)
+        Ok(())
+    }
+
+    /// The current lease if `key` and `token` name it and `principal` owns it.
+    fn owned(&mut self, key: &str, token: u64, principal: &str) -> Result<&mut Lease, EngineError> {
+        let gone = self.gone(token);
+        match &mut self.lease {
+            Some(l) if l.token == token && !l.key.is_empty() && l.key == key => {
+                if l.principal == principal {
+                    Ok(l)
+                } else {
+                    Err(EngineError::NotOwner {
+                        task: self.task.clone(),
+                    })
+                }
+            }
+            _ => Err(EngineError::Refused(gone)),
+        }
     }
 
     /// The refusal for a lease token that is not the current live lease.
@@ -184,36 +279,44 @@ impl TaskRow {
         }
     }
 
-    /// Renews lease `token`; returns the ttl now in force.
-    pub fn renew(&mut self, token: u64, now_ms: u64) -> Result<u64, RefusalReason> {
-        match &mut self.lease {
-            Some(l) if l.token == token => {
-                if l.revoked {
-                    Err(RefusalReason::Revoked)
-                } else if now_ms >= l.expires_ms {
-                    Err(RefusalReason::Expired)
-                } else {
-                    l.expires_ms = now_ms.saturating_add(l.ttl_ms);
-                    Ok(l.ttl_ms)
-                }
-            }
-            _ => Err(self.gone(token)),
+    /// Renews the lease `key`/`token` for its owner `principal`; returns
+    /// the ttl now in force.
+    pub fn renew(
+        &mut self,
+        key: &str,
+        token: u64,
+        principal: &str,
+        now_ms: u64,
+    ) -> Result<u64, EngineError> {
+        let l = self.owned(key, token, principal)?;
+        if l.revoked {
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        } else if now_ms >= l.expires_ms || l.held {
+            Err(EngineError::Refused(RefusalReason::Expired))
+        } else {
+            l.expires_ms = now_ms.saturating_add(l.ttl_ms);
+            Ok(l.ttl_ms)
         }
     }
 
-    /// Releases lease `token`: the task is free at once.
-    pub fn release(&mut self, token: u64, now_ms: u64) -> Result<(), RefusalReason> {
-        match &self.lease {
-            Some(l) if l.token == token => {
-                if now_ms >= l.expires_ms && !l.revoked {
-                    // Expired: the expiry policy (grace, hold) stays in force.
-                    return Err(RefusalReason::Expired);
-                }
-                self.lease = None;
-                Ok(())
-            }
-            _ => Err(self.gone(token)),
+    /// Releases the lease `key`/`token` for its owner: the task is free at
+    /// once. An earlier lease's early end is forgotten too (its holder has
+    /// been superseded since), so the row is empty and can be compacted.
+    pub fn release(
+        &mut self,
+        key: &str,
+        token: u64,
+        principal: &str,
+        now_ms: u64,
+    ) -> Result<(), EngineError> {
+        let l = self.owned(key, token, principal)?;
+        if (now_ms >= l.expires_ms || l.held) && !l.revoked {
+            // Expired: the expiry policy (grace, hold) stays in force.
+            return Err(EngineError::Refused(RefusalReason::Expired));
         }
+        self.lease = None;
+        self.ended = None;
+        Ok(())
     }
 
     /// Operator revoke of the current live (or grace) lease.
@@ -266,7 +369,7 @@ impl TaskRow {
     }
 
     /// The operator view of this task, if it has a lease that matters.
-    pub fn info(&self, now_ms: u64, instance: &str) -> Option<LeaseInfo> {
+    pub fn info(&self, now_ms: u64) -> Option<LeaseInfo> {
         let l = self.lease.as_ref()?;
         let (state, expires_in_ms) = match l.phase(now_ms) {
             Phase::Active { expires_ms } => (LeaseState::Active, Some(expires_ms - now_ms)),
@@ -276,9 +379,10 @@ impl TaskRow {
         };
         Some(LeaseInfo {
             task: self.task.clone(),
-            lease_id: lease_id(instance, l.token, &self.task),
+            lease_id: lease_id(&l.key, &self.task),
             token: l.token,
             holder: l.holder.clone(),
+            principal: l.principal.clone(),
             state,
             expires_in_ms,
         })
@@ -292,79 +396,168 @@ mod tests {
     fn spec(policy: ExpiryPolicy) -> AcquireSpec {
         AcquireSpec {
             task: "t".into(),
+            principal: "p".into(),
             holder: "h".into(),
             ttl_ms: 1000,
             policy,
             grace_ms: 500,
+            max_leases: None,
         }
+    }
+
+    /// Grants with the next token after the row's, keyed by the token.
+    fn grant(
+        r: &mut TaskRow,
+        policy: ExpiryPolicy,
+        now: u64,
+    ) -> Result<(String, u64), EngineError> {
+        let token = r.last_token + 1;
+        let key = format!("{token:032x}");
+        r.acquire(
+            &spec(policy),
+            now,
+            NewLease {
+                token,
+                key: key.clone(),
+            },
+        )?;
+        Ok((key, token))
     }
 
     #[test]
     fn tokens_increase_and_old_leases_are_superseded() {
         let mut r = TaskRow::new("t");
-        let t1 = r.acquire(&spec(ExpiryPolicy::Redispatch), 0, "i").unwrap();
+        let (k1, t1) = grant(&mut r, ExpiryPolicy::Redispatch, 0).unwrap();
         assert!(matches!(
-            r.acquire(&spec(ExpiryPolicy::Redispatch), 10, "i"),
+            grant(&mut r, ExpiryPolicy::Redispatch, 10),
             Err(EngineError::Held {
                 retry_after_ms: 990,
                 ..
             })
         ));
-        assert_eq!(r.renew(t1, 999), Ok(1000));
-        assert_eq!(r.renew(t1, 2000), Err(RefusalReason::Expired));
-        let t2 = r
-            .acquire(&spec(ExpiryPolicy::Redispatch), 2000, "i")
-            .unwrap();
+        assert_eq!(r.renew(&k1, t1, "p", 999).unwrap(), 1000);
+        assert!(matches!(
+            r.renew(&k1, t1, "p", 2000),
+            Err(EngineError::Refused(RefusalReason::Expired))
+        ));
+        let (k2, t2) = grant(&mut r, ExpiryPolicy::Redispatch, 2000).unwrap();
         assert!(t2 > t1);
-        assert_eq!(r.renew(t1, 2001), Err(RefusalReason::Superseded));
-        assert_eq!(r.renew(t2 + 1, 2001), Err(RefusalReason::UnknownLease));
-        r.release(t2, 2002).unwrap();
-        assert_eq!(r.renew(t2, 2003), Err(RefusalReason::UnknownLease));
+        assert!(matches!(
+            r.renew(&k1, t1, "p", 2001),
+            Err(EngineError::Refused(RefusalReason::Superseded))
+        ));
+        assert!(matches!(
+            r.renew(&k2, t2 + 1, "p", 2001),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+        r.release(&k2, t2, "p", 2002).unwrap();
+        assert!(matches!(
+            r.renew(&k2, t2, "p", 2003),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+    }
+
+    #[test]
+    fn only_the_owner_renews_or_releases_and_the_key_must_match() {
+        let mut r = TaskRow::new("t");
+        let (k, t) = grant(&mut r, ExpiryPolicy::Redispatch, 0).unwrap();
+        assert!(matches!(
+            r.renew(&k, t, "q", 10),
+            Err(EngineError::NotOwner { .. })
+        ));
+        assert!(matches!(
+            r.release(&k, t, "", 10),
+            Err(EngineError::NotOwner { .. })
+        ));
+        let forged = format!("{:032x}", 99);
+        assert!(matches!(
+            r.renew(&forged, t, "p", 10),
+            Err(EngineError::Refused(RefusalReason::UnknownLease))
+        ));
+        assert_eq!(r.info(10).unwrap().principal, "p");
+        r.release(&k, t, "p", 10).unwrap();
+    }
+
+    #[test]
+    fn a_token_not_above_the_tasks_last_is_refused() {
+        let mut r = TaskRow::new("t");
+        r.last_token = 5;
+        let e = r
+            .acquire(
+                &spec(ExpiryPolicy::Redispatch),
+                0,
+                NewLease {
+                    token: 5,
+                    key: "k".into(),
+                },
+            )
+            .unwrap_err();
+        assert!(matches!(e, EngineError::SequenceBehind { .. }), "{e:?}");
+        assert!(r.lease.is_none());
     }
 
     #[test]
     fn grace_and_hold() {
         let mut r = TaskRow::new("t");
-        r.acquire(&spec(ExpiryPolicy::Grace), 0, "i").unwrap();
+        grant(&mut r, ExpiryPolicy::Grace, 0).unwrap();
         assert!(matches!(
-            r.acquire(&spec(ExpiryPolicy::Grace), 1200, "i"),
+            grant(&mut r, ExpiryPolicy::Grace, 1200),
             Err(EngineError::Held {
                 retry_after_ms: 300,
                 ..
             })
         ));
-        assert_eq!(r.info(1200, "i").unwrap().state, LeaseState::Grace);
-        r.acquire(&spec(ExpiryPolicy::Hold), 1500, "i").unwrap();
+        assert_eq!(r.info(1200).unwrap().state, LeaseState::Grace);
+        grant(&mut r, ExpiryPolicy::Hold, 1500).unwrap();
+        assert!(!r.settle(2000), "still live");
+        assert!(r.settle(9000), "expired under hold: recorded");
+        assert!(!r.settle(9000), "recorded once");
+        // Held whatever the clock says (a restart gives leases a fresh expiry).
+        r.lease.as_mut().unwrap().expires_ms = u64::MAX;
         assert!(matches!(
-            r.acquire(&spec(ExpiryPolicy::Hold), 9000, "i"),
+            grant(&mut r, ExpiryPolicy::Hold, 9000),
             Err(EngineError::HeldForOperator { .. })
         ));
         assert!(r.revoke(false, 9000).is_err());
         r.clear(9000).unwrap();
         assert!(r.clear(9000).is_err());
-        assert!(r.acquire(&spec(ExpiryPolicy::Hold), 9001, "i").is_ok());
+        assert!(grant(&mut r, ExpiryPolicy::Hold, 9001).is_ok());
     }
 
     #[test]
     fn revoke_refuses_renewal_and_frees_after_expiry() {
         let mut r = TaskRow::new("t");
-        let t1 = r.acquire(&spec(ExpiryPolicy::Hold), 0, "i").unwrap();
+        let (k1, t1) = grant(&mut r, ExpiryPolicy::Hold, 0).unwrap();
         r.revoke(false, 10).unwrap();
-        assert_eq!(r.renew(t1, 20), Err(RefusalReason::Revoked));
-        assert!(r.acquire(&spec(ExpiryPolicy::Hold), 500, "i").is_err());
-        assert!(r.acquire(&spec(ExpiryPolicy::Hold), 1000, "i").is_ok());
+        assert!(matches!(
+            r.renew(&k1, t1, "p", 20),
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        ));
+        assert!(grant(&mut r, ExpiryPolicy::Hold, 500).is_err());
+        assert!(grant(&mut r, ExpiryPolicy::Hold, 1000).is_ok());
         let mut r = TaskRow::new("t");
-        let t1 = r.acquire(&spec(ExpiryPolicy::Redispatch), 0, "i").unwrap();
+        let (k1, t1) = grant(&mut r, ExpiryPolicy::Redispatch, 0).unwrap();
         r.revoke(true, 10).unwrap();
-        assert_eq!(r.renew(t1, 20), Err(RefusalReason::Revoked));
-        assert!(r.acquire(&spec(ExpiryPolicy::Redispatch), 20, "i").is_ok());
-        assert_eq!(r.renew(t1, 30), Err(RefusalReason::Revoked));
+        assert!(matches!(
+            r.renew(&k1, t1, "p", 20),
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        ));
+        assert!(grant(&mut r, ExpiryPolicy::Redispatch, 20).is_ok());
+        assert!(matches!(
+            r.renew(&k1, t1, "p", 30),
+            Err(EngineError::Refused(RefusalReason::Revoked))
+        ));
     }
 
     #[test]
-    fn lease_ids_round_trip() {
-        let id = lease_id("ab12", 7, "a.b:c/d");
-        assert_eq!(parse_lease_id(&id), Some(("ab12", 7, "a.b:c/d")));
+    fn lease_ids_round_trip_and_keys_are_random() {
+        let k = new_key().unwrap();
+        assert_eq!(k.len(), 32);
+        assert_ne!(k, new_key().unwrap());
+        let id = lease_id(&k, "a.b:c/d");
+        assert_eq!(parse_lease_id(&id), Some((k.as_str(), "a.b:c/d")));
         assert_eq!(parse_lease_id("x"), None);
+        assert_eq!(parse_lease_id("abcd.7.t"), None, "the old id format");
+        assert_eq!(parse_lease_id(&format!("{}.t", "G".repeat(32))), None);
     }
 }

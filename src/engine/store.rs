@@ -1,38 +1,94 @@
 //! The SQLite schema and row I/O of the lease engine.
 //!
-//! One row per task: the token counter (`last_token`) and the current lease.
-//! The counter and the lease are in the same row, so one committed write
-//! makes both durable together: a token can never be answered without the
-//! counter that rules out its reuse being on disk.
+//! One row per task that has (or recently had) a lease, and one global token
+//! sequence (`seq`). Every grant takes the next number of the sequence and
+//! writes it back in the same transaction as the grant's row, so one
+//! committed write makes both durable together: a token is never answered
+//! without the counter that rules out its reuse being on disk. Because the
+//! sequence never decreases, a released task's row can be deleted
+//! (compaction) without its next token ever going down; the per-task
+//! `last_token` is kept only to tell `superseded` from `unknown_lease`.
 //!
 //! The file is in WAL mode with `synchronous=FULL`: each commit fsyncs the
 //! WAL before returning, which is the durability the protocol demands of a
 //! grant. `expires_ms`/`boot_id` are only meaningful to the embedded engine
-//! (serve keeps expiry in memory and writes NULL there).
+//! (serve keeps expiry in memory and writes NULL there); `held` records that
+//! a lease expired under policy hold, so the state survives a restart.
+//!
+//! Bad data is an error, never a default: a negative or missing number, an
+//! unknown policy or refusal reason, a sequence behind a task's counter is a
+//! [`StoreError::Corrupt`] naming the task and the column, and the call
+//! fails instead of granting (tokens must never restart because of bad data).
 
-use std::fmt;
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::types::Value;
+use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, params};
 
 use crate::lease::{ExpiryPolicy, RefusalReason};
 
+use super::gate::GateError;
 use super::rules::{Lease, TaskRow};
 
 /// A database failure.
-#[derive(Debug)]
-pub struct StoreError(pub String);
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("lease database: {what}")]
+    Sqlite {
+        what: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("lease database: creating {path}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("lease database {path}: cannot switch to WAL mode (got {mode})")]
+    NotWal { path: PathBuf, mode: String },
+    #[error("lease database: waiting for the write lock")]
+    Gate(#[from] GateError),
+    #[error("lease database: the row of task {task:?} is corrupt: {column} {problem}")]
+    Corrupt {
+        task: String,
+        column: &'static str,
+        problem: String,
+    },
+    #[error("lease database: the token sequence (seq.last_token) is corrupt: it {0}")]
+    CorruptSequence(String),
+    #[error("lease database: value {0} is too large to store")]
+    TooLarge(u64),
+    #[error("reading the boot id")]
+    BootId(#[source] std::io::Error),
+    #[error("lease database: making a lease id")]
+    Random(#[source] std::io::Error),
+    #[error("lease database: an earlier commit failed; restart the server")]
+    Failed,
+}
 
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl StoreError {
+    /// Another process held the database's write lock: worth retrying.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            StoreError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+            ),
+            StoreError::Gate(GateError::Timeout { .. }) => true,
+            _ => false,
+        }
     }
 }
 
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError(format!("lease database: {e}"))
+/// Attaches what was being done to a SQLite error.
+pub trait Context<T> {
+    fn ctx(self, what: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> Context<T> for rusqlite::Result<T> {
+    fn ctx(self, what: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::Sqlite { what, source })
     }
 }
 
@@ -51,105 +107,263 @@ CREATE TABLE IF NOT EXISTS tasks(
   revoked INTEGER NOT NULL DEFAULT 0,
   ended_token INTEGER,
   ended_reason TEXT
-);";
+);
+CREATE TABLE IF NOT EXISTS seq(id INTEGER PRIMARY KEY CHECK (id = 1), last_token INTEGER NOT NULL);";
 
-/// Opens (creating if needed) the database at `path`; returns the connection
-/// and the instance id that goes into every lease id.
-pub fn open(path: &Path, busy: Duration) -> Result<(Connection, String), StoreError> {
+/// Columns added after the first schema; added to older files on open.
+const ADDED: [(&str, &str); 3] = [
+    ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
+    ("lease_key", "ALTER TABLE tasks ADD COLUMN lease_key TEXT"),
+    (
+        "held",
+        "ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
+    ),
+];
+
+/// Opens (creating if needed) the database at `path` in WAL mode with
+/// `synchronous=FULL`. The busy handler is the caller's to set; the schema
+/// is created or brought up to date by [`ensure_schema`].
+pub fn connect(path: &Path) -> Result<Connection, StoreError> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError(format!("creating {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
-    let conn = Connection::open(path)
-        .map_err(|e| StoreError(format!("opening {}: {e}", path.display())))?;
-    conn.busy_timeout(busy)?;
-    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    Connection::open(path).ctx("opening the file")
+}
+
+/// Switches to WAL (needs the write lock the first time: call it in turn,
+/// see `gate`) and sets `synchronous=FULL`.
+pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .ctx("switching to WAL mode")?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError(format!(
-            "{}: cannot switch to WAL mode (got {mode})",
-            path.display()
-        )));
+        return Err(StoreError::NotWal {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
-    conn.execute_batch("PRAGMA synchronous=FULL;")?;
-    conn.execute_batch(&format!("BEGIN IMMEDIATE;{SCHEMA}"))
-        .and_then(|_| {
-            let inst: Option<String> = conn
-                .query_row("SELECT value FROM meta WHERE key='instance'", [], |r| {
-                    r.get(0)
-                })
-                .optional()?;
-            let inst = match inst {
-                Some(i) => i,
-                None => {
-                    let i = format!("{:08x}", fastrand::u32(..));
-                    conn.execute(
-                        "INSERT INTO meta(key, value) VALUES('instance', ?1)",
-                        params![i],
-                    )?;
-                    i
-                }
-            };
-            conn.execute_batch("COMMIT")?;
-            Ok(inst)
-        })
-        .map_err(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
-            StoreError::from(e)
-        })
-        .map(|inst| (conn, inst))
+    conn.pragma_update(None, "synchronous", "FULL")
+        .ctx("setting synchronous=FULL")
+}
+
+/// True when the file already has this version's schema (a read: no write
+/// lock needed, so a process that opens a current file does not queue for
+/// it).
+pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
+    let n: i64 = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name IN ('principal', 'lease_key', 'held'))
+                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta'))",
+            [],
+            |r| r.get(0),
+        )
+        .ctx("reading the schema")?;
+    Ok(n == 5)
+}
+
+/// Creates the tables, adds columns missing from an older file, and starts
+/// the token sequence from the highest per-task counter.
+pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(SCHEMA).ctx("creating the schema")?;
+    let mut have = Vec::new();
+    {
+        let mut st = tx
+            .prepare("SELECT name FROM pragma_table_info('tasks')")
+            .ctx("reading the schema")?;
+        let names = st
+            .query_map([], |r| r.get::<_, String>(0))
+            .ctx("reading the schema")?;
+        for n in names {
+            have.push(n.ctx("reading the schema")?);
+        }
+    }
+    for (col, sql) in ADDED {
+        if !have.iter().any(|h| h == col) {
+            tx.execute_batch(sql).ctx("adding a column")?;
+        }
+    }
+    tx.execute(
+        "INSERT INTO seq(id, last_token)
+         SELECT 1, (SELECT COALESCE(MAX(last_token), 0) FROM tasks)
+         WHERE NOT EXISTS (SELECT 1 FROM seq)",
+        [],
+    )
+    .ctx("starting the token sequence")?;
+    Ok(())
 }
 
 fn to_i64(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError(format!("value {v} too large for the database")))
+    i64::try_from(v).map_err(|_| StoreError::TooLarge(v))
 }
 
-fn to_u64(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+/// The last token issued for any task. A negative or missing value is
+/// corruption, never read as 0.
+pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
+    let v: Option<Value> = conn
+        .query_row("SELECT last_token FROM seq WHERE id = 1", [], |r| r.get(0))
+        .optional()
+        .ctx("reading the token sequence")?;
+    let corrupt = StoreError::CorruptSequence;
+    match v {
+        None => Err(corrupt("is missing".into())),
+        Some(Value::Integer(i)) => u64::try_from(i).map_err(|_| corrupt(format!("is {i}"))),
+        Some(other) => Err(corrupt(format!("is not an integer ({other:?})"))),
+    }
 }
 
-const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason FROM tasks";
+/// Records that tokens up to `token` have been issued (never lowers it).
+pub fn set_last_issued(conn: &Connection, token: u64) -> Result<(), StoreError> {
+    let token = to_i64(token)?;
+    let n = conn
+        .prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
+        .and_then(|mut st| st.execute(params![token]))
+        .ctx("writing the token sequence")?;
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::CorruptSequence("is missing".into()))
+    }
+}
 
-/// A row as stored: the expiry is only valid under `boot_id`.
-struct Raw {
+const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
+
+/// A row as stored, column by column, before any check.
+struct RawRow([Value; 15]);
+
+fn read_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    let mut v: [Value; 15] = std::array::from_fn(|_| Value::Null);
+    for (i, slot) in v.iter_mut().enumerate() {
+        *slot = r.get(i)?;
+    }
+    Ok(RawRow(v))
+}
+
+/// A checked row: the expiry is only valid under `boot_id`.
+struct Stored {
     row: TaskRow,
     boot_id: Option<String>,
 }
 
-fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
-    let token: Option<i64> = r.get(2)?;
-    let lease = match token {
+/// Reads columns of one raw row, turning every surprise into `Corrupt`.
+struct Cols<'a> {
+    v: &'a [Value; 15],
+    task: String,
+}
+
+impl Cols<'_> {
+    fn bad(&self, column: &'static str, problem: String) -> StoreError {
+        StoreError::Corrupt {
+            task: self.task.clone(),
+            column,
+            problem,
+        }
+    }
+
+    fn opt_u64(&self, i: usize, column: &'static str) -> Result<Option<u64>, StoreError> {
+        match &self.v[i] {
+            Value::Null => Ok(None),
+            Value::Integer(n) => u64::try_from(*n)
+                .map(Some)
+                .map_err(|_| self.bad(column, format!("is negative ({n})"))),
+            other => Err(self.bad(column, format!("is not an integer ({other:?})"))),
+        }
+    }
+
+    fn u64(&self, i: usize, column: &'static str) -> Result<u64, StoreError> {
+        self.opt_u64(i, column)?
+            .ok_or_else(|| self.bad(column, "is missing".into()))
+    }
+
+    fn opt_text(&self, i: usize, column: &'static str) -> Result<Option<String>, StoreError> {
+        match &self.v[i] {
+            Value::Null => Ok(None),
+            Value::Text(s) => Ok(Some(s.clone())),
+            other => Err(self.bad(column, format!("is not text ({other:?})"))),
+        }
+    }
+
+    fn text(&self, i: usize, column: &'static str) -> Result<String, StoreError> {
+        self.opt_text(i, column)?
+            .ok_or_else(|| self.bad(column, "is missing".into()))
+    }
+
+    fn flag(&self, i: usize, column: &'static str) -> Result<bool, StoreError> {
+        match self.u64(i, column)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            n => Err(self.bad(column, format!("is {n}, not 0 or 1"))),
+        }
+    }
+}
+
+fn check(raw: RawRow) -> Result<Stored, StoreError> {
+    let task = match &raw.0[0] {
+        Value::Text(s) => s.clone(),
+        other => {
+            return Err(StoreError::Corrupt {
+                task: format!("{other:?}"),
+                column: "task",
+                problem: "is not text".into(),
+            });
+        }
+    };
+    let c = Cols { v: &raw.0, task };
+    let last_token = c.u64(1, "last_token")?;
+    let lease = match c.opt_u64(2, "token")? {
         None => None,
-        Some(t) => Some(Lease {
-            token: to_u64(t),
-            holder: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-            ttl_ms: to_u64(r.get::<_, Option<i64>>(4)?.unwrap_or(0)),
-            policy: r
-                .get::<_, Option<String>>(5)?
-                .as_deref()
-                .and_then(ExpiryPolicy::parse)
-                .unwrap_or(ExpiryPolicy::Redispatch),
-            grace_ms: to_u64(r.get::<_, Option<i64>>(6)?.unwrap_or(0)),
-            expires_ms: to_u64(r.get::<_, Option<i64>>(7)?.unwrap_or(0)),
-            revoked: r.get::<_, i64>(9)? != 0,
-        }),
+        Some(token) => {
+            if token == 0 || token > last_token {
+                return Err(c.bad(
+                    "token",
+                    format!("is {token}, outside 1..={last_token} (last_token)"),
+                ));
+            }
+            let policy_name = c.text(5, "policy")?;
+            let policy = ExpiryPolicy::parse(&policy_name)
+                .ok_or_else(|| c.bad("policy", format!("is unknown ({policy_name:?})")))?;
+            Some(Lease {
+                token,
+                key: c.opt_text(13, "lease_key")?.unwrap_or_default(),
+                principal: c.opt_text(12, "principal")?.unwrap_or_default(),
+                holder: c.text(3, "holder")?,
+                ttl_ms: c.u64(4, "ttl_ms")?,
+                policy,
+                grace_ms: c.u64(6, "grace_ms")?,
+                expires_ms: c.opt_u64(7, "expires_ms")?.unwrap_or(0),
+                revoked: c.flag(9, "revoked")?,
+                held: c.flag(14, "held")?,
+            })
+        }
     };
-    let ended_token: Option<i64> = r.get(10)?;
-    let ended_reason: Option<String> = r.get(11)?;
     let ended = match (
-        ended_token,
-        ended_reason.as_deref().and_then(RefusalReason::parse),
+        c.opt_u64(10, "ended_token")?,
+        c.opt_text(11, "ended_reason")?,
     ) {
-        (Some(t), Some(reason)) => Some((to_u64(t), reason)),
-        _ => None,
+        (None, None) => None,
+        (Some(t), Some(r)) => Some((
+            t,
+            RefusalReason::parse(&r)
+                .ok_or_else(|| c.bad("ended_reason", format!("is unknown ({r:?})")))?,
+        )),
+        _ => {
+            return Err(c.bad(
+                "ended_token",
+                "and ended_reason must be both set or both empty".into(),
+            ));
+        }
     };
-    Ok(Raw {
+    let boot_id = c.opt_text(8, "boot_id")?;
+    Ok(Stored {
         row: TaskRow {
-            task: r.get(0)?,
-            last_token: to_u64(r.get(1)?),
+            task: c.task,
+            last_token,
             lease,
             ended,
         },
-        boot_id: r.get(8)?,
+        boot_id,
     })
 }
 
@@ -163,54 +377,73 @@ pub enum Expiry<'a> {
     RestartAt(u64),
 }
 
-fn fix(mut raw: Raw, exp: Expiry<'_>) -> TaskRow {
-    if let Some(l) = &mut raw.row.lease {
+fn fix(mut s: Stored, exp: Expiry<'_>) -> TaskRow {
+    if let Some(l) = &mut s.row.lease {
         match exp {
             Expiry::Boot(id) => {
-                if raw.boot_id.as_deref() != Some(id) {
+                if s.boot_id.as_deref() != Some(id) {
                     l.expires_ms = 0;
                 }
             }
             Expiry::RestartAt(now) => l.expires_ms = now.saturating_add(l.ttl_ms),
         }
     }
-    raw.row
+    s.row
 }
 
-/// Loads one task's row (a fresh row if the task was never seen).
+/// Loads one task's row (a fresh row if the task has none).
 pub fn load(conn: &Connection, task: &str, exp: Expiry<'_>) -> Result<TaskRow, StoreError> {
-    let mut st = conn.prepare_cached(&format!("{SELECT} WHERE task = ?1"))?;
-    let raw = st.query_row(params![task], read).optional()?;
-    Ok(raw
-        .map(|r| fix(r, exp))
-        .unwrap_or_else(|| TaskRow::new(task)))
+    let raw = conn
+        .prepare_cached(&format!("{SELECT} WHERE task = ?1"))
+        .and_then(|mut st| st.query_row(params![task], read_raw).optional())
+        .ctx("reading a task")?;
+    match raw {
+        None => Ok(TaskRow::new(task)),
+        Some(r) => Ok(fix(check(r)?, exp)),
+    }
+}
+
+/// Loads up to `limit` rows in task order, after `after` if given.
+pub fn load_page(
+    conn: &Connection,
+    after: Option<&str>,
+    limit: usize,
+    exp: Expiry<'_>,
+) -> Result<Vec<TaskRow>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let raws = conn
+        .prepare_cached(&format!(
+            "{SELECT} WHERE ?1 IS NULL OR task > ?1 ORDER BY task LIMIT ?2"
+        ))
+        .and_then(|mut st| {
+            st.query_map(params![after, limit], read_raw)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .ctx("listing tasks")?;
+    raws.into_iter()
+        .map(|r| check(r).map(|s| fix(s, exp)))
+        .collect()
 }
 
 /// Loads every row.
 pub fn load_all(conn: &Connection, exp: Expiry<'_>) -> Result<Vec<TaskRow>, StoreError> {
-    let mut st = conn.prepare_cached(SELECT)?;
-    let rows = st.query_map([], read)?;
-    let mut out = Vec::new();
-    for r in rows {
-        out.push(fix(r?, exp));
-    }
-    Ok(out)
+    load_page(conn, None, usize::MAX, exp)
 }
 
-/// Writes a row (insert or replace). `boot_id` is stored with the expiry
-/// (embedded); `None` stores no expiry (serve).
+/// Writes a row (insert or replace), or deletes it when it holds nothing
+/// worth keeping (no lease, no early end to report): compaction. `boot_id`
+/// is stored with the expiry (embedded); `None` stores no expiry (serve).
 pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(), StoreError> {
-    let mut st = conn.prepare_cached(
-        "INSERT INTO tasks(task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason)
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-         ON CONFLICT(task) DO UPDATE SET last_token=excluded.last_token, token=excluded.token,
-           holder=excluded.holder, ttl_ms=excluded.ttl_ms, policy=excluded.policy,
-           grace_ms=excluded.grace_ms, expires_ms=excluded.expires_ms, boot_id=excluded.boot_id,
-           revoked=excluded.revoked, ended_token=excluded.ended_token, ended_reason=excluded.ended_reason",
-    )?;
+    if row.lease.is_none() && row.ended.is_none() {
+        return conn
+            .prepare_cached("DELETE FROM tasks WHERE task = ?1")
+            .and_then(|mut st| st.execute(params![row.task]))
+            .map(|_| ())
+            .ctx("compacting a task");
+    }
     let l = row.lease.as_ref();
     let opt = |v: Option<u64>| v.map(to_i64).transpose();
-    st.execute(params![
+    let values = params![
         row.task,
         to_i64(row.last_token)?,
         opt(l.map(|l| l.token))?,
@@ -223,6 +456,138 @@ pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(
         i64::from(l.is_some_and(|l| l.revoked)),
         opt(row.ended.map(|e| e.0))?,
         row.ended.map(|e| e.1.as_str()),
-    ])?;
-    Ok(())
+        l.map(|l| l.principal.as_str()),
+        l.map(|l| l.key.as_str()),
+        i64::from(l.is_some_and(|l| l.held)),
+    ];
+    conn.prepare_cached(
+        "INSERT INTO tasks(task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held)
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+         ON CONFLICT(task) DO UPDATE SET last_token=excluded.last_token, token=excluded.token,
+           holder=excluded.holder, ttl_ms=excluded.ttl_ms, policy=excluded.policy,
+           grace_ms=excluded.grace_ms, expires_ms=excluded.expires_ms, boot_id=excluded.boot_id,
+           revoked=excluded.revoked, ended_token=excluded.ended_token, ended_reason=excluded.ended_reason,
+           principal=excluded.principal, lease_key=excluded.lease_key, held=excluded.held",
+    )
+    .and_then(|mut st| st.execute(values))
+    .map(|_| ())
+    .ctx("writing a task")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::TransactionBehavior;
+
+    fn db() -> (tempfile::TempDir, Connection) {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("t.db");
+        let mut c = connect(&path).unwrap();
+        set_modes(&c, &path).unwrap();
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        ensure_schema(&tx).unwrap();
+        tx.commit().unwrap();
+        (d, c)
+    }
+
+    fn held_row() -> TaskRow {
+        let mut r = TaskRow::new("t");
+        r.last_token = 7;
+        r.lease = Some(Lease {
+            token: 7,
+            key: "k".into(),
+            principal: "p".into(),
+            holder: "h".into(),
+            ttl_ms: 1000,
+            policy: ExpiryPolicy::Hold,
+            grace_ms: 0,
+            expires_ms: 5,
+            revoked: false,
+            held: true,
+        });
+        r.ended = Some((6, RefusalReason::Revoked));
+        r
+    }
+
+    #[test]
+    fn rows_round_trip_and_empty_rows_are_compacted() {
+        let (_d, c) = db();
+        let r = held_row();
+        save(&c, &r, Some("b")).unwrap();
+        assert_eq!(load(&c, "t", Expiry::Boot("b")).unwrap(), r);
+        let mut free = r.clone();
+        free.lease = None;
+        free.ended = None;
+        save(&c, &free, None).unwrap();
+        assert_eq!(load_all(&c, Expiry::RestartAt(0)).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn each_kind_of_bad_value_is_corrupt_never_a_default() {
+        let cases = [
+            "UPDATE tasks SET last_token = -1",
+            "UPDATE tasks SET token = -3",
+            "UPDATE tasks SET token = 8",
+            "UPDATE tasks SET policy = 'sometimes'",
+            "UPDATE tasks SET policy = NULL",
+            "UPDATE tasks SET ended_reason = 'bored'",
+            "UPDATE tasks SET ended_token = NULL",
+            "UPDATE tasks SET ttl_ms = 'soon'",
+            "UPDATE tasks SET held = 2",
+            "UPDATE tasks SET holder = NULL",
+        ];
+        for sql in cases {
+            let (_d, c) = db();
+            save(&c, &held_row(), None).unwrap();
+            c.execute(sql, []).unwrap();
+            let e = load(&c, "t", Expiry::RestartAt(0)).unwrap_err();
+            assert!(matches!(e, StoreError::Corrupt { .. }), "{sql}: {e:?}");
+            assert!(load_all(&c, Expiry::RestartAt(0)).is_err(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_sequence_never_goes_down_and_a_bad_one_is_corrupt() {
+        let (_d, c) = db();
+        assert_eq!(last_issued(&c).unwrap(), 0);
+        set_last_issued(&c, 9).unwrap();
+        set_last_issued(&c, 4).unwrap();
+        assert_eq!(last_issued(&c).unwrap(), 9);
+        c.execute("UPDATE seq SET last_token = -9", []).unwrap();
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
+        c.execute("DELETE FROM seq", []).unwrap();
+        assert!(matches!(
+            last_issued(&c),
+            Err(StoreError::CorruptSequence(_))
+        ));
+        assert!(set_last_issued(&c, 10).is_err());
+    }
+
+    #[test]
+    fn an_old_file_gains_the_new_columns_and_a_sequence_from_its_counters() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("old.db");
+        let mut c = connect(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE tasks(task TEXT PRIMARY KEY, last_token INTEGER NOT NULL, token INTEGER,
+               holder TEXT, ttl_ms INTEGER, policy TEXT, grace_ms INTEGER, expires_ms INTEGER,
+               boot_id TEXT, revoked INTEGER NOT NULL DEFAULT 0, ended_token INTEGER, ended_reason TEXT);
+             INSERT INTO tasks(task, last_token) VALUES('a', 41), ('b', 12);",
+        )
+        .unwrap();
+        let tx = c
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        assert!(!schema_current(&tx).unwrap());
+        ensure_schema(&tx).unwrap();
+        assert!(schema_current(&tx).unwrap());
+        tx.commit().unwrap();
+        assert_eq!(last_issued(&c).unwrap(), 41);
+        assert_eq!(load(&c, "a", Expiry::RestartAt(0)).unwrap().last_token, 41);
+    }
 }

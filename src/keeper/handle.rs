@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
-use rustix::process::{Pid, Signal, kill_process_group};
+use rustix::process::{Pid, kill_process_group, test_kill_process_group};
 
 use crate::agent::machine::Event;
 use crate::exit::ChildStatus;
 use crate::keeper::{DONE, KEEPER_ARG};
+use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
 
 /// The job's process group, ready to be signalled as a whole.
@@ -40,17 +41,20 @@ impl JobGroup {
 
     /// Sends `sig` to every process of the group. A group that is already
     /// gone (ESRCH) is not an error.
-    pub fn signal(&self, sig: i32) -> std::io::Result<()> {
-        let Some(sig) = Signal::from_named_raw(sig) else {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "unknown signal",
-            ));
-        };
-        match kill_process_group(self.0, sig) {
+    pub fn signal(&self, sig: Sig) -> std::io::Result<()> {
+        match kill_process_group(self.0, sig.to_rustix()) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Whether the group provably has no member left (not even a zombie):
+    /// `kill(-pgid, 0)` finds nobody.
+    pub fn is_empty(&self) -> bool {
+        matches!(
+            test_kill_process_group(self.0),
+            Err(rustix::io::Errno::SRCH)
+        )
     }
 }
 

@@ -11,7 +11,7 @@ use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
-use crate::engine::{EngineError, parse_policy};
+use crate::engine::{CapScope, EngineError, parse_policy};
 use crate::lease::{Outcome, RefusalReason};
 use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
@@ -102,6 +102,7 @@ fn refusal(r: RefusalReason) -> Response {
 }
 
 fn engine_error(e: EngineError) -> Response {
+    let msg = e.to_string();
     match e {
         EngineError::Held {
             holder,
@@ -123,7 +124,19 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Refused(r) => refusal(r),
         EngineError::NotFound(m) => error(ErrorCode::NotFound, &m),
         EngineError::BadRequest(m) => bad(m),
-        EngineError::Storage(m) => error(ErrorCode::Unavailable, &m),
+        EngineError::NotOwner { .. } => Response::error(403, "forbidden", &msg),
+        EngineError::TooManyLeases {
+            scope: CapScope::Principal,
+            ..
+        } => Response::error(429, "too_many_leases", &msg),
+        EngineError::TooManyLeases {
+            scope: CapScope::Global,
+            ..
+        }
+        | EngineError::SequenceBehind { .. }
+        | EngineError::Storage(_)
+        | EngineError::Commit(_)
+        | EngineError::Unavailable(_) => error(ErrorCode::Unavailable, &msg),
     }
 }
 
@@ -144,15 +157,17 @@ impl Api {
         crate::engine::validate_grace(grace_ms).map_err(bad)?;
         let spec = AcquireSpec {
             task,
+            principal: String::new(),
+            max_leases: None,
             holder,
             ttl_ms,
             policy,
             grace_ms,
         };
-        let (lease_id, token, ttl) = self.engine.acquire(&spec).map_err(engine_error)?;
+        let g = self.engine.acquire(&spec).map_err(engine_error)?;
         Ok(Response::json(
             200,
-            json!({"lease_id": lease_id, "task": spec.task, "token": token, "ttl_ms": ttl})
+            json!({"lease_id": g.lease_id, "task": spec.task, "token": g.token, "ttl_ms": g.ttl_ms})
                 .to_string(),
         ))
     }
@@ -168,7 +183,7 @@ impl Api {
     fn renew(&self, body: &[u8]) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
-        let ttl = self.engine.renew(&id, token).map_err(engine_error)?;
+        let ttl = self.engine.renew(&id, token, "").map_err(engine_error)?;
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
@@ -186,7 +201,7 @@ impl Api {
             Some(Value::Number(n)) if n.as_i64().is_some_and(|c| i32::try_from(c).is_ok()) => {}
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
         }
-        self.engine.release(&id, token).map_err(engine_error)?;
+        self.engine.release(&id, token, "").map_err(engine_error)?;
         Ok(Response::json(200, "{}"))
     }
 

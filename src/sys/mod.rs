@@ -6,3 +6,4 @@
 pub mod fd;
 pub mod notify;
 pub mod paths;
+pub mod signal;

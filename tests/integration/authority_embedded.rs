@@ -58,6 +58,12 @@ fn at(l: &str) -> Option<&str> {
     l.find('@').map(|i| &l[i + 1..])
 }
 
+/// A token a churn child printed; anything else (its error) fails the test.
+fn token(l: &str) -> u64 {
+    l.parse()
+        .unwrap_or_else(|_| panic!("a churn child failed: {l}"))
+}
+
 /// Lines the child printed with the prefix `@`.
 fn results(c: Child) -> Vec<String> {
     let out = c.wait_with_output().unwrap();
@@ -133,6 +139,7 @@ fn child_process_entry() {
             let mut a = EmbeddedAuthority::new(db.into());
             let mut done = 0;
             while done < n {
+                let sent = std::time::Instant::now();
                 match a.acquire(
                     &req(&task, &format!("{pid}"), 1000, ExpiryPolicy::Redispatch, 0),
                     T,
@@ -144,7 +151,11 @@ fn child_process_entry() {
                         done += 1;
                     }
                     Err(AcquireError::Held { .. }) => std::thread::sleep(Duration::from_millis(5)),
-                    Err(e) => panic!("{e}"),
+                    Err(e) => {
+                        // The parent fails on this line and shows it.
+                        println!("@ERROR after {:?}: {e:?}", sent.elapsed());
+                        panic!("{e}");
+                    }
                 }
             }
         }
@@ -159,7 +170,7 @@ fn grants_from_several_processes_strictly_increase_and_are_unique() {
     let kids: Vec<Child> = (0..4).map(|_| child(&db, "churn", &["seq", "5"])).collect();
     let mut all = Vec::new();
     for k in kids {
-        let toks: Vec<u64> = results(k).iter().map(|l| l.parse().unwrap()).collect();
+        let toks: Vec<u64> = results(k).iter().map(|l| token(l)).collect();
         assert_eq!(toks.len(), 5);
         assert!(toks.windows(2).all(|w| w[1] > w[0]), "{toks:?}");
         all.extend(toks);
@@ -207,9 +218,12 @@ fn kill_9_during_churn_never_reuses_a_token() {
         let mut lines = BufReader::new(out).lines();
         let mut got = Vec::new();
         while got.len() < 10 {
-            let l = lines.next().expect("child output").unwrap();
+            let l = lines
+                .next()
+                .unwrap_or_else(|| panic!("the first child ended after {got:?}"))
+                .unwrap();
             if let Some(t) = at(&l) {
-                got.push(t.parse::<u64>().unwrap());
+                got.push(token(t));
             }
         }
         for k in &mut kids {
@@ -217,14 +231,14 @@ fn kill_9_during_churn_never_reuses_a_token() {
         }
         for l in lines.map_while(Result::ok) {
             if let Some(t) = at(&l) {
-                got.push(t.parse().unwrap());
+                got.push(token(t));
             }
         }
         for mut k in kids.drain(1..) {
             let mut s = String::new();
             let _ = std::io::Read::read_to_string(k.stdout.as_mut().unwrap(), &mut s);
             let _ = k.wait();
-            got.extend(s.lines().filter_map(at).map(|t| t.parse::<u64>().unwrap()));
+            got.extend(s.lines().filter_map(at).map(token));
         }
         let _ = kids[0].wait();
         for t in &got {

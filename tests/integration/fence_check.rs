@@ -34,6 +34,7 @@ fn state(dir: &std::path::Path, view: LeaseView, left: Duration, boot: String) -
         deadline_boot_ms: (BootInstant::now() + left).since_boot().as_millis() as u64,
         boot_id: boot,
         agent_pid: std::process::id(),
+        outcome: None,
     })
     .unwrap();
     w

@@ -7,12 +7,14 @@
 mod support;
 
 mod agent_basic;
+mod agent_deadline;
 mod agent_failures;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
 mod cli_help;
 mod client_trust;
+mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
 mod etcd_trust;
@@ -21,6 +23,8 @@ mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
+mod partition_netns;
 mod systemd_help;
 mod systemd_notify;
+mod systemd_real;
 mod systemd_units;

@@ -737,6 +737,8 @@ impl Authority for EtcdAuthority {
                     lease_id: format!("{:x}", kv.lease),
                     token: u64::try_from(kv.create_revision).unwrap_or(0),
                     holder: Self::describe_holder(kv),
+                    // etcd does not record which user put a key.
+                    principal: String::new(),
                     state: if i == 0 {
                         LeaseState::Active
                     } else {

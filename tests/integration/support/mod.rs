@@ -5,6 +5,8 @@
 pub mod authority;
 pub mod etcd;
 pub mod fence;
+pub mod netns;
+pub mod sysns;
 pub mod systemd;
 pub mod tls;
 

@@ -1,0 +1,281 @@
+//! The one place where the supervisor's typed notices become log lines.
+//!
+//! The state machine decides, the reporter words: [`crate::agent::machine`] emits
+//! [`Notice`]s (what happened, with its numbers), and [`Reporter::line`]
+//! turns each into a level and a sentence. Tests and the README quote some of
+//! these sentences ("renewal failing", "lease lost", "recovered"), so their
+//! wording is part of the outward behaviour.
+
+use std::time::Duration;
+
+use crate::exit::ChildStatus;
+use crate::lease::{Outcome, RefusalReason};
+use crate::sys::signal::Sig;
+use crate::time::duration::format;
+
+/// Why the lease counts as lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LostWhy {
+    /// `deadline - grace` reached without a renewal; SIGKILL follows in `kill_in`.
+    NoRenewal { kill_in: Duration },
+    /// The deadline itself passed (the agent was paused, or grace is shorter
+    /// than the kill lead).
+    DeadlinePassed,
+    /// The authority refused a renewal.
+    Refused {
+        reason: RefusalReason,
+        message: String,
+    },
+    /// The command ended only after the lease's deadline.
+    EndedAfterDeadline,
+}
+
+/// Something the supervisor has to say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    LeaseLost(LostWhy),
+    /// The first failed renewal; the lease is valid for `left` at most.
+    RenewalFailing {
+        error: String,
+        left: Duration,
+    },
+    /// Another failed renewal, failing `since` this long.
+    RenewalStillFailing {
+        error: String,
+        since: Duration,
+    },
+    /// A renewal succeeded after failures.
+    RenewalsRecovered {
+        after: Duration,
+        left: Duration,
+    },
+    /// A renewal granted a different ttl; heartbeat and grace were refitted.
+    TtlChanged {
+        ttl: Duration,
+        was: Duration,
+        grace: Duration,
+    },
+    /// A stop signal reached the agent.
+    Cancelling {
+        sig: Sig,
+    },
+    /// The job's group got `sig`; SIGKILL follows in `kill_in`.
+    Stopping {
+        sig: Sig,
+        kill_in: Duration,
+    },
+    CommandStarted {
+        pgid: i32,
+    },
+    CommandEnded {
+        status: ChildStatus,
+    },
+    SpawnFailed {
+        message: String,
+    },
+    KeeperLost,
+    /// The leader ended, SIGKILL went out, but the tree was not reported gone.
+    LeftoversOutsideGroup,
+    /// SIGKILL went out and the leader was never reported gone.
+    GroupNotGone {
+        waited: Duration,
+    },
+    /// `kill(2)` on the job's group failed (other than "no such group").
+    SignalFailed {
+        pgid: i32,
+        error: String,
+    },
+    /// The run's result, decided before any release.
+    Finished {
+        outcome: Outcome,
+        status: u8,
+    },
+    Released {
+        outcome: Outcome,
+    },
+    /// The authority refused the release: it had dropped the lease already.
+    ReleaseRefused {
+        reason: RefusalReason,
+    },
+    ReleaseFailed {
+        error: String,
+    },
+    /// The group was not provably empty: no release, the lease expires.
+    NotReleasing,
+}
+
+/// Words notices for one lease.
+#[derive(Clone, Debug)]
+pub struct Reporter {
+    task: String,
+    token: u64,
+}
+
+impl Reporter {
+    pub fn new(task: &str, token: u64) -> Self {
+        Reporter {
+            task: task.to_string(),
+            token,
+        }
+    }
+
+    /// The level and text of the log line for `n`.
+    pub fn line(&self, n: &Notice) -> (log::Level, String) {
+        use log::Level::{Debug, Error, Info, Warn};
+        let (task, token) = (&self.task, self.token);
+        match n {
+            Notice::LeaseLost(why) => (Error, self.lost(why)),
+            Notice::RenewalFailing { error, left } => (
+                Warn,
+                format!(
+                    "renewal failing: task {task} token {token}: {error}; lease valid for {} more at most",
+                    format(*left)
+                ),
+            ),
+            Notice::RenewalStillFailing { error, since } => (
+                Debug,
+                format!("renewal still failing after {}: {error}", format(*since)),
+            ),
+            Notice::RenewalsRecovered { after, left } => (
+                Info,
+                format!(
+                    "renewals recovered after {}: task {task} token {token}, {} left",
+                    format(*after),
+                    format(*left)
+                ),
+            ),
+            Notice::TtlChanged { ttl, was, grace } => (
+                Warn,
+                format!(
+                    "task {task} token {token}: the authority renewed with a ttl of {} (was {}); deadline, heartbeat and grace ({}) follow it",
+                    format(*ttl),
+                    format(*was),
+                    format(*grace)
+                ),
+            ),
+            Notice::Cancelling { sig } => (
+                Warn,
+                format!(
+                    "signal {sig} received: stopping the command and releasing task {task} token {token}"
+                ),
+            ),
+            Notice::Stopping { sig, kill_in } => (
+                Warn,
+                format!(
+                    "stopping: task {task} token {token}: signal {sig} sent, SIGKILL in {}",
+                    format(*kill_in)
+                ),
+            ),
+            Notice::CommandStarted { pgid } => {
+                (Debug, format!("command started, process group {pgid}"))
+            }
+            Notice::CommandEnded { status } => (Info, format!("command ended with {status}")),
+            Notice::SpawnFailed { message } => {
+                (Error, format!("cannot run the command: {message}"))
+            }
+            Notice::KeeperLost => (
+                Error,
+                "the keeper process died; killing the job's process group".into(),
+            ),
+            Notice::LeftoversOutsideGroup => (
+                Warn,
+                "processes the command started are still running outside its process group; not waiting for them".into(),
+            ),
+            Notice::GroupNotGone { waited } => (
+                Error,
+                format!(
+                    "task {task} token {token}: the command was not reported gone {} after SIGKILL (keeper stopped, or a process stuck in uninterruptible sleep); giving up on it",
+                    format(*waited)
+                ),
+            ),
+            Notice::SignalFailed { pgid, error } => (
+                Warn,
+                format!("cannot signal process group {pgid}: {error}"),
+            ),
+            Notice::Finished { outcome, status } => (
+                Info,
+                format!(
+                    "finished: task {task} token {token}, outcome {}, exit status {status}",
+                    outcome.as_str()
+                ),
+            ),
+            Notice::Released { outcome } => (
+                Info,
+                format!("released task {task} token {token} ({})", outcome.as_str()),
+            ),
+            Notice::ReleaseRefused { reason } => (
+                Info,
+                format!(
+                    "release of task {task} token {token}: the authority had already dropped the lease ({reason})"
+                ),
+            ),
+            Notice::ReleaseFailed { error } => (
+                Warn,
+                format!(
+                    "release of task {task} token {token} failed ({error}); the lease will expire by itself"
+                ),
+            ),
+            Notice::NotReleasing => (
+                Warn,
+                format!(
+                    "not releasing task {task} token {token}: the command's process group may still have members; the lease will expire by itself"
+                ),
+            ),
+        }
+    }
+
+    fn lost(&self, why: &LostWhy) -> String {
+        let (task, token) = (&self.task, self.token);
+        match why {
+            LostWhy::NoRenewal { kill_in } => format!(
+                "lease lost: task {task} token {token}: no renewal for too long; stopping the command, SIGKILL in {}",
+                format(*kill_in)
+            ),
+            LostWhy::DeadlinePassed => {
+                format!("lease lost: task {task} token {token}: deadline passed without a renewal")
+            }
+            LostWhy::Refused { reason, message } => format!(
+                "lease lost: task {task} token {token}: renewal refused ({reason}) {message}"
+            ),
+            LostWhy::EndedAfterDeadline => format!(
+                "lease lost: task {task} token {token}: the command ended after the lease's deadline (was the agent paused?)"
+            ),
+        }
+    }
+
+    /// Logs `n`.
+    pub fn report(&self, n: &Notice) {
+        let (level, text) = self.line(n);
+        log::log!(level, "{text}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quoted_sentences_keep_their_words() {
+        let r = Reporter::new("t", 7);
+        let (l, s) = r.line(&Notice::RenewalFailing {
+            error: "timeout".into(),
+            left: Duration::from_secs(3),
+        });
+        assert_eq!(l, log::Level::Warn);
+        assert!(
+            s.starts_with("renewal failing: task t token 7: timeout"),
+            "{s}"
+        );
+        let (l, s) = r.line(&Notice::LeaseLost(LostWhy::Refused {
+            reason: RefusalReason::Superseded,
+            message: "m".into(),
+        }));
+        assert_eq!(l, log::Level::Error);
+        assert!(s.starts_with("lease lost: task t token 7:") && s.contains("superseded"));
+        let (_, s) = r.line(&Notice::RenewalsRecovered {
+            after: Duration::from_secs(1),
+            left: Duration::from_secs(2),
+        });
+        assert!(s.starts_with("renewals recovered after 1"), "{s}");
+    }
+}

@@ -1,0 +1,123 @@
+#!/bin/sh
+# Boots a real systemd as PID 1 of a private namespace set, for the tests of
+# the shipped units. Run by the test harness as
+#
+#   SYSNS_CGROUPS="DIR..." unshare --pid --fork --mount --mount-proc --uts --ipc --net \
+#       --propagation private sh systemd-boot.sh WORKDIR CGROUP_NAME BINARY UNIT_DIR
+#
+# Everything systemd could change on the machine is made private or masked
+# first, because other people work on the same machine:
+#   - pid, mount, uts (systemd sets the hostname), ipc (RemoveIPC= deletes the
+#     IPC objects of a uid), net (systemd configures lo; units get loopback only);
+#   - a copy of /etc bound over /etc (sysusers, unit files, machine-id change
+#     the copy only); its own /tmp, /run, /var/{lib,log,tmp,cache,spool} and /srv
+#     (the boot-time tmpfiles would otherwise empty the machine's /tmp, and a
+#     persistent journal would be written to the machine's /var/log);
+#   - /sys and /proc/sys read-only (no sysctl, no module or binfmt changes);
+#     the cgroup mounts below /sys stay writable;
+#   - a cgroup of its own, CGROUP_NAME, in the name=systemd and unified
+#     hierarchies (or the one v2 hierarchy): systemd takes the cgroup it starts in as its root, so two
+#     booted systemds never share a unit's cgroup;
+#   - every unit that the sysinit/sockets/timers/... targets pull in by default
+#     is masked (journald and its sockets excepted, for `journalctl`), every
+#     enablement symlink of the machine is dropped, every generator masked, and
+#     systemd boots test.target, which wants nothing.
+# The binary under test is bound over /usr/local/bin/leaseagent (the path the
+# shipped units use), and the units of UNIT_DIR are installed verbatim.
+set -eu
+W="$1"
+NAME="$2"
+BIN="$3"
+UNITS="$4"
+
+# Into our own cgroups before anything else ($$ is 1 here: the pid namespace's
+# init). SYSNS_CGROUPS: the directories the harness created (name=systemd and
+# unified on a hybrid machine, one directory on a pure cgroup v2 machine).
+[ -n "${SYSNS_CGROUPS:-}" ] || { echo "SYSNS_CGROUPS not set" >&2; exit 2; }
+for cg in $SYSNS_CGROUPS; do
+    case "$cg" in
+        */"$NAME") echo $$ > "$cg/cgroup.procs" ;;
+        *) echo "not our cgroup: $cg" >&2; exit 2 ;;
+    esac
+done
+
+mount --make-rprivate /
+rm -rf "$W/etc"
+cp -a /etc "$W/etc"
+mount --bind "$W/etc" /etc
+for d in /tmp /run /var/lib /var/log /var/tmp /var/cache /var/spool /srv; do
+    mkdir -p "$d"
+    mount -t tmpfs -o mode=0755 tmpfs "$d"
+done
+chmod 1777 /tmp /var/tmp
+mkdir -p /run/lock
+mount -o remount,bind,ro /sys
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+
+# The binary under test where the units expect it.
+mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
+touch /usr/local/bin/leaseagent
+mount --bind "$BIN" /usr/local/bin/leaseagent
+
+# Nothing of the machine starts: drop enablement, mask what targets pull in.
+S=/etc/systemd/system
+for w in "$S"/*.wants "$S"/*.requires; do
+    [ -e "$w" ] && rm -rf "$w"
+done
+for u in /usr/lib/systemd/system/*.target.wants/* /usr/lib/systemd/system/*.target.requires/*; do
+    [ -e "$u" ] || [ -L "$u" ] || continue
+    n=$(basename "$u")
+    case "$n" in
+        systemd-journald.service | systemd-journald.socket | systemd-journald-dev-log.socket) continue ;;
+    esac
+    ln -sfn /dev/null "$S/$n"
+done
+for n in systemd-tmpfiles-setup.service systemd-tmpfiles-setup-dev.service \
+    systemd-tmpfiles-clean.service systemd-tmpfiles-clean.timer systemd-remount-fs.service \
+    systemd-sysctl.service systemd-modules-load.service systemd-binfmt.service \
+    systemd-udevd.service systemd-udev-trigger.service systemd-update-utmp.service \
+    systemd-journal-flush.service systemd-random-seed.service systemd-hwdb-update.service \
+    systemd-timesyncd.service systemd-networkd.service systemd-resolved.service \
+    systemd-logind.service dbus.service dbus.socket getty.target swap.target \
+    systemd-journald-audit.socket systemd-networkd-wait-online.service \
+    proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount; do
+    ln -sfn /dev/null "$S/$n"
+done
+mkdir -p /etc/systemd/system-generators
+for g in /usr/lib/systemd/system-generators/* /lib/systemd/system-generators/*; do
+    [ -e "$g" ] || continue
+    ln -sfn /dev/null "/etc/systemd/system-generators/$(basename "$g")"
+done
+: > /etc/fstab
+mkdir -p /etc/systemd/system.conf.d
+cat > /etc/systemd/system.conf.d/test.conf <<'C'
+[Manager]
+LogTarget=journal
+ShowStatus=no
+DefaultCPUAccounting=no
+DefaultIOAccounting=no
+DefaultIPAccounting=no
+DefaultBlockIOAccounting=no
+DefaultMemoryAccounting=no
+DefaultTasksAccounting=no
+C
+cat > "$S/test.target" <<'U'
+[Unit]
+Description=test target: starts nothing by itself
+U
+
+# The shipped units, verbatim.
+cp -R "$UNITS"/. "$S"/
+mkdir -p /etc/sysusers.d /etc/leaseagent
+cp "$UNITS/leaseagent.sysusers" /etc/sysusers.d/leaseagent.conf
+systemd-sysusers /etc/sysusers.d/leaseagent.conf
+
+# Test-specific files the harness staged (env files, drop-ins, scripts).
+if [ -d "$W/stage/etc" ]; then cp -R "$W/stage/etc"/. /etc/; fi
+if [ -d "$W/stage/srv" ]; then cp -R "$W/stage/srv"/. /srv/; fi
+mkdir -p /srv/out
+chmod 0777 /srv/out
+
+echo booting
+exec env container=leaseagent-test /lib/systemd/systemd --system --unit=test.target

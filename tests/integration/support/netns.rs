@@ -1,0 +1,169 @@
+//! Test support: "hosts" as network namespaces on one switch, for real
+//! partitions. Host `i` (1-based) is the namespace `la<pid>n<seq>h<i>` with
+//! `eth0` = `10.99.0.<i>/24`, a veth whose other end `p<i>` is a port of the
+//! bridge `br0` in the namespace `la<pid>n<seq>sw`.
+//!
+//! [`Net::cut`] sets a host's switch port down: the host's packets are
+//! dropped at the veth and nothing reaches it (no RST, no ICMP: the peers'
+//! routes stay, the frames just vanish), as with a pulled cable.
+//! [`Net::heal`] brings the port back. Every namespace is deleted on drop;
+//! processes started in them are the caller's (see [`Proc`]) and must be
+//! dropped first. Names carry the test process's pid, so concurrent runs and
+//! other users' namespaces never collide.
+//!
+//! Needs iproute2 (`ip`) and root; a missing `ip` fails the test.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("`ip` (iproute2) must be installed: apt-get install iproute2");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub struct Net {
+    pub prefix: String,
+    pub hosts: usize,
+}
+
+impl Net {
+    /// `hosts` hosts on one switch, all links up.
+    pub fn new(hosts: usize) -> Net {
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let net = Net {
+            prefix: format!("la{}n{n}", std::process::id()),
+            hosts: 0,
+        };
+        let sw = net.switch();
+        ip(&["netns", "add", &sw]);
+        let mut net = net;
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &sw, "link", "set", "br0", "up"]);
+        for i in 1..=hosts {
+            let h = net.ns(i);
+            ip(&["netns", "add", &h]);
+            net.hosts = i;
+            let port = format!("p{i}");
+            ip(&[
+                "link", "add", "eth0", "netns", &h, "type", "veth", "peer", "name", &port, "netns",
+                &sw,
+            ]);
+            ip(&["-n", &sw, "link", "set", &port, "master", "br0"]);
+            ip(&["-n", &sw, "link", "set", &port, "up"]);
+            ip(&[
+                "-n",
+                &h,
+                "addr",
+                "add",
+                &format!("{}/24", net.ip(i)),
+                "dev",
+                "eth0",
+            ]);
+            ip(&["-n", &h, "link", "set", "eth0", "up"]);
+            ip(&["-n", &h, "link", "set", "lo", "up"]);
+        }
+        net
+    }
+
+    pub fn switch(&self) -> String {
+        format!("{}sw", self.prefix)
+    }
+
+    pub fn ns(&self, i: usize) -> String {
+        format!("{}h{i}", self.prefix)
+    }
+
+    pub fn ip(&self, i: usize) -> String {
+        format!("10.99.0.{i}")
+    }
+
+    /// `program` to be run on host `i`.
+    pub fn cmd(&self, i: usize, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns(i), program]);
+        c
+    }
+
+    /// Host `i` loses its link: its packets vanish both ways.
+    pub fn cut(&self, i: usize) {
+        ip(&[
+            "-n",
+            &self.switch(),
+            "link",
+            "set",
+            &format!("p{i}"),
+            "down",
+        ]);
+    }
+
+    pub fn heal(&self, i: usize) {
+        ip(&["-n", &self.switch(), "link", "set", &format!("p{i}"), "up"]);
+    }
+
+    /// Names of this net's namespaces that exist on the machine.
+    pub fn existing(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|n| n.starts_with(&self.prefix))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 1..=self.hosts {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.ns(i)])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.switch()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct Proc(pub Child);
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    /// Waits for the exit; None after `within`.
+    pub fn wait(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let until = Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.0.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,388 @@
+//! The shipped units under a real systemd (booted in private namespaces by
+//! `support::sysns`): what only a service manager shows. Each test boots its
+//! own systemd, starts `leaseagent-serve.service` as the authority on the
+//! namespace's loopback, and runs `leaseagent@TASK.service` instances with
+//! a drop-in for short timings, the way a user would shorten them.
+
+use crate::support::sysns;
+
+use std::time::Duration;
+
+use sysns::{Stage, Systemd};
+
+const LONG: Duration = Duration::from_secs(60);
+const SERVE: &str = "leaseagent-serve.service";
+
+/// The drop-in a user would write with `systemctl edit leaseagent@.service`:
+/// short timings, and a directory the jobs may write to.
+const DROPIN: &str =
+    "[Service]\nWatchdogSec=10s\nRestartSec=1s\nTimeoutStopSec=30s\nReadWritePaths=/srv/out\n";
+
+/// An env file for `leaseagent@NAME.service` running `sleeper.sh` on TASK.
+fn env_file(name: &str, task: &str) -> String {
+    format!(
+        "LEASEAGENT_COMMAND=/srv/sleeper.sh\nLEASEAGENT_AUTHORITY=http://127.0.0.1:7878\n\
+         LEASEAGENT_TASK={task}\nLEASEAGENT_OPTS=--ttl 6s --grace 2s\n\
+         OUT=/srv/out/{name}.out\nPIDS=/srv/out/{name}.pids\n"
+    )
+}
+
+fn stage() -> Stage {
+    Stage::new()
+        .helper("sleeper.sh")
+        .file(
+            "/etc/systemd/system/leaseagent@.service.d/test.conf",
+            DROPIN,
+        )
+        .file("/etc/leaseagent/demo.env", &env_file("demo", "demo"))
+}
+
+/// Boots with the stage and starts the authority unit.
+fn boot(stage: &Stage) -> Systemd {
+    let sd = Systemd::boot(stage);
+    sd.systemctl(&["start", SERVE]);
+    // Type=exec: started once exec'd; wait until it answers.
+    let until = std::time::Instant::now() + LONG;
+    while !String::from_utf8_lossy(&sd.http_get(7878, "/healthz").stdout).contains("200") {
+        assert!(
+            std::time::Instant::now() < until,
+            "serve does not answer\n{}",
+            sd.journal(SERVE)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sd
+}
+
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            state != Some("Z") && state != Some("X")
+        }
+        Err(_) => false,
+    }
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+fn environ(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+/// The machine pid of the job (`sleeper.sh`) in a unit's cgroup.
+fn job_pid(sd: &Systemd, unit: &str) -> Option<i32> {
+    sd.cgroup_pids(unit)
+        .into_iter()
+        .find(|p| cmdline(*p).contains("/srv/sleeper.sh") && !cmdline(*p).contains("leaseagent"))
+}
+
+/// The token in a `STATUS=` text ("holding token 7" and the like).
+fn status_token(status: &str) -> Option<u64> {
+    let i = status.find("token ")?;
+    status[i + 6..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let until = std::time::Instant::now() + within;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: not after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn start_returns_once_the_job_runs_with_the_token_in_the_status() {
+    let sd = boot(&stage());
+    sd.systemctl(&["start", "leaseagent@demo.service"]);
+    // No polling: Type=notify means start returned after READY=1.
+    let unit = "leaseagent@demo.service";
+    assert_eq!(sd.prop(unit, "ActiveState"), "active");
+    assert_eq!(sd.prop(unit, "SubState"), "running");
+    let status = sd.prop(unit, "StatusText");
+    let token = status_token(&status)
+        .unwrap_or_else(|| panic!("no token in status {status:?}\n{}", sd.journal(unit)));
+    let job = job_pid(&sd, unit).unwrap_or_else(|| {
+        panic!(
+            "job not in the cgroup when start returned: {:?}\n{}",
+            sd.cgroup_pids(unit),
+            sd.journal(unit)
+        )
+    });
+    assert!(
+        environ(job).contains(&format!("LEASE_TOKEN={token}")),
+        "job env {:?} lacks token {token}",
+        environ(job)
+    );
+    // The authority agrees.
+    let leases = sd.text(&[
+        "leaseagent",
+        "leases",
+        "--json",
+        "--authority",
+        "http://127.0.0.1:7878",
+    ]);
+    assert!(leases.contains("\"demo\""), "{leases}");
+    assert!(leases.contains(&format!("{token}")), "{leases}");
+    // `systemctl status` shows it too.
+    let st = sd.text(&["systemctl", "status", "--no-pager", unit]);
+    assert!(st.contains(&format!("Status: \"{status}\"")), "{st}");
+}
+
+#[test]
+fn stop_gives_the_job_sigterm_and_ends_inactive_success() {
+    let sd = boot(&stage());
+    let unit = "leaseagent@demo.service";
+    sd.systemctl(&["start", unit]);
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
+    let before = sd.cgroup_pids(unit);
+    assert!(before.len() >= 3, "agent, keeper, job: {before:?}");
+    sd.systemctl(&["stop", unit]);
+    assert!(
+        sd.read("/srv/out/demo.out").contains("got TERM"),
+        "job did not get SIGTERM: {:?}\n{}",
+        sd.read("/srv/out/demo.out"),
+        sd.journal(unit)
+    );
+    assert_eq!(
+        sd.prop(unit, "ActiveState"),
+        "inactive",
+        "{}",
+        sd.journal(unit)
+    );
+    assert_eq!(sd.prop(unit, "Result"), "success", "{}", sd.journal(unit));
+    assert!(sd.cgroup_pids(unit).is_empty());
+    for p in before {
+        assert!(!alive(p), "{p} ({}) outlived the stop", cmdline(p));
+    }
+    // The lease was released: the task is free for anyone at once.
+    let leases = sd.text(&[
+        "leaseagent",
+        "leases",
+        "--json",
+        "--authority",
+        "http://127.0.0.1:7878",
+    ]);
+    assert!(!leases.contains("\"demo\""), "lease left behind: {leases}");
+}
+
+#[test]
+fn exit_75_is_not_restarted_but_a_lost_lease_is() {
+    let sd = boot(&stage().file("/etc/leaseagent/second.env", &env_file("second", "demo")));
+    let unit = "leaseagent@demo.service";
+    sd.systemctl(&["start", unit]);
+    let first_token = status_token(&sd.prop(unit, "StatusText")).unwrap();
+    let first_main = sd.prop(unit, "MainPID");
+
+    // A second instance on the same task: held elsewhere, 75, no restart.
+    let second = "leaseagent@second.service";
+    let out = sd.run(&["systemctl", "start", second]);
+    assert!(!out.status.success(), "start of a held task succeeded");
+    let state = sd.wait_prop(second, "ActiveState", LONG, |s| s != "activating");
+    assert_eq!(state, "failed", "{}", sd.journal(second));
+    assert_eq!(sd.prop(second, "ExecMainStatus"), "75");
+    assert_eq!(sd.prop(second, "Result"), "exit-code");
+    // Well past RestartSec=1s, still no restart.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(sd.prop(second, "NRestarts"), "0", "{}", sd.journal(second));
+    assert_eq!(sd.prop(second, "ActiveState"), "failed");
+
+    // The lease is revoked (and freed): the agent exits 124, systemd restarts it.
+    let out = sd.text(&[
+        "leaseagent",
+        "revoke",
+        "--force",
+        "--authority",
+        "http://127.0.0.1:7878",
+        "demo",
+    ]);
+    sd.wait_prop(unit, "NRestarts", LONG, |n| n == "1");
+    sd.wait_prop(unit, "ActiveState", LONG, |s| s == "active");
+    let journal = sd.journal(unit);
+    assert!(
+        journal.contains("status=124"),
+        "no exit 124 before the restart (revoke said {out:?}):\n{journal}"
+    );
+    assert_ne!(sd.prop(unit, "MainPID"), first_main);
+    let token = status_token(&sd.prop(unit, "StatusText")).unwrap();
+    assert!(token > first_token, "token {token} after {first_token}");
+}
+
+#[test]
+fn a_stopped_agent_is_killed_by_the_watchdog_with_its_job() {
+    let sd = boot(&stage());
+    let unit = "leaseagent@demo.service";
+    sd.systemctl(&["start", unit]);
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
+    let agent = sd.main_pid(unit);
+    let old = sd.cgroup_pids(unit);
+    let job = job_pid(&sd, unit).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).unwrap(),
+        rustix::process::Signal::STOP,
+    )
+    .unwrap();
+    // WatchdogSec=10s (pings every 5 s, so a busy machine never trips it elsewhere): the agent is aborted, the keeper kills the job's group.
+    wait_until(LONG, "old attempt gone", || old.iter().all(|p| !alive(*p)));
+    assert!(!alive(job));
+    let journal = sd.journal(unit);
+    assert!(journal.contains("Watchdog timeout"), "{journal}");
+    // And Restart=on-failure brings the task back.
+    sd.wait_prop(unit, "NRestarts", LONG, |n| n != "0");
+    sd.wait_prop(unit, "ActiveState", LONG, |s| s == "active");
+}
+
+#[test]
+fn sigkill_of_the_agent_leaves_nothing_in_the_cgroup() {
+    // A slow restart, so the emptied cgroup can be looked at.
+    let sd = boot(&stage().file(
+        "/etc/systemd/system/leaseagent@demo.service.d/slow-restart.conf",
+        "[Service]\nRestartSec=10min\n",
+    ));
+    let unit = "leaseagent@demo.service";
+    sd.systemctl(&["start", unit]);
+    wait_until(LONG, "job ready", || {
+        sd.read("/srv/out/demo.out").contains("ready")
+    });
+    let agent = sd.main_pid(unit);
+    let old = sd.cgroup_pids(unit);
+    assert!(old.len() >= 4, "agent, keeper, job, grandchild: {old:?}");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    sd.wait_prop(unit, "SubState", LONG, |s| s == "auto-restart");
+    wait_until(LONG, "cgroup empty", || sd.cgroup_pids(unit).is_empty());
+    for p in old {
+        assert!(!alive(p), "{p} ({}) outlived the agent", cmdline(p));
+    }
+    assert_eq!(sd.prop(unit, "Result"), "signal");
+}
+
+#[test]
+fn the_serve_unit_answers_healthz() {
+    let sd = boot(&Stage::new());
+    let out = sd.http_get(7878, "/healthz");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"ok\":true"), "{text}");
+    assert_eq!(sd.prop(SERVE, "ActiveState"), "active");
+    // It runs as a dynamic user, not root.
+    let main = sd.main_pid(SERVE);
+    let status = std::fs::read_to_string(format!("/proc/{main}/status")).unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    assert_ne!(uid, "0", "serve runs as root");
+}
+
+#[test]
+fn the_nightly_timer_is_scheduled() {
+    let sd = Systemd::boot(&Stage::new().file(
+        "/etc/leaseagent/nightly-export.env",
+        "LEASEAGENT_COMMAND=/bin/true\n",
+    ));
+    let timer = "leaseagent@nightly-export.timer";
+    sd.systemctl(&["start", timer]);
+    assert_eq!(sd.prop(timer, "ActiveState"), "active");
+    assert_eq!(
+        sd.prop(timer, "Triggers"),
+        "leaseagent@nightly-export.service"
+    );
+    let shown = sd.prop(timer, "NextElapseUSecRealtime");
+    // `date` inside reads the timestamp in the system's own time zone.
+    let next = sd.text(&["date", "-d", &shown, "+%s"]);
+    let next: u64 = next
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no next elapse: {shown:?} -> {next:?}"));
+    // 02:00 local time plus at most RandomizedDelaySec=60s (and AccuracySec=1s), within a day.
+    let offset = sd.text(&["date", "+%z"]);
+    let offset = offset.trim();
+    let sign = if offset.starts_with('-') { -1i64 } else { 1 };
+    let hh: i64 = offset[1..3].parse().unwrap();
+    let mm: i64 = offset[3..5].parse().unwrap();
+    let local = next as i64 + sign * (hh * 3600 + mm * 60);
+    let in_day = local.rem_euclid(86_400);
+    assert!(
+        (7200..=7262).contains(&in_day),
+        "next elapse {next} is {in_day}s into the local day"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        next > now && next <= now + 86_400 + 60,
+        "next {next}, now {now}"
+    );
+    let listed = sd.text(&["systemctl", "list-timers", "--no-pager", "--all"]);
+    assert!(listed.contains(timer), "{listed}");
+}
+
+#[test]
+fn teardown_leaves_no_process_cgroup_or_directory() {
+    let sd = boot(&stage());
+    sd.systemctl(&["start", "leaseagent@demo.service"]);
+    let pids = sd.cgroup_pids("leaseagent@demo.service");
+    let (name, work, pid) = (sd.name.clone(), sd.work.clone(), sd.pid);
+    assert!(Systemd::leftovers(&name, &work, pid).len() >= 2);
+    drop(sd);
+    assert_eq!(Systemd::leftovers(&name, &work, pid), Vec::<String>::new());
+    for p in pids {
+        assert!(!alive(p), "{p} ({}) left behind", cmdline(p));
+    }
+}
+
+#[test]
+fn booting_changes_nothing_on_the_machine() {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let watched = [
+        "/proc/sys/kernel/hostname",
+        "/proc/sys/kernel/pid_max",
+        "/proc/sys/fs/nr_open",
+        "/proc/sys/net/unix/max_dgram_qlen",
+        "/etc/passwd",
+        "/etc/machine-id",
+    ];
+    let before: Vec<String> = watched.iter().map(|p| read(p)).collect();
+    let canary = tempfile::Builder::new()
+        .prefix("leaseagent-canary")
+        .tempfile_in("/tmp")
+        .unwrap();
+    let sd = boot(&stage());
+    sd.systemctl(&["start", "leaseagent@demo.service"]);
+    // Inside, /tmp is another one, and sysusers added a user to the copy of /etc.
+    assert!(!sd.path(canary.path().to_str().unwrap()).exists());
+    assert!(sd.read("/etc/passwd").contains("leaseagent:"));
+    drop(sd);
+    assert!(canary.path().exists(), "the machine's /tmp was touched");
+    let after: Vec<String> = watched.iter().map(|p| read(p)).collect();
+    assert_eq!(before, after, "{watched:?} changed");
+}
