@@ -323,24 +323,14 @@ fn signals_before_start(
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.
 fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| std::path::PathBuf::from(d).join("leaseagent"))
-        .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("leaseagent-{}", rustix::process::getuid().as_raw()))
-        });
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&base);
-    match crate::agent::state_file::StateWriter::in_dir(&base) {
-        Ok(w) => Some(w),
+    // The runtime dir (see `sys::paths::runtime_dir`), checked: never
+    // written through if another user could have prepared it.
+    match crate::sys::paths::runtime_dir() {
+        Ok((path, fd)) => Some(crate::agent::state_file::StateWriter::in_checked_dir(
+            &path, fd,
+        )),
         Err(e) => {
-            log::warn!(
-                "no lease state file for `leaseagent check` ({}: {e})",
-                base.display()
-            );
+            log::warn!("no lease state file for `leaseagent check`: {e}");
             None
         }
     }
@@ -372,7 +362,7 @@ fn job_env(
         ));
     }
     // Credentials in a URL never reach the job (the trust flags' own
-    // variables are removed, see `job_env_remove`).
+    // variables are removed where the keeper is started).
     if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
         .ok()
         .filter(|u| authority::trust::has_userinfo(u))
@@ -383,16 +373,6 @@ fn job_env(
         ));
     }
     env
-}
-
-/// Variables removed from the job's environment: systemd's, and the trust
-/// flags' (`authority::trust::JOB_ENV_REMOVE`).
-fn job_env_remove() -> Vec<&'static str> {
-    crate::sys::notify::JOB_ENV_REMOVE
-        .iter()
-        .chain(authority::trust::JOB_ENV_REMOVE)
-        .copied()
-        .collect()
 }
 
 /// Says what was granted (and what was scaled to fit a clamped ttl).
@@ -445,7 +425,14 @@ fn start(
     );
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
-    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &job_env_remove(), tx.clone()) {
+    // The keeper's list, and the trust flags' variables.
+    let mut env_remove = crate::keeper::handle::job_env_remove();
+    env_remove.extend(
+        authority::trust::JOB_ENV_REMOVE
+            .iter()
+            .map(|v| v.to_string()),
+    );
+    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");

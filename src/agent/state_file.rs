@@ -12,6 +12,7 @@
 //! which cannot be valid.
 
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -73,20 +74,38 @@ impl LeaseStateFile {
 }
 
 /// Writes the state file atomically; owned by the supervisor loop alone.
+///
+/// Every file operation is relative to the directory descriptor that was
+/// checked ([`crate::sys::paths::open_private_dir`]); the temp file is
+/// created `O_EXCL | O_NOFOLLOW` with a random name, so a link planted in
+/// the directory is never written through.
 pub struct StateWriter {
+    dir: OwnedFd,
     path: PathBuf,
-    tmp: PathBuf,
+    name: String,
 }
 
 impl StateWriter {
-    /// A writer for a fresh file in `dir` named after the agent's pid.
+    /// A writer in `dir`, which is created 0700 if missing and must be this
+    /// user's, writable by no one else (see
+    /// [`crate::sys::paths::open_private_dir`]).
     pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let pid = std::process::id();
-        Ok(StateWriter {
-            path: dir.join(format!("lease-{pid}.json")),
-            tmp: dir.join(format!(".lease-{pid}.json.tmp")),
-        })
+        use crate::sys::paths::{DirRule, open_private_dir};
+        let fd = open_private_dir(dir, DirRule::NotWritableByOthers).map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())
+        })?;
+        Ok(Self::in_checked_dir(dir, fd))
+    }
+
+    /// A writer for a fresh file named after the agent's pid in the checked
+    /// directory `dir` (whose path is `shown`).
+    pub fn in_checked_dir(shown: &Path, dir: OwnedFd) -> Self {
+        let name = format!("lease-{}.json", std::process::id());
+        StateWriter {
+            path: shown.join(&name),
+            dir,
+            name,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -97,17 +116,23 @@ impl StateWriter {
     /// reader never sees half a file). No fsync: the file only matters while
     /// this agent runs.
     pub fn write(&self, state: &LeaseStateFile) -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&self.tmp)?;
+        let (mut f, tmp) = crate::sys::paths::create_temp(&self.dir, ".lease-", 0o644)?;
         let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;
-        f.write_all(&bytes)?;
+        let written = f.write_all(&bytes);
         drop(f);
-        std::fs::rename(&self.tmp, &self.path)
+        let renamed = written.and_then(|()| {
+            rustix::fs::renameat(&self.dir, tmp.as_str(), &self.dir, self.name.as_str())
+                .map_err(std::io::Error::from)
+        });
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(&self.dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+        }
+        renamed
     }
 
     /// Removes the file (the agent is done).
     pub fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
-        let _ = std::fs::remove_file(&self.tmp);
+        let _ = rustix::fs::unlinkat(&self.dir, self.name.as_str(), rustix::fs::AtFlags::empty());
     }
 }
 

@@ -154,15 +154,15 @@ impl Supervisor {
 
     /// The kill path first: every signal of a step goes out before anything
     /// that does I/O (log, state file, systemd, release).
-    fn send_signals(&self, actions: &[Action]) {
-        let Some(g) = self.group else { return };
+    fn send_signals(&mut self, actions: &[Action]) {
+        // Through the keeper, which stops the whole tree (see keeper/handle.rs).
+        let Some(k) = self.keeper.as_mut() else {
+            return;
+        };
         for action in actions {
             if let Action::SignalGroup(sig) = action {
-                if let Err(e) = g.signal(*sig) {
-                    self.reporter.report(&Notice::SignalFailed {
-                        pgid: g.pgid(),
-                        error: e.to_string(),
-                    });
+                if let Some((pgid, error)) = k.signal(*sig) {
+                    self.reporter.report(&Notice::SignalFailed { pgid, error });
                 }
             }
         }
@@ -262,7 +262,13 @@ impl Supervisor {
 
     fn release(&mut self, outcome: Outcome, exit_code: Option<i32>) {
         let lease = self.grant.lease_ref();
-        let timeout = release_timeout(self.grant.ttl);
+        // A release cannot matter after the deadline (the lease is gone by
+        // then): never wait on one past it.
+        let timeout =
+            release_timeout(self.grant.ttl).min(BootInstant::now().until(self.machine.deadline()));
+        if timeout.is_zero() {
+            return;
+        }
         let notice = match self.authority.release(&lease, outcome, exit_code, timeout) {
             Ok(()) => Notice::Released { outcome },
             Err(RenewError::Refused { reason, .. }) => Notice::ReleaseRefused { reason },

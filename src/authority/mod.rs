@@ -26,6 +26,7 @@ pub mod http;
 pub mod http_operator;
 pub mod transport;
 pub mod trust;
+pub mod untrusted;
 
 use std::time::Duration;
 
@@ -290,23 +291,29 @@ impl AuthoritySpec {
 }
 
 /// Opens the authority a spec names, with the client trust the flags name
-/// (read and checked here, once; the error names the flag and the file).
+/// (read and checked here, once; the error names the flag and the file),
+/// behind the checks every answer must pass ([`untrusted::Checked`]).
 pub fn open(spec: &AuthoritySpec, files: &trust::TrustFiles) -> Result<Box<dyn Authority>, String> {
     let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
-    match spec {
-        AuthoritySpec::Http(base) => Ok(Box::new(http::HttpAuthority::with_trust(base, trust))),
-        AuthoritySpec::Etcd(endpoints) => Ok(Box::new(etcd::EtcdAuthority::with_trust(
+    let inner: Box<dyn Authority> = match spec {
+        AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::with_trust(base, trust)),
+        AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(
             endpoints.clone(),
             false,
             trust,
-        ))),
-        AuthoritySpec::Etcds(endpoints) => Ok(Box::new(etcd::EtcdAuthority::with_trust(
+        )),
+        AuthoritySpec::Etcds(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(
             endpoints.clone(),
             true,
             trust,
-        ))),
-        AuthoritySpec::Sqlite(path) => Ok(Box::new(embedded::EmbeddedAuthority::new(path.clone()))),
-    }
+        )),
+        AuthoritySpec::Sqlite(path) => {
+            // Its directory must be this user's alone; no symlinks followed.
+            crate::sys::paths::prepare_db_file(path)?;
+            Box::new(embedded::EmbeddedAuthority::new(path.clone()))
+        }
+    };
+    Ok(Box::new(untrusted::Checked::new(inner)))
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! - no proxy from the environment stands between an agent and its lease
 //!   authority (a proxy's own timeouts and buffering would void the first
 //!   two points);
+//! - no redirect is ever followed: a 3xx is returned as the answer (and is
+//!   no grant), so an authority cannot send the agent to another host.
 //! - TLS settings and credentials come from one [`ClientTrust`], and a
 //!   failure that is about trust (the certificate, a TLS handshake with
 //!   something that does not speak TLS, or plain HTTP answered in TLS) is
@@ -30,6 +32,9 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
         .tls_config(trust.tls().clone())
         .http_status_as_error(false)
         .proxy(None)
+        // Never follow a redirect: an authority's 3xx is its answer.
+        .max_redirects(0)
+        .max_redirects_will_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
         .max_idle_connections_per_host(2)
         .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))

@@ -48,7 +48,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rustix::fs::{FlockOperation, RenameFlags};
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{FlockOperation, Mode, OFlags, RenameFlags};
 
 use super::{FenceError, FencedStore, Superseded, admit};
 
@@ -294,11 +296,7 @@ impl DirStore {
     /// Takes the exclusive lock of `name`, waiting at most the lock timeout.
     fn lock(&self, name: &OsStr) -> Result<std::fs::File, Error> {
         let path = self.lock_path(name);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
+        let file = open_side_file(&path, OFlags::CREATE | OFlags::WRONLY)
             .map_err(|e| Error::Lock(path.clone(), e))?;
         let deadline = Instant::now() + self.lock_timeout;
         let mut pause = Duration::from_millis(1);
@@ -318,16 +316,52 @@ impl DirStore {
     }
 
     /// Replaces the record with `token`: temp file, fsync, rename, fsync dir.
+    /// The temp file has a random name and is created `O_EXCL | O_NOFOLLOW`
+    /// relative to the open directory, so a planted link is never followed.
     fn write_record(&self, name: &OsStr, record: &Path, token: u64) -> Result<(), Error> {
-        let tmp = self.root.join(hidden(name, TMP_SUFFIX));
         let err = |e| Error::Record(record.to_path_buf(), e);
-        let mut f = std::fs::File::create(&tmp).map_err(err)?;
-        f.write_all(format!("{token}\n").as_bytes()).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        let dir: OwnedFd = rustix::fs::open(
+            &self.root,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| err(e.into()))?;
+        let prefix = format!("{}-", hidden(name, TMP_SUFFIX).to_string_lossy());
+        let (mut f, tmp) = crate::sys::paths::create_temp(&dir, &prefix, 0o644).map_err(err)?;
+        let record_name = hidden(name, RECORD_SUFFIX);
+        let written = f
+            .write_all(format!("{token}\n").as_bytes())
+            .and_then(|()| f.sync_all());
         drop(f);
-        std::fs::rename(&tmp, record).map_err(err)?;
-        sync_dir(&self.root).map_err(err)
+        let renamed = written.and_then(|()| {
+            rustix::fs::renameat(&dir, tmp.as_str(), &dir, record_name.as_os_str())
+                .map_err(std::io::Error::from)
+        });
+        if let Err(e) = renamed {
+            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+            return Err(err(e));
+        }
+        rustix::fs::fsync(&dir).map_err(|e| err(e.into()))
     }
+}
+
+/// Opens a side file (record, lock) without following a symlink and
+/// without blocking on a planted FIFO; it must be a regular file.
+fn open_side_file(path: &Path, flags: OFlags) -> std::io::Result<std::fs::File> {
+    let fd = rustix::fs::open(
+        path,
+        flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => std::io::Error::other("it is a symlink; refusing to follow it"),
+        e => e.into(),
+    })?;
+    let st = rustix::fs::fstat(&fd)?;
+    if st.st_mode & 0o170000 != 0o100000 {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(std::fs::File::from(fd))
 }
 
 /// How the move went.
@@ -376,7 +410,7 @@ fn check_name(name: &OsStr) -> Result<(), Error> {
         n.starts_with('.')
             && (n.ends_with(RECORD_SUFFIX)
                 || n.ends_with(LOCK_SUFFIX)
-                || n.ends_with(TMP_SUFFIX)
+                || n.contains(TMP_SUFFIX)
                 || n.contains(STAGING_INFIX))
     });
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') || own {
@@ -386,7 +420,12 @@ fn check_name(name: &OsStr) -> Result<(), Error> {
 }
 
 fn read_record(path: &Path) -> Result<Option<u64>, Error> {
-    match std::fs::read(path) {
+    let read = open_side_file(path, OFlags::RDONLY).and_then(|f| {
+        use std::io::Read;
+        let mut bytes: Vec<u8> = Vec::new();
+        f.take(64).read_to_end(&mut bytes).map(|_| bytes)
+    });
+    match read {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
             let digits = text.strip_suffix('\n').unwrap_or(&text);

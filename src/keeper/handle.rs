@@ -1,17 +1,29 @@
-//! The agent's side of the job: starting the keeper, signalling the job's
-//! group, and turning the keeper's reports into events.
+//! The agent's side of the keeper: starting it, asking it to stop the job's
+//! tree, and turning its reports into events.
 //!
-//! [`JobGroup::for_kill`] is the one place that turns a pid into a group
-//! kill: every signal the agent sends goes to `-pgid`, so grandchildren are
-//! never missed. The keeper (see `keeper.rs`) is the job's parent; this
-//! module reads its report pipe on a thread of its own and never waits on a
-//! process itself, so the supervisor loop cannot block on the job.
+//! Stops go to the keeper, which signals the whole tree (see `keeper/mod.rs`):
+//! SIGTERM and SIGKILL reach every descendant whatever its group or
+//! session, and relayed signals reach the members of the job's group. The
+//! ctl pipe is non-blocking on our side, so a frozen keeper can never block
+//! the supervisor loop.
+//!
+//! SIGKILL also goes straight to the job's process group from here, so the
+//! deadline holds even when the keeper is stopped or gone. That is the only
+//! group signal the agent sends, and only while the job's leader has not
+//! been reported exited: an unreaped leader keeps its pid (the group id)
+//! from being recycled, so `kill(-pgid)` cannot reach a stranger's group.
+//!
+//! The report pipe is read on a thread of its own; this module never waits
+//! on a process itself (except the bounded reap of the keeper at the end),
+//! so the supervisor loop cannot block on the job.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -20,12 +32,13 @@ use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, kill_process_group, test_kill_process_group};
 
 use crate::agent::machine::Event;
-use crate::exit::ChildStatus;
-use crate::keeper::{DONE, KEEPER_ARG};
+use crate::keeper::KEEPER_ARG;
+use crate::keeper::protocol::{Command as Ctl, Report, SpawnFailure};
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
 
-/// The job's process group, ready to be signalled as a whole.
+/// The job's process group, for the one question the agent asks of it
+/// after a keeper loss: is it provably empty?
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobGroup(Pid);
 
@@ -33,19 +46,6 @@ impl JobGroup {
     /// The group led by `pid` (the job runs with `pgid == pid`).
     pub fn for_kill(pid: i32) -> Option<Self> {
         Pid::from_raw(pid).map(JobGroup)
-    }
-
-    pub fn pgid(&self) -> i32 {
-        self.0.as_raw_nonzero().get()
-    }
-
-    /// Sends `sig` to every process of the group. A group that is already
-    /// gone (ESRCH) is not an error.
-    pub fn signal(&self, sig: Sig) -> std::io::Result<()> {
-        match kill_process_group(self.0, sig.to_rustix()) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// Whether the group provably has no member left (not even a zombie):
@@ -58,10 +58,22 @@ impl JobGroup {
     }
 }
 
+/// What the report reader has learnt, shared with the handle.
+#[derive(Default)]
+struct Seen {
+    /// The job's pid (= its process group id), 0 until started.
+    job_pid: AtomicI32,
+    /// The keeper reported the leader reaped: never signal `-pgid` again.
+    leader_exited: AtomicBool,
+    /// The keeper reported the whole tree gone.
+    tree_gone: AtomicBool,
+}
+
 /// The running keeper.
 pub struct Keeper {
     child: Child,
     ctl: Option<std::fs::File>,
+    seen: Arc<Seen>,
 }
 
 /// Starts the keeper, which starts `command` with `env` added to the agent's
@@ -69,7 +81,7 @@ pub struct Keeper {
 pub fn spawn_keeper(
     command: &[OsString],
     env: &[(String, String)],
-    env_remove: &[&str],
+    env_remove: &[String],
     events: Sender<Event>,
 ) -> std::io::Result<Keeper> {
     let (ctl_r, ctl_w) = pipe_with(PipeFlags::CLOEXEC)?;
@@ -78,6 +90,8 @@ pub fn spawn_keeper(
     // agent starts no other process.
     fcntl_setfd(&ctl_r, FdFlags::empty())?;
     fcntl_setfd(&rep_w, FdFlags::empty())?;
+    // Our end never blocks: a stopped keeper cannot stall the loop.
+    rustix::fs::fcntl_setfl(&ctl_w, rustix::fs::OFlags::NONBLOCK)?;
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0("leaseagent-keeper")
         .arg(KEEPER_ARG)
@@ -85,68 +99,98 @@ pub fn spawn_keeper(
         .arg(rep_w.as_raw_fd().to_string())
         .arg("--")
         .args(command);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
     for k in env_remove {
         cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let child = cmd.spawn()?;
     drop(ctl_r);
     drop(rep_w);
     let reader = std::fs::File::from(rep_r);
-    std::thread::Builder::new()
-        .name("keeper-reports".into())
-        .spawn(move || read_reports(reader, &events))?;
+    let seen = Arc::new(Seen::default());
+    {
+        let seen = seen.clone();
+        std::thread::Builder::new()
+            .name("keeper-reports".into())
+            .spawn(move || read_reports(reader, &events, &seen))?;
+    }
     Ok(Keeper {
         child,
         ctl: Some(std::fs::File::from(ctl_w)),
+        seen,
     })
 }
 
-/// Parses one report line of the keeper.
-pub fn parse_report(line: &str) -> Option<Event> {
-    let mut parts = line.splitn(3, ' ');
-    match (parts.next()?, parts.next(), parts.next()) {
-        ("P", Some(pid), _) => Some(Event::ChildStarted {
-            pid: pid.parse().ok()?,
-        }),
-        ("E", Some(kind), msg) => Some(Event::SpawnFailed {
-            not_found: kind == "not_found",
-            message: msg.unwrap_or(kind).to_string(),
-        }),
-        ("X", Some(how), Some(rest)) => {
-            let mut rest = rest.split(' ');
-            let n: i32 = rest.next()?.parse().ok()?;
-            let at = rest
-                .next()
-                .and_then(|ms| ms.parse::<u64>().ok())
-                .map(|ms| BootInstant::from_since_boot(Duration::from_millis(ms)))
-                .unwrap_or_else(BootInstant::now);
-            let status = match how {
-                "exit" => ChildStatus::Exited(n),
-                "signal" => ChildStatus::Signaled(n),
-                _ => return None,
-            };
-            Some(Event::ChildExited { status, at })
+/// Variables of the agent's environment the job must not inherit: systemd's
+/// notify socket and every `WATCHDOG_*` / `LISTEN_*` (they describe the
+/// agent's own service, and a job acting on them would confuse systemd),
+/// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
+/// variable is set again only when this agent made its own file).
+pub fn job_env_remove() -> Vec<String> {
+    let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    out.push(crate::agent::state_file::ENV_STATE_FILE.to_string());
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if k.starts_with("WATCHDOG_") || k.starts_with("LISTEN_") {
+                out.push(k.to_string());
+            }
         }
-        ("G", None, None) => Some(Event::TreeGone),
-        _ => None,
+    }
+    out
+}
+
+/// The event a report stands for, if any (survivors and notes are logged
+/// by the reader instead).
+pub fn event_of(report: Report) -> Option<Event> {
+    match report {
+        Report::Started { pid } => Some(Event::ChildStarted { pid }),
+        Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
+            not_found: kind == SpawnFailure::NotFound,
+            message,
+        }),
+        Report::Exited { status, at_ms } => Some(Event::ChildExited {
+            status,
+            at: BootInstant::from_since_boot(Duration::from_millis(at_ms)),
+        }),
+        Report::TreeGone => Some(Event::TreeGone),
+        Report::Survivor { .. } | Report::Warning(_) | Report::Info(_) => None,
     }
 }
 
-fn read_reports(reader: std::fs::File, events: &Sender<Event>) {
+fn read_reports(reader: std::fs::File, events: &Sender<Event>, seen: &Seen) {
+    use crate::authority::untrusted::escape;
     let mut saw_gone = false;
     for line in BufReader::new(reader).lines() {
         let Ok(line) = line else { break };
-        match parse_report(&line) {
-            Some(ev) => {
-                saw_gone |= matches!(ev, Event::TreeGone | Event::SpawnFailed { .. });
-                if events.send(ev).is_err() {
-                    return;
-                }
+        let report = match line.parse::<Report>() {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("{}", escape(&e.to_string()));
+                continue;
             }
-            None => log::warn!("keeper sent an unknown report: {line:?}"),
+        };
+        match &report {
+            Report::Started { pid } => seen.job_pid.store(*pid, Ordering::SeqCst),
+            Report::Exited { .. } => seen.leader_exited.store(true, Ordering::SeqCst),
+            Report::TreeGone => seen.tree_gone.store(true, Ordering::SeqCst),
+            Report::Survivor { pid, command } => log::error!(
+                "process {pid} of the job's tree survived SIGKILL: {}",
+                escape(command)
+            ),
+            Report::Warning(m) => log::warn!("{}", escape(m)),
+            Report::Info(m) => log::info!("{}", escape(m)),
+            Report::SpawnFailed { .. } => {}
+        }
+        saw_gone |= matches!(report, Report::TreeGone | Report::SpawnFailed { .. });
+        if let Some(ev) = event_of(report) {
+            if events.send(ev).is_err() {
+                return;
+            }
         }
     }
     if !saw_gone {
@@ -155,20 +199,61 @@ fn read_reports(reader: std::fs::File, events: &Sender<Event>) {
 }
 
 impl Keeper {
-    /// Tells the keeper to exit without killing, and reaps it (bounded).
+    /// Stops or signals the job: SIGTERM/SIGKILL to its whole tree (through
+    /// the keeper), other signals to its group's members. SIGKILL also goes
+    /// straight to the group while its leader lives; a failure of that is
+    /// returned as `(pgid, error)` for the report.
+    pub fn signal(&mut self, sig: Sig) -> Option<(i32, String)> {
+        let cmd = match sig {
+            Sig::Term => Ctl::Term,
+            Sig::Kill => Ctl::Kill,
+            s => Ctl::Relay(s),
+        };
+        let failed = if sig == Sig::Kill {
+            self.kill_group_directly()
+        } else {
+            None
+        };
+        if self.seen.tree_gone.load(Ordering::SeqCst) {
+            return failed;
+        }
+        if let Some(ctl) = self.ctl.as_mut() {
+            match ctl.write(&[cmd.to_byte()]) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    log::warn!("the keeper is not reading its commands (stopped?)");
+                }
+                Err(_) => self.ctl = None,
+            }
+        }
+        failed
+    }
+
+    /// `kill(-pgid, SIGKILL)` while the leader is not known to have exited.
+    fn kill_group_directly(&self) -> Option<(i32, String)> {
+        if self.seen.leader_exited.load(Ordering::SeqCst) {
+            return None;
+        }
+        let pgid = Pid::from_raw(self.seen.job_pid.load(Ordering::SeqCst))?;
+        match kill_process_group(pgid, Sig::Kill.to_rustix()) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => None,
+            Err(e) => Some((pgid.as_raw_nonzero().get(), e.to_string())),
+        }
+    }
+
+    /// Tells the keeper to finish (it kills whatever is left, normally
+    /// nothing, then exits), and reaps it (bounded).
     pub fn finish(mut self, within: Duration) {
         if let Some(mut ctl) = self.ctl.take() {
-            let _ = ctl.write_all(&[DONE]);
+            let _ = ctl.write_all(&[Ctl::Done.to_byte()]);
         }
         let until = Instant::now() + within;
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) | Err(_) => return,
-                Ok(None) if Instant::now() >= until => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    return;
-                }
+                // Left running: it keeps killing what is left of the tree
+                // and exits when it is gone.
+                Ok(None) if Instant::now() >= until => return,
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             }
         }
@@ -178,36 +263,27 @@ impl Keeper {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exit::ChildStatus;
 
     #[test]
-    fn parses_reports() {
-        assert_eq!(parse_report("P 42"), Some(Event::ChildStarted { pid: 42 }));
-        assert_eq!(parse_report("G"), Some(Event::TreeGone));
+    fn reports_become_events() {
+        let ev = |l: &str| event_of(l.parse::<Report>().unwrap());
+        assert_eq!(ev("P 42"), Some(Event::ChildStarted { pid: 42 }));
+        assert_eq!(ev("G"), Some(Event::TreeGone));
         assert_eq!(
-            parse_report("E not_found No such file"),
+            ev("E not_found No such file"),
             Some(Event::SpawnFailed {
                 not_found: true,
                 message: "No such file".into()
             })
         );
         assert_eq!(
-            parse_report("X exit 3 1500"),
+            ev("X exit 3 1500"),
             Some(Event::ChildExited {
                 status: ChildStatus::Exited(3),
                 at: BootInstant::from_since_boot(Duration::from_millis(1500))
             })
         );
-        assert_eq!(
-            parse_report("X signal 9 10").map(|e| matches!(
-                e,
-                Event::ChildExited {
-                    status: ChildStatus::Signaled(9),
-                    ..
-                }
-            )),
-            Some(true)
-        );
-        assert_eq!(parse_report("Q"), None);
-        assert_eq!(parse_report("P x"), None);
+        assert_eq!(ev("S 7 sleep 1001"), None);
     }
 }

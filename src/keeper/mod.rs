@@ -1,28 +1,39 @@
-//! The keeper: a tiny process between the agent and the job that makes
-//! "no orphans" hold even when the agent is SIGKILLed.
+//! The keeper: a tiny process between the agent and the job that stops the
+//! job's whole tree, whatever its group or session, on every stop, and
+//! makes "no orphans" hold even when the agent is SIGKILLed.
 //!
 //! Why a process: a parent-death signal (`PR_SET_PDEATHSIG`) reaches only the
-//! direct child, and the job's grandchildren would survive the agent. Nothing
-//! in the kernel kills a process group when some unrelated process dies. So
-//! the agent starts `leaseagent __keeper` (re-executing `/proc/self/exe`), and
-//! the keeper starts the job in a new process group and watches a pipe from
-//! the agent. The agent holds the only write end; when the agent dies for any
-//! reason the kernel closes it, the keeper reads EOF and SIGKILLs the job's
-//! whole group.
+//! direct child, and nothing in the kernel kills a process tree when some
+//! unrelated process dies. So the agent starts `leaseagent __keeper`
+//! (re-executing `/proc/self/exe`); the keeper becomes a child subreaper,
+//! starts the job in a new process group and watches a pipe from the agent.
+//! The agent holds the only write end; when the agent dies for any reason
+//! the kernel closes it, the keeper reads EOF and kills the whole tree.
 //!
 //! ```text
-//!   agent ──ctl pipe (agent writes; EOF = agent died)──▶ keeper ──fork/exec──▶ job (pgid = job pid)
-//!   agent ◀──report pipe: "P pid" "E kind msg" "X exit n" "X signal n" "G"── keeper
+//!   agent ──ctl pipe: Relay(sig) Term Kill Done; EOF = agent died──▶ keeper ──fork/exec──▶ job
+//!   agent ◀──report pipe: Started SpawnFailed Exited TreeGone Survivor Warning Info── keeper
 //! ```
+//! (both ends typed in [`protocol`]).
+//!
+//! One loop, in tini's manner: `poll` on the ctl pipe and a SIGCHLD
+//! self-pipe together, then `waitpid(-1, WNOHANG)` until nothing is left to
+//! reap. No helper thread, no sleep-polling. The only timed wake-up is the
+//! next round of SIGKILL while a kill is in progress.
 //!
 //! Invariants and races it guards against:
-//! - The keeper is the job's parent and a child subreaper, so every
-//!   descendant of the job is reaped by it (no zombies left to an init that
-//!   may not reap), and "no child left" (`ECHILD`) proves the whole tree is
-//!   gone; it reports that as `G`.
-//! - The job leader is reaped only by the keeper, and the keeper reports `X`
-//!   only after reaping; the group id cannot be recycled while any member
-//!   lives, and the agent stops signalling the group once it has seen `G`.
+//! - The keeper is a child subreaper, so every descendant of the job stays
+//!   below it (orphans re-parent to it), and "no child left" (`ECHILD`,
+//!   plus an empty job cgroup when there is one) proves the whole tree is
+//!   gone; it reports that as `TreeGone`. The agent releases the lease only
+//!   after it.
+//! - Stops reach the whole tree ([`tree`]): every descendant is signalled
+//!   through a pidfd whose parent is re-checked, so a recycled pid is never
+//!   signalled. Where a cgroup of our own is available, [`cgroup`]'s
+//!   `cgroup.kill` takes everything in it too.
+//! - The keeper never signals a process group id: a relayed signal goes to
+//!   the tree's members whose group is the job's. After the tree is gone
+//!   there is nothing left to signal, so a recycled group id is never hit.
 //! - The agent's end of the ctl pipe is close-on-exec, so neither the keeper
 //!   nor the job holds a write end: EOF means exactly "the agent is gone".
 //!   The keeper marks its own pipe ends close-on-exec before starting the
@@ -31,39 +42,40 @@
 //!   Ctrl-C to the terminal's foreground group (agent + keeper) reaches the
 //!   job only through the agent's relay: exactly once. Handled (not ignored)
 //!   signals are reset to their defaults by `exec`, so the job starts clean.
-//! - A normal end is `D` on the ctl pipe: the keeper exits without killing.
+//! - A failed `setsid` is reported as a warning; a failed subreaper call is
+//!   reported and the job is not started (the tree could not be followed).
 
+pub mod cgroup;
 pub mod handle;
+pub mod protocol;
+pub mod tree;
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags};
 use rustix::io::{FdFlags, fcntl_setfd};
-use rustix::process::{Pid, Signal, WaitOptions, kill_process_group, set_child_subreaper};
+use rustix::process::{Signal, WaitOptions, set_child_subreaper};
+
+use crate::exit::ChildStatus;
+use crate::sys::signal::Sig;
+use protocol::{Command as Ctl, Report, SpawnFailure};
 
 /// The hidden first argument that selects keeper mode.
 pub const KEEPER_ARG: &str = "__keeper";
 
-/// Signals the agent relays; the keeper must not die of them.
-pub const RELAYED: &[i32] = &[
-    signal_hook::consts::SIGTERM,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGUSR1,
-    signal_hook::consts::SIGUSR2,
-];
-
-/// How long the keeper keeps reaping after it killed the group on the agent's death.
-const REAP_AFTER_KILL: Duration = Duration::from_secs(5);
-
-/// Byte the agent sends for "done, exit without killing".
-pub const DONE: u8 = b'D';
+/// While killing: the first rounds of SIGKILL come this fast, then slower.
+const KILL_ROUND_FIRST: Duration = Duration::from_millis(10);
+const KILL_ROUND_MAX: Duration = Duration::from_millis(500);
+/// Survivors of SIGKILL this long are reported (once) with pid and command.
+const SURVIVOR_REPORT_AFTER: Duration = Duration::from_secs(1);
 
 fn parse_fd(s: Option<&OsString>) -> Option<RawFd> {
     s?.to_str()?.parse().ok()
@@ -88,6 +100,35 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     run(ctl, report, command)
 }
 
+/// The report pipe; once the agent is gone, reports go to stderr instead.
+struct Reporter {
+    pipe: Option<std::fs::File>,
+}
+
+impl Reporter {
+    fn send(&mut self, r: &Report) {
+        if let Some(p) = self.pipe.as_mut() {
+            if writeln!(p, "{r}").is_ok() {
+                return;
+            }
+            self.pipe = None;
+        }
+        match r {
+            Report::Survivor { pid, command } => eprintln!(
+                "leaseagent: keeper: error: process {pid} ({}) survived SIGKILL",
+                crate::authority::untrusted::escape(command)
+            ),
+            Report::Warning(m) => eprintln!(
+                "leaseagent: keeper: warn: {}",
+                crate::authority::untrusted::escape(m)
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Prepares the keeper (pipes, handlers, session, subreaper, cgroup),
+/// starts the job, and runs the loop.
 fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     // Neither pipe end may reach the job.
     if fcntl_setfd(&ctl, FdFlags::CLOEXEC).is_err()
@@ -95,120 +136,380 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     }
-    let mut report = std::fs::File::from(report);
-    for &sig in RELAYED {
+    let mut out = Reporter {
+        pipe: Some(std::fs::File::from(report)),
+    };
+    let fail = |out: &mut Reporter, message: String| {
+        out.send(&Report::SpawnFailed {
+            kind: SpawnFailure::Other,
+            message,
+        });
+        ExitCode::SUCCESS
+    };
+    // The signals the agent relays: the keeper must not die of them.
+    for sig in Sig::RELAYED.map(Sig::number) {
         // Handled, not ignored: the disposition resets to default in the job.
-        let _ = signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false)));
+        if let Err(e) = signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false))) {
+            return fail(&mut out, format!("keeper: cannot handle signal {sig}: {e}"));
+        }
     }
+    // SIGCHLD wakes the poll through a self-pipe; installed before the job
+    // exists so no exit is missed.
+    let sigchld = match UnixStream::pair() {
+        Ok((r, w)) => match (
+            r.set_nonblocking(true),
+            signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, w),
+        ) {
+            (Ok(()), Ok(_)) => r,
+            (Err(e), _) | (_, Err(e)) => {
+                return fail(&mut out, format!("keeper: cannot watch SIGCHLD: {e}"));
+            }
+        },
+        Err(e) => return fail(&mut out, format!("keeper: cannot watch SIGCHLD: {e}")),
+    };
     // A session of our own (and so, with CONFIG_SCHED_AUTOGROUP, a CPU
     // scheduling group of our own): the job and everything it starts compete
     // for CPU as one entity against the agent, so a job that forks a hundred
     // busy processes cannot starve the heartbeat thread. It also takes the
     // job off the agent's controlling terminal: terminal signals reach it
     // only through the agent's relay, and it never gets SIGTTIN/SIGTTOU.
-    let _ = rustix::process::setsid();
+    if let Err(e) = rustix::process::setsid() {
+        out.send(&Report::Warning(format!(
+            "keeper: setsid failed ({e}): the job shares the agent's session and CPU scheduling group"
+        )));
+    }
     // Orphaned descendants of the job are re-parented to us, so we reap them
-    // and know when the whole tree is gone.
-    let _ = set_child_subreaper(Some(rustix::process::getpid()));
+    // and know when the whole tree is gone. Without it the tree cannot be
+    // followed: refuse to run the job.
+    if let Err(e) = set_child_subreaper(Some(rustix::process::getpid())) {
+        return fail(
+            &mut out,
+            format!(
+                "keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"
+            ),
+        );
+    }
+    let cgroup = match cgroup::JobCgroup::create() {
+        Ok(cg) => {
+            out.send(&Report::Info(format!(
+                "the job runs in cgroup {}; stops use cgroup.kill and the process tree",
+                cg.dir().display()
+            )));
+            Some(cg)
+        }
+        // The usual case outside a delegated cgroup: the tree walk alone.
+        Err(_) => None,
+    };
 
     let Some((program, rest)) = command.split_first() else {
-        let _ = writeln!(report, "E other no command");
-        return ExitCode::SUCCESS;
+        return fail(&mut out, "no command".into());
     };
     let spawned = {
         use std::os::unix::process::CommandExt;
-        Command::new(program).args(rest).process_group(0).spawn()
+        if let Some(cg) = &cgroup {
+            if let Err(e) = cg.enter() {
+                cg.remove();
+                return fail(
+                    &mut out,
+                    format!("keeper: cannot enter the job's cgroup: {e}"),
+                );
+            }
+        }
+        let spawned = Command::new(program).args(rest).process_group(0).spawn();
+        if let Some(cg) = &cgroup {
+            if let Err(e) = cg.leave() {
+                // We are inside the job's cgroup: cgroup.kill would kill us too.
+                if spawned.is_ok() {
+                    tree::kill_all(rustix::process::getpid().as_raw_nonzero().get());
+                }
+                return fail(
+                    &mut out,
+                    format!("keeper: cannot leave the job's cgroup: {e}"),
+                );
+            }
+        }
+        spawned
     };
     let child = match spawned {
         Ok(c) => c,
         Err(e) => {
             let kind = match e.kind() {
-                std::io::ErrorKind::NotFound => "not_found",
-                std::io::ErrorKind::PermissionDenied => "permission",
-                _ => "other",
+                std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
+                std::io::ErrorKind::PermissionDenied => SpawnFailure::Permission,
+                _ => SpawnFailure::Other,
             };
-            let _ = writeln!(report, "E {kind} {e}");
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            out.send(&Report::SpawnFailed {
+                kind,
+                message: e.to_string(),
+            });
             return ExitCode::SUCCESS;
         }
     };
     let job_pid = child.id() as i32;
-    // We reap through wait(2) below; the std handle is not used again.
+    // We reap through waitpid below; the std handle is not used again.
     drop(child);
-    let _ = writeln!(report, "P {job_pid}");
+    out.send(&Report::Started { pid: job_pid });
+    let mut k = Keeper {
+        me: rustix::process::getpid().as_raw_nonzero().get(),
+        job_pid,
+        leader_reaped: false,
+        tree_gone_sent: false,
+        ctl: Some(std::fs::File::from(ctl)),
+        finishing: false,
+        killing: None,
+        cgroup,
+        out,
+    };
+    k.run_loop(&sigchld);
+    if let Some(cg) = &k.cgroup {
+        cg.remove();
+    }
+    ExitCode::SUCCESS
+}
 
-    let reaped_all = Arc::new(AtomicBool::new(false));
-    {
-        let reaped_all = reaped_all.clone();
-        let spawned = std::thread::Builder::new()
-            .name("keeper-ctl".into())
-            .spawn(move || watch_agent(ctl, job_pid, &reaped_all));
-        if spawned.is_err() {
-            // Without the watcher there is no orphan protection: do not run.
-            if let Some(pid) = Pid::from_raw(job_pid) {
-                let _ = kill_process_group(pid, Signal::KILL);
+/// A kill in progress: rounds of SIGKILL until the tree is gone.
+struct Killing {
+    since: Instant,
+    next_round: Instant,
+    round: Duration,
+    survivors_reported: bool,
+}
+
+struct Keeper {
+    me: i32,
+    job_pid: i32,
+    leader_reaped: bool,
+    tree_gone_sent: bool,
+    /// `None` once the agent closed it (EOF) or said `Done`.
+    ctl: Option<std::fs::File>,
+    /// The agent is gone or done: exit once the tree is gone.
+    finishing: bool,
+    killing: Option<Killing>,
+    cgroup: Option<cgroup::JobCgroup>,
+    out: Reporter,
+}
+
+impl Keeper {
+    fn run_loop(&mut self, sigchld: &UnixStream) {
+        loop {
+            let no_children = self.reap();
+            let tree_gone = no_children && self.cgroup_empty();
+            if tree_gone && self.leader_reaped && !self.tree_gone_sent {
+                self.tree_gone_sent = true;
+                self.killing = None;
+                self.out.send(&Report::TreeGone);
+            }
+            if tree_gone && self.finishing {
+                return;
+            }
+            if tree_gone {
+                // Nothing left to kill (the leader's report is on its way).
+                self.killing = None;
+            }
+            if !tree_gone && self.killing.is_some() {
+                self.kill_round();
+            }
+            let timeout = self.killing.as_ref().map(|k| {
+                let d = k.next_round.saturating_duration_since(Instant::now());
+                rustix::event::Timespec {
+                    tv_sec: d.as_secs() as i64,
+                    tv_nsec: i64::from(d.subsec_nanos()),
+                }
+            });
+            let ctl_ready;
+            let chld_ready;
+            let mut poll_failed = false;
+            {
+                let mut fds = Vec::with_capacity(2);
+                fds.push(PollFd::new(sigchld, PollFlags::IN));
+                if let Some(c) = &self.ctl {
+                    fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
+                }
+                match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                    // Cannot wait: behave as if the agent were gone.
+                    Err(_) => poll_failed = true,
+                }
+                chld_ready = !fds[0].revents().is_empty();
+                ctl_ready = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+            }
+            if poll_failed {
+                self.ctl = None;
+            }
+            if chld_ready {
+                let mut buf = [0u8; 64];
+                let mut r = sigchld;
+                while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+            }
+            if ctl_ready {
+                self.read_ctl();
+            } else if self.ctl.is_none() && !self.finishing {
+                self.agent_gone();
             }
         }
     }
 
-    let mut job_done = false;
-    loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some((pid, status))) => {
-                if pid.as_raw_nonzero().get() == job_pid && !job_done {
-                    job_done = true;
-                    let at = crate::time::clock::BootInstant::now()
-                        .since_boot()
-                        .as_millis();
-                    let line = match (status.exit_status(), status.terminating_signal()) {
-                        (Some(code), _) => format!("X exit {code} {at}"),
-                        (None, Some(sig)) => format!("X signal {sig} {at}"),
-                        (None, None) => format!("X exit 255 {at}"),
-                    };
-                    let _ = writeln!(report, "{line}");
-                }
-            }
-            Ok(None) => {}
-            Err(rustix::io::Errno::INTR) => {}
-            Err(_) => {
-                // ECHILD: the job and every descendant are gone.
-                if job_done {
-                    reaped_all.store(true, Ordering::SeqCst);
-                    let _ = writeln!(report, "G");
-                    drop(report);
-                    // The agent decides when we exit (ctl thread).
-                    loop {
-                        std::thread::park();
+    /// Reaps every child that has ended; returns whether no child is left.
+    fn reap(&mut self) -> bool {
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => {
+                    if pid.as_raw_nonzero().get() == self.job_pid && !self.leader_reaped {
+                        self.leader_reaped = true;
+                        let at_ms = crate::time::clock::BootInstant::now()
+                            .since_boot()
+                            .as_millis() as u64;
+                        let status = match (status.exit_status(), status.terminating_signal()) {
+                            (Some(code), _) => ChildStatus::Exited(code),
+                            (None, Some(sig)) => ChildStatus::Signaled(sig),
+                            (None, None) => ChildStatus::Exited(255),
+                        };
+                        self.out.send(&Report::Exited { status, at_ms });
                     }
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                Ok(None) => return false,
+                Err(rustix::io::Errno::INTR) => {}
+                // ECHILD: nothing left below us.
+                Err(_) => return true,
+            }
+        }
+    }
+
+    fn cgroup_empty(&self) -> bool {
+        self.cgroup.as_ref().is_none_or(|cg| cg.pids().is_empty())
+    }
+
+    fn read_ctl(&mut self) {
+        let Some(ctl) = self.ctl.as_mut() else { return };
+        let mut buf = [0u8; 64];
+        let n = match ctl.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
+            Err(_) => 0,
+        };
+        if n == 0 {
+            self.ctl = None;
+            self.agent_gone();
+            return;
+        }
+        for &b in &buf[..n] {
+            match Ctl::from_byte(b) {
+                Some(Ctl::Relay(sig)) => self.relay(sig),
+                Some(Ctl::Term) => self.term(),
+                Some(Ctl::Kill) => self.start_kill(),
+                Some(Ctl::Done) => {
+                    self.ctl = None;
+                    self.finishing = true;
+                    // Normally nothing is left; if something is, it dies.
+                    self.start_kill();
+                    return;
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// EOF on the ctl pipe: the agent died. Kill the whole tree at once.
+    fn agent_gone(&mut self) {
+        self.finishing = true;
+        self.start_kill();
+    }
+
+    /// A relayed signal: to the members of the job's process group, found
+    /// in the tree (never `kill(-pgid)`, which could hit a recycled group).
+    fn relay(&mut self, sig: Sig) {
+        tree::signal_all(self.me, sig.to_rustix(), Some(self.job_pid));
+    }
+
+    /// SIGTERM to every descendant, and to everything in the job's cgroup.
+    fn term(&mut self) {
+        let done: HashSet<i32> = tree::signal_all(self.me, Signal::TERM, None)
+            .into_iter()
+            .collect();
+        if let Some(cg) = &self.cgroup {
+            for pid in cg.pids() {
+                if !done.contains(&pid) {
+                    signal_in_cgroup(pid, cg, Signal::TERM);
+                }
+            }
+        }
+    }
+
+    fn start_kill(&mut self) {
+        if self.killing.is_none() {
+            let now = Instant::now();
+            self.killing = Some(Killing {
+                since: now,
+                next_round: now,
+                round: KILL_ROUND_FIRST,
+                survivors_reported: false,
+            });
+        }
+        self.kill_round();
+    }
+
+    /// One round of SIGKILL: cgroup.kill, then the tree walk; survivors of
+    /// earlier rounds are reported once.
+    fn kill_round(&mut self) {
+        let Some(k) = self.killing.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if now < k.next_round {
+            return;
+        }
+        k.next_round = now + k.round;
+        k.round = (k.round * 2).min(KILL_ROUND_MAX);
+        let report_now = !k.survivors_reported && now >= k.since + SURVIVOR_REPORT_AFTER;
+        if report_now {
+            k.survivors_reported = true;
+        }
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.kill() {
+                self.out.send(&Report::Warning(format!(
+                    "cgroup.kill in {} failed: {e}",
+                    cg.dir().display()
+                )));
+            }
+        }
+        let killed = tree::kill_all(self.me);
+        if report_now {
+            let mut pids: Vec<i32> = killed.into_iter().collect();
+            if let Some(cg) = &self.cgroup {
+                pids.extend(cg.pids());
+            }
+            pids.sort_unstable();
+            pids.dedup();
+            for pid in pids {
+                let command = tree::command_of(pid);
+                self.out.send(&Report::Survivor { pid, command });
             }
         }
     }
 }
 
-/// Blocks on the ctl pipe: `D` means exit quietly; EOF means the agent died,
-/// so the job's group is killed.
-fn watch_agent(ctl: OwnedFd, job_pid: i32, reaped_all: &AtomicBool) -> ! {
-    let mut ctl = std::fs::File::from(ctl);
-    let mut buf = [0u8; 1];
-    let done = loop {
-        match ctl.read(&mut buf) {
-            Ok(0) => break false,
-            Ok(_) if buf[0] == DONE => break true,
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break false,
-        }
+/// Signals `pid` if (checked after the pidfd is open) it is still in the
+/// job's cgroup.
+fn signal_in_cgroup(pid: i32, cg: &cgroup::JobCgroup, sig: Signal) {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return;
     };
-    if !done {
-        if let Some(pid) = Pid::from_raw(job_pid) {
-            let _ = kill_process_group(pid, Signal::KILL);
-        }
-        // Keep reaping (the main thread does) so nothing is left a zombie.
-        let until = Instant::now() + REAP_AFTER_KILL;
-        while !reaped_all.load(Ordering::SeqCst) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+    let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    let name = cg
+        .dir()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let inside = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+        c.lines()
+            .any(|l| l.starts_with("0::") && l.ends_with(&name))
+    });
+    if inside {
+        let _ = rustix::process::pidfd_send_signal(&fd, sig);
     }
-    std::process::exit(0)
 }

@@ -7,7 +7,11 @@
 //! directory for the same user, which is what makes the embedded default a
 //! shared authority.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 /// The state directory (not created).
 pub fn state_dir() -> Result<PathBuf, String> {
@@ -24,4 +28,236 @@ pub fn state_dir() -> Result<PathBuf, String> {
         return Ok(PathBuf::from(h).join(".local/state/leaseagent"));
     }
     Err("no state directory: set LEASEAGENT_STATE_DIR (or HOME)".into())
+}
+
+// ------------------------------------------------------------ files that cannot be fooled
+//
+// Another local user must not be able to make the agent write through a
+// symlink or into a directory they control. The rules:
+// - a private directory (the runtime dir, the state dir, the embedded
+//   database's dir) is opened `O_DIRECTORY | O_NOFOLLOW` and checked on the
+//   open descriptor: owned by this user, not writable by group or others
+//   (the runtime dir, in a shared place, must be exactly 0700). New ones are
+//   made 0700. A directory that fails is refused with a message naming it;
+//   nothing is ever written through it.
+// - files in it are created relative to the open directory descriptor,
+//   `O_CREAT | O_EXCL | O_NOFOLLOW` with a random name ([`create_temp`]),
+//   then renamed over the final name: a planted symlink is never followed,
+//   and there is no window between a check and a use.
+
+/// Why a private directory was refused.
+#[derive(Debug)]
+pub struct DirRefused {
+    pub dir: PathBuf,
+    pub why: String,
+}
+
+impl std::fmt::Display for DirRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refusing directory {}: {}", self.dir.display(), self.why)
+    }
+}
+
+impl std::error::Error for DirRefused {}
+
+/// How strict [`open_private_dir`] is about the mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirRule {
+    /// Owned by us, not group- or world-writable.
+    NotWritableByOthers,
+    /// Owned by us, mode exactly 0700 (a dir in a shared place).
+    Exactly0700,
+}
+
+/// Creates `dir` (0700, with any missing parents 0700) if it does not
+/// exist, then opens and checks it. The returned descriptor is the
+/// directory that was checked: use it (`*at` calls), not the path.
+pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused> {
+    use std::os::unix::fs::DirBuilderExt;
+    let refused = |why: String| DirRefused {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    if std::fs::symlink_metadata(dir).is_err() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| refused(format!("cannot create it: {e}")))?;
+    }
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+            refused("it is a symlink or not a directory".into())
+        }
+        e => refused(format!("cannot open it: {e}")),
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| refused(format!("cannot stat it: {e}")))?;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(refused(format!(
+            "owned by uid {}, not by this user (uid {me})",
+            st.st_uid
+        )));
+    }
+    let mode = st.st_mode & 0o7777;
+    match rule {
+        DirRule::NotWritableByOthers if mode & 0o022 != 0 => Err(refused(format!(
+            "mode {mode:04o} lets other users write to it (chmod go-w)"
+        ))),
+        DirRule::Exactly0700 if mode & 0o777 != 0o700 => {
+            Err(refused(format!("mode {mode:04o}, expected 0700")))
+        }
+        _ => Ok(fd),
+    }
+}
+
+/// Creates a new file in the open directory `dir` with a random name
+/// starting with `prefix`, `O_EXCL | O_NOFOLLOW`, mode `mode`. Returns the
+/// file and its name.
+pub fn create_temp(dir: &OwnedFd, prefix: &str, mode: u32) -> std::io::Result<(File, String)> {
+    let mut last = None;
+    for _ in 0..16 {
+        let name: String = format!(
+            "{prefix}{}",
+            (0..12)
+                .map(|_| fastrand::alphanumeric())
+                .collect::<String>()
+        );
+        match rustix::fs::openat(
+            dir,
+            name.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::WRONLY,
+            Mode::from_raw_mode(mode),
+        ) {
+            Ok(fd) => return Ok((File::from(fd), name)),
+            Err(rustix::io::Errno::EXIST) => last = Some(rustix::io::Errno::EXIST),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.unwrap_or(rustix::io::Errno::EXIST).into())
+}
+
+/// The directory for lease state files (`leaseagent check`):
+/// `$XDG_RUNTIME_DIR/leaseagent` (the runtime dir is the user's own), else
+/// `STATE_DIR/run`. Both must be this user's, 0700.
+pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), String> {
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("leaseagent"),
+        None => state_dir()?.join("run"),
+    };
+    let fd = open_private_dir(&dir, DirRule::Exactly0700).map_err(|e| e.to_string())?;
+    Ok((dir, fd))
+}
+
+/// Prepares an embedded database file: its directory is checked (owned by
+/// this user, not writable by others; made 0700 if missing), and the file
+/// and its WAL/SHM companions are created 0600 without following symlinks
+/// if missing; an existing one must be a regular file owned by this user.
+pub fn prepare_db_file(path: &Path) -> Result<(), String> {
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
+    let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers).map_err(|e| e.to_string())?;
+    let me = rustix::process::geteuid().as_raw();
+    // The database is created here; SQLite makes its WAL and SHM files with
+    // the database's mode, so those are only checked if they exist.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut n = name.to_os_string();
+        n.push(suffix);
+        let shown = dir.join(&n);
+        let create = if suffix.is_empty() {
+            OFlags::CREATE
+        } else {
+            OFlags::empty()
+        };
+        let fd = match rustix::fs::openat(
+            &dirfd,
+            n.as_os_str(),
+            create | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR | OFlags::NONBLOCK,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) if !suffix.is_empty() => continue,
+            Err(rustix::io::Errno::LOOP) => {
+                return Err(format!("refusing {}: it is a symlink", shown.display()));
+            }
+            Err(e) => return Err(format!("cannot open {}: {e}", shown.display())),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| format!("{}: {e}", shown.display()))?;
+        if st.st_mode & 0o170000 != 0o100000 {
+            return Err(format!("refusing {}: not a regular file", shown.display()));
+        }
+        if st.st_uid != me {
+            return Err(format!(
+                "refusing {}: owned by uid {}, not by this user (uid {me})",
+                shown.display(),
+                st.st_uid
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn private_dirs_are_made_0700_and_others_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("a/b");
+        open_private_dir(&d, DirRule::Exactly0700).unwrap();
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = open_private_dir(&d, DirRule::NotWritableByOthers).unwrap_err();
+        assert!(e.to_string().contains("b"), "{e}");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&d, &link).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let e = open_private_dir(&link, DirRule::Exactly0700).unwrap_err();
+        assert!(e.why.contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn temp_files_get_fresh_random_names() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let fd = open_private_dir(t.path(), DirRule::Exactly0700).unwrap();
+        let (_, a) = create_temp(&fd, ".x-", 0o600).unwrap();
+        let (_, b) = create_temp(&fd, ".x-", 0o600).unwrap();
+        assert_ne!(a, b);
+        let mode = std::fs::metadata(t.path().join(&a))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn db_files_are_private_and_symlinks_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let db = t.path().join("s/l.sqlite3");
+        prepare_db_file(&db).unwrap();
+        let m = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(m(&db), 0o600);
+        assert_eq!(m(db.parent().unwrap()), 0o700);
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let db2 = t.path().join("s/other.sqlite3");
+        std::os::unix::fs::symlink(&victim, &db2).unwrap();
+        let e = prepare_db_file(&db2).unwrap_err();
+        assert!(e.contains("symlink"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+    }
 }

@@ -134,6 +134,8 @@ pub enum Reply {
     Huge(usize),
     /// Answer normally after a delay.
     Delay(Duration),
+    /// A `302 Found` to this location.
+    Redirect(String),
 }
 
 #[derive(Clone, Debug)]
@@ -318,6 +320,11 @@ fn serve_conn(conn: TcpStream, state: Arc<Mutex<FakeState>>) {
                 respond(&mut w, status, out.to_string().as_bytes())
             }
             Reply::Raw(status, body) => respond(&mut w, status, body.as_bytes()),
+            Reply::Redirect(to) => write!(
+                w,
+                "HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\n\r\n"
+            )
+            .and_then(|()| w.flush()),
             Reply::Refuse(code) => respond(
                 &mut w,
                 409,

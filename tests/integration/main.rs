@@ -8,7 +8,10 @@ mod support;
 
 mod agent_basic;
 mod agent_deadline;
+mod agent_distrust;
 mod agent_failures;
+mod agent_files;
+mod agent_tree;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;

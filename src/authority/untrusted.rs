@@ -1,0 +1,291 @@
+//! What the agent believes of an authority's answer, written once for every
+//! client (HTTP, etcd).
+//!
+//! An authority is a remote party: broken, misconfigured or hostile, it must
+//! not be able to bend the agent. So:
+//! - a granted or renewed ttl above the one asked is capped at the one asked
+//!   (a 3,600 s grant for a 3 s ask would keep a job running an hour after
+//!   the authority went silent);
+//! - a token is a number `serve` and SQLite can store: 1 ..= 2^63-1, else the
+//!   answer is malformed;
+//! - a lease id is 1..=256 characters of `[A-Za-z0-9._:/@+=-]` (room for
+//!   ids that embed a task name), else the answer is malformed (it is echoed
+//!   to the job's environment and to the authority on every renewal);
+//! - every string that reaches a log line or a terminal goes through
+//!   [`escape`], so a holder name with a newline cannot forge a log line and
+//!   an ESC cannot drive the terminal.
+
+use std::time::Duration;
+
+use super::{
+    AcquireError, AcquireRequest, Authority, Grant, LeaseInfo, LeaseRef, OperatorError, Outcome,
+    RenewError, Renewed,
+};
+
+/// The largest token accepted: what `serve` (SQLite INTEGER) can store.
+pub const MAX_TOKEN: u64 = i64::MAX as u64;
+
+/// The longest lease id accepted.
+pub const MAX_LEASE_ID: usize = 256;
+
+/// The longest string from an authority printed whole; longer ones are cut.
+const MAX_PRINTED: usize = 512;
+
+/// `s` made safe for one log line: control characters (newline, ESC, DEL,
+/// C1 controls, ...) and backslashes become visible escapes, and very long
+/// strings are cut.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_PRINTED) + 8);
+    for (n, c) in s.chars().enumerate() {
+        if n >= MAX_PRINTED {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || is_format_trick(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Bidirectional overrides and line/paragraph separators: they reorder or
+/// break a terminal line without being control characters.
+fn is_format_trick(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}')
+}
+
+/// The ttl the agent works with: never more than it asked for.
+pub fn cap_ttl(granted: Duration, asked: Duration) -> Duration {
+    granted.min(asked)
+}
+
+/// Whether a token is in the range every part of the system can hold.
+pub fn token_ok(token: u64) -> bool {
+    (1..=MAX_TOKEN).contains(&token)
+}
+
+/// Checks a token; the error names what was wrong.
+pub fn check_token(token: u64) -> Result<u64, String> {
+    if token_ok(token) {
+        Ok(token)
+    } else {
+        Err(format!(
+            "authority sent token {token}, outside 1..={MAX_TOKEN}"
+        ))
+    }
+}
+
+/// Checks a lease id's length and characters; the error shows it escaped.
+pub fn check_lease_id(id: &str) -> Result<(), String> {
+    let chars_ok = id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._:/@+=-".contains(&b));
+    if !id.is_empty() && id.len() <= MAX_LEASE_ID && chars_ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "authority sent a malformed lease id \"{}\" (1 to {MAX_LEASE_ID} characters of A-Z a-z 0-9 . _ : / @ + = -)",
+            escape(id)
+        ))
+    }
+}
+
+/// Every authority the agent talks to, behind these checks: [`open`]
+/// (`super::open`) wraps each client in one, so the rules hold for HTTP,
+/// etcd and the embedded database alike, in one place.
+///
+/// [`open`]: super::open
+pub struct Checked {
+    inner: Box<dyn Authority>,
+    /// The ttl of the last acquire: renewals are capped at it.
+    asked: Option<Duration>,
+}
+
+impl Checked {
+    pub fn new(inner: Box<dyn Authority>) -> Self {
+        Checked { inner, asked: None }
+    }
+}
+
+/// A grant as the agent may believe it: token and lease id in range, ttl
+/// capped at the ask.
+fn check_grant(g: Grant, asked: Duration) -> Result<Grant, AcquireError> {
+    let malformed = |m: String| AcquireError::Transient(format!("malformed grant: {m}"));
+    check_token(g.token).map_err(malformed)?;
+    check_lease_id(&g.lease_id).map_err(malformed)?;
+    Ok(Grant {
+        ttl: cap_ttl(g.ttl, asked),
+        ..g
+    })
+}
+
+fn acquire_error(e: AcquireError) -> AcquireError {
+    match e {
+        AcquireError::Held {
+            holder,
+            retry_after,
+        } => AcquireError::Held {
+            holder: escape(&holder),
+            retry_after,
+        },
+        AcquireError::HeldForOperator { holder, lease_id } => AcquireError::HeldForOperator {
+            holder: escape(&holder),
+            lease_id: escape(&lease_id),
+        },
+        AcquireError::Rejected(m) => AcquireError::Rejected(escape(&m)),
+        AcquireError::Trust(m) => AcquireError::Trust(escape(&m)),
+        AcquireError::Transient(m) => AcquireError::Transient(escape(&m)),
+    }
+}
+
+fn renew_error(e: RenewError) -> RenewError {
+    match e {
+        RenewError::Refused { reason, message } => RenewError::Refused {
+            reason,
+            message: escape(&message),
+        },
+        RenewError::Transient(m) => RenewError::Transient(escape(&m)),
+    }
+}
+
+fn operator_error(e: OperatorError) -> OperatorError {
+    match e {
+        OperatorError::Unsupported(m) => OperatorError::Unsupported(escape(&m)),
+        OperatorError::NotFound(m) => OperatorError::NotFound(escape(&m)),
+        OperatorError::Failed(m) => OperatorError::Failed(escape(&m)),
+    }
+}
+
+impl Authority for Checked {
+    fn url(&self) -> String {
+        self.inner.url()
+    }
+
+    fn clone_box(&self) -> Box<dyn Authority> {
+        Box::new(Checked {
+            inner: self.inner.clone_box(),
+            asked: self.asked,
+        })
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        self.asked = Some(req.ttl);
+        let g = self.inner.acquire(req, timeout).map_err(acquire_error)?;
+        check_grant(g, req.ttl)
+    }
+
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        self.asked = Some(req.ttl);
+        let g = self
+            .inner
+            .acquire_wait(req, wait, timeout)
+            .map_err(acquire_error)?;
+        check_grant(g, req.ttl)
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        self.inner.abandon_wait(timeout)
+    }
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
+        let r = self.inner.renew(lease, timeout).map_err(renew_error)?;
+        Ok(Renewed {
+            ttl: self.asked.map_or(r.ttl, |a| cap_ttl(r.ttl, a)),
+        })
+    }
+
+    fn release(
+        &mut self,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), RenewError> {
+        self.inner
+            .release(lease, outcome, exit_code, timeout)
+            .map_err(renew_error)
+    }
+
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        let list = self.inner.leases(timeout).map_err(operator_error)?;
+        Ok(list
+            .into_iter()
+            .map(|l| LeaseInfo {
+                task: escape(&l.task),
+                lease_id: escape(&l.lease_id),
+                holder: escape(&l.holder),
+                ..l
+            })
+            .collect())
+    }
+
+    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+        self.inner
+            .revoke(task, force, timeout)
+            .map_err(operator_error)
+    }
+
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        self.inner.clear(task, timeout).map_err(operator_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_leaves_one_harmless_line() {
+        let e = escape("bob\nleaseagent: info: released\u{1b}[2J\u{7}\r\u{202e}x\\");
+        assert!(!e.chars().any(|c| c.is_control()), "{e:?}");
+        assert_eq!(
+            e,
+            "bob\\nleaseagent: info: released\\u{1b}[2J\\u{7}\\r\\u{202e}x\\\\"
+        );
+        assert_eq!(escape("host-1/42"), "host-1/42");
+        assert!(escape(&"a".repeat(10_000)).len() < 600);
+    }
+
+    #[test]
+    fn ttl_is_capped_at_the_ask() {
+        let asked = Duration::from_secs(3);
+        assert_eq!(cap_ttl(Duration::from_secs(3600), asked), asked);
+        assert_eq!(
+            cap_ttl(Duration::from_secs(1), asked),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn tokens_out_of_range_are_refused() {
+        assert!(check_token(0).is_err());
+        assert!(check_token(u64::MAX).is_err());
+        assert!(check_token(MAX_TOKEN + 1).is_err());
+        assert_eq!(check_token(1), Ok(1));
+        assert_eq!(check_token(MAX_TOKEN), Ok(MAX_TOKEN));
+    }
+
+    #[test]
+    fn lease_ids_are_checked() {
+        assert!(check_lease_id("a1B2-c3_d4.e5:f6/g7+h8=").is_ok());
+        assert!(check_lease_id("").is_err());
+        assert!(check_lease_id(&"a".repeat(257)).is_err());
+        assert!(check_lease_id("7c81baa3.1.etl/a.b_c:d@e").is_ok());
+        assert!(check_lease_id("x\ny").is_err());
+        assert!(check_lease_id("x y").is_err());
+        let msg = check_lease_id("\u{1b}[2J").unwrap_err();
+        assert!(!msg.contains('\u{1b}'));
+    }
+}

@@ -1,0 +1,113 @@
+//! A cgroup v2 of the job's own, when the keeper may make one.
+//!
+//! A cgroup holds every process started in it, whatever it does with its
+//! parent, group or session, and `cgroup.kill` kills them all at once, with
+//! no walk and no fork race. The keeper uses one when its own cgroup is
+//! writable by it (delegated, e.g. systemd `Delegate=yes`, or root in a
+//! non-root cgroup) and has `cgroup.kill` (Linux 5.14+); otherwise the tree
+//! walk alone.
+//!
+//! How the job is born inside it without a race: the keeper moves itself
+//! into `<own>/leaseagent-job-<pid>`, starts the job (which inherits the
+//! cgroup), and moves itself back to its own cgroup before anything is
+//! killed. A probe (in and back out once) comes first, so a keeper that
+//! could not move back never starts a job in a cgroup it would kill itself
+//! with.
+
+use std::path::{Path, PathBuf};
+
+/// The job's cgroup directory.
+pub struct JobCgroup {
+    dir: PathBuf,
+    parent: PathBuf,
+}
+
+/// The keeper's own cgroup v2 directory, if cgroup v2 is mounted and we
+/// are in a non-root cgroup of it.
+fn own_dir() -> Result<PathBuf, String> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+    let path = cg
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("no cgroup v2 hierarchy")?;
+    if path == "/" {
+        return Err("the keeper is in the root cgroup".into());
+    }
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    for line in info.lines() {
+        // id parent maj:min root mountpoint opts ... - fstype source opts
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        if right.split_whitespace().next() != Some("cgroup2") {
+            continue;
+        }
+        let f: Vec<&str> = left.split_whitespace().collect();
+        let (Some(root), Some(mount)) = (f.get(3), f.get(4)) else {
+            continue;
+        };
+        let Some(rel) = path.strip_prefix(root.trim_end_matches('/')) else {
+            continue;
+        };
+        return Ok(Path::new(mount).join(rel.trim_start_matches('/')));
+    }
+    Err("cgroup v2 is not mounted".into())
+}
+
+fn move_self(dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+}
+
+impl JobCgroup {
+    /// Makes the job's cgroup and checks the keeper can move in and out.
+    /// `Err` says why there is none (the tree walk is used instead).
+    pub fn create() -> Result<Self, String> {
+        let parent = own_dir()?;
+        if !parent.join("cgroup.kill").exists() {
+            return Err(format!("{} has no cgroup.kill", parent.display()));
+        }
+        let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let cg = JobCgroup { dir, parent };
+        if let Err(e) = cg.enter().and_then(|()| cg.leave()) {
+            // Back where we were, or nowhere to kill ourselves from.
+            let _ = cg.leave();
+            cg.remove();
+            return Err(format!("cannot move into {}: {e}", cg.dir.display()));
+        }
+        Ok(cg)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Moves the keeper into the job's cgroup (before starting the job).
+    pub fn enter(&self) -> std::io::Result<()> {
+        move_self(&self.dir)
+    }
+
+    /// Moves the keeper back to its own cgroup (right after starting the job).
+    pub fn leave(&self) -> std::io::Result<()> {
+        move_self(&self.parent)
+    }
+
+    /// Kills every process in the cgroup.
+    pub fn kill(&self) -> std::io::Result<()> {
+        std::fs::write(self.dir.join("cgroup.kill"), "1")
+    }
+
+    /// The pids in the cgroup now.
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Removes the (empty) cgroup; a cgroup with members stays.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

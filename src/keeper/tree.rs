@@ -1,0 +1,217 @@
+//! The keeper's descendants, found in `/proc`, and signalled one by one.
+//!
+//! A process group is not a tree: a job escapes it with `setsid`,
+//! `setpgid` or a double fork. The keeper is a child subreaper, so every
+//! descendant stays below it (an orphan re-parents to the keeper, not to
+//! init); walking the parent links down from the keeper finds all of them,
+//! whatever their group or session.
+//!
+//! The walk reads `/proc/*/stat` (parent and group of every process) rather
+//! than `/proc/PID/task/*/children`, which needs a kernel option not every
+//! kernel has. It is a snapshot: a process may fork while we walk, so
+//! killing repeats the walk until it finds nothing new ([`kill_all`]);
+//! SIGKILL stops a process from forking again, so the repetition ends.
+//!
+//! Races it guards against: a pid read from `/proc` may die and be recycled
+//! before the signal goes out. Each process is opened as a pidfd first and
+//! its parent is checked *after* the open: if it still has a parent inside
+//! the tree (or the keeper), the pidfd is that process and the signal cannot
+//! reach a stranger. Without pidfd support (kernels before 5.3) the same
+//! check is made just before `kill`, which leaves only a microsecond window.
+
+use std::collections::{HashMap, HashSet};
+
+use rustix::process::{Pid, PidfdFlags, Signal};
+
+/// One process as `/proc/PID/stat` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgrp: i32,
+}
+
+/// Parses `/proc/PID/stat`: `pid (comm) state ppid pgrp ...`; `comm` may
+/// contain spaces and parentheses, so fields are counted after the last `)`.
+fn parse_stat(pid: i32, text: &str) -> Option<Proc> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let _state = f.next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgrp = f.next()?.parse().ok()?;
+    Some(Proc { pid, ppid, pgrp })
+}
+
+fn read_proc(pid: i32) -> Option<Proc> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(pid, &text)
+}
+
+/// Every process's parent and group, now.
+fn snapshot() -> HashMap<i32, Proc> {
+    let mut all = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return all;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(p) = read_proc(pid) {
+            all.insert(pid, p);
+        }
+    }
+    all
+}
+
+/// The descendants of `root` (not `root` itself), parents before children.
+pub fn descendants(root: i32) -> Vec<Proc> {
+    let all = snapshot();
+    let mut children: HashMap<i32, Vec<Proc>> = HashMap::new();
+    for p in all.values() {
+        children.entry(p.ppid).or_default().push(*p);
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![root];
+    let mut seen = HashSet::from([root]);
+    while let Some(parent) = queue.pop() {
+        for c in children.get(&parent).into_iter().flatten() {
+            if seen.insert(c.pid) {
+                out.push(*c);
+                queue.push(c.pid);
+            }
+        }
+    }
+    out
+}
+
+/// Sends `sig` to `p` if it is still a descendant: its parent (checked
+/// after the pidfd is open) is one of `parents`. Returns whether it was
+/// signalled.
+fn signal_checked(p: &Proc, parents: &HashSet<i32>, sig: Signal) -> bool {
+    let Some(pid) = Pid::from_raw(p.pid) else {
+        return false;
+    };
+    let still_ours = || read_proc(p.pid).is_some_and(|now| parents.contains(&now.ppid));
+    match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => still_ours() && rustix::process::pidfd_send_signal(&fd, sig).is_ok(),
+        Err(rustix::io::Errno::NOSYS) => {
+            still_ours() && rustix::process::kill_process(pid, sig).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+/// Signals every descendant of `root` once (one walk); returns the pids
+/// signalled. `only_group`: only members of that process group.
+pub fn signal_all(root: i32, sig: Signal, only_group: Option<i32>) -> Vec<i32> {
+    let tree = descendants(root);
+    let mut parents: HashSet<i32> = tree.iter().map(|p| p.pid).collect();
+    parents.insert(root);
+    let mut done = Vec::new();
+    for p in &tree {
+        if only_group.is_some_and(|g| g != p.pgrp) {
+            continue;
+        }
+        if signal_checked(p, &parents, sig) {
+            done.push(p.pid);
+        }
+    }
+    done
+}
+
+/// SIGKILLs every descendant of `root`, walking again until a walk finds
+/// no process it has not already killed (a process may fork while we walk;
+/// once killed it cannot fork again). Bounded: at most 64 walks.
+/// Returns the pids killed.
+pub fn kill_all(root: i32) -> HashSet<i32> {
+    let mut killed = HashSet::new();
+    for _ in 0..64 {
+        let tree = descendants(root);
+        let mut parents: HashSet<i32> = tree.iter().map(|p| p.pid).collect();
+        parents.insert(root);
+        let mut new = 0;
+        for p in &tree {
+            if killed.contains(&p.pid) {
+                continue;
+            }
+            new += 1;
+            if signal_checked(p, &parents, Signal::KILL) {
+                killed.insert(p.pid);
+            }
+        }
+        if new == 0 {
+            break;
+        }
+    }
+    killed
+}
+
+/// A process's command line for a log line (arguments joined by spaces,
+/// cut at 200 bytes), or its `comm` if the command line is empty.
+pub fn command_of(pid: i32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let mut s: String = String::from_utf8_lossy(&raw)
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if s.is_empty() {
+        s = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| format!("[{}]", c.trim_end()))
+            .unwrap_or_default();
+    }
+    if s.len() > 200 {
+        let mut cut = 200;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_odd_names_parse() {
+        let p = parse_stat(12, "12 (a) b (c)) S 7 12 12 0 -1 4194560").unwrap();
+        assert_eq!(
+            p,
+            Proc {
+                pid: 12,
+                ppid: 7,
+                pgrp: 12
+            }
+        );
+        assert_eq!(parse_stat(1, "garbage"), None);
+    }
+
+    #[test]
+    fn finds_a_grandchild_in_another_session() {
+        let me = std::process::id() as i32;
+        let mut direct = std::process::Command::new("sh")
+            .args(["-c", "setsid sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let found = (0..400).find_map(|_| {
+            let d = descendants(me);
+            let sleeper = d
+                .iter()
+                .find(|p| p.ppid != me && command_of(p.pid).starts_with("sleep"));
+            if sleeper.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            sleeper.copied()
+        });
+        let killed = kill_all(direct.id() as i32);
+        let _ = direct.kill();
+        let _ = direct.wait();
+        let sleeper = found.expect("grandchild in its own session not found");
+        assert!(killed.contains(&sleeper.pid));
+        assert_ne!(sleeper.pgrp, me);
+    }
+}

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Prints the job's whole environment, one variable a line.
+env
