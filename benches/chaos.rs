@@ -492,8 +492,8 @@ struct Report {
     faults: BTreeMap<&'static str, u64>,
     attempts: u64,
     exits: BTreeMap<String, u64>,
-    /// Exit code and last log line (or panic line) of agents that exited
-    /// 125 (digits dropped, to group them) or 101 (a panic, with its line).
+    /// Exit code and last error line (or panic line) of agents that exited
+    /// 125 (numbers and ids replaced, to group them) or 101 (a panic).
     failures: BTreeMap<String, u64>,
     accepted: u64,
     refused: u64,
@@ -539,6 +539,25 @@ fn alive(pid: i32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// A log line with ids, numbers and addresses replaced by `#`, to group
+/// agent failures by kind.
+fn group_key(line: &str) -> String {
+    line.split_whitespace()
+        .map(|w| {
+            let hexish = w.len() >= 3 && w.chars().all(|c| c.is_ascii_hexdigit());
+            if hexish || w.chars().any(|c| c.is_ascii_digit()) {
+                "#"
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(100)
+        .collect()
 }
 
 /// Whether the job an attempt started (its pid file) is gone, or never ran.
@@ -627,16 +646,18 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                         )
                         .unwrap_or_default();
                         // A panic's message is the line naming the panic.
+                        // A panic's message is the line naming the panic;
+                        // else the last error line (the reason for 125).
                         let last = log
                             .lines()
                             .find(|l| l.contains("panicked at"))
+                            .or_else(|| log.lines().rev().find(|l| l.contains("error:")))
                             .or_else(|| log.lines().rev().find(|l| !l.trim().is_empty()));
-                        let reason: String = last
-                            .unwrap_or("")
-                            .chars()
-                            .filter(|c| st.code() == Some(101) || !c.is_ascii_digit())
-                            .take(90)
-                            .collect();
+                        let reason: String = if st.code() == Some(101) {
+                            last.unwrap_or("").chars().take(120).collect()
+                        } else {
+                            group_key(last.unwrap_or(""))
+                        };
                         let code = st.code().unwrap_or(0);
                         *report
                             .failures

@@ -230,6 +230,18 @@ mod tests {
         let mut r = raw();
         r.task = None;
         assert!(r.validate().unwrap_err().starts_with("--task"));
+        let mut r = raw();
+        r.clock_drift_ppm = Some(MAX_CLOCK_DRIFT_PPM + 1);
+        assert!(r.validate().unwrap_err().starts_with("--clock-drift"));
+    }
+
+    #[test]
+    fn clock_drift_defaults_to_1000_ppm_and_takes_a_value() {
+        assert_eq!(raw().validate().unwrap().clock_drift_ppm, 1_000);
+        let mut r = raw();
+        r.clock_drift_ppm = Some(0);
+        let c = r.validate().unwrap();
+        assert_eq!(c.settings().drift_ppm, 0);
     }
 
     #[test]

@@ -336,6 +336,60 @@ fn etcd_cluster(net: &Net, scene: &Scene) -> Vec<Proc> {
     }
 }
 
+/// Makes sure member 1 is not the leader (moves leadership to member 2 if it
+/// is). etcd 3.4 lets an isolated leader renew leases until it steps down, so
+/// with the leader cut off the agent's renewals would keep succeeding there for
+/// a while; the test is about an agent next to a cut-off follower.
+fn leader_off_member_1(net: &Net) {
+    let all = format!(
+        "--endpoints={}:2379,{}:2379,{}:2379",
+        net.ip(1),
+        net.ip(2),
+        net.ip(3)
+    );
+    let until = Instant::now() + LONG;
+    loop {
+        let out = net
+            .cmd(2, "etcdctl")
+            .args([all.as_str(), "endpoint", "status", "-w", "json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let ids: Vec<(String, u64, u64)> = v
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| {
+                        Some((
+                            e["Endpoint"].as_str()?.to_string(),
+                            e["Status"]["header"]["member_id"].as_u64()?,
+                            e["Status"]["leader"].as_u64()?,
+                        ))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ids.len() == 3 {
+            let m1 = ids.iter().find(|e| e.0.contains(&net.ip(1))).unwrap().1;
+            let m2 = ids.iter().find(|e| e.0.contains(&net.ip(2))).unwrap().1;
+            let leader = ids[0].2;
+            if leader != 0 && leader != m1 && ids.iter().all(|e| e.2 == leader) {
+                return;
+            }
+            if leader == m1 {
+                eprintln!("member 1 leads: moving leadership to member 2");
+                let _ = net
+                    .cmd(2, "etcdctl")
+                    .arg(format!("--endpoints={}:2379", net.ip(1)))
+                    .args(["move-leader", &format!("{m2:x}")])
+                    .output();
+            }
+        }
+        assert!(Instant::now() < until, "leader still on member 1: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A lower bound of the expiry of the only lease, as the majority (members 2
 /// and 3, asked from host `host`) sees it: `timetolive` rounds down to seconds
 /// and the clock is read before asking.
@@ -383,6 +437,7 @@ fn an_agent_with_a_cut_off_etcd_member_stops_before_the_majority_expires_it() {
     let scene = Scene::new();
     let net = Net::new(4);
     let _etcd = etcd_cluster(&net, &scene);
+    leader_off_member_1(&net);
     let timing = ["--ttl", "8s", "--grace", "3s"];
     // Agent A on host 1, next to member 1 and talking to it only.
     let mut a = scene.agent_with(
