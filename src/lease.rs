@@ -190,6 +190,9 @@ pub enum LeaseState {
     Grace,
     /// Expired under policy hold: blocked until an operator clears it.
     HeldForOperator,
+    /// Queued behind the active holder (etcd lists waiters' keys): not
+    /// holding the task.
+    Waiting,
 }
 
 impl LeaseState {
@@ -198,6 +201,7 @@ impl LeaseState {
             LeaseState::Active => "active",
             LeaseState::Grace => "grace",
             LeaseState::HeldForOperator => "held_for_operator",
+            LeaseState::Waiting => "waiting",
         }
     }
 }

@@ -46,6 +46,7 @@ pub mod testing {
     pub use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
     pub use crate::authority::embedded::EmbeddedAuthority;
     pub use crate::authority::etcd::EtcdAuthority;
+    pub use crate::authority::trust::{ClientTrust, TrustFiles};
     pub use crate::authority::{
         AcquireError, AcquireRequest, Authority, ExpiryPolicy, Grant, LeaseInfo, LeaseRef,
         LeaseState, OperatorError, Outcome, RefusalReason, RenewError, Renewed,

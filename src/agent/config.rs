@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::authority::AuthoritySpec;
+use crate::authority::trust::TrustFiles;
 use crate::lease::ExpiryPolicy;
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.
@@ -31,6 +32,8 @@ pub struct RunConfig {
     /// `--remap-exit`: the command's own 124 and 125 become 1.
     pub remap_exit: bool,
     pub command: Vec<OsString>,
+    /// The trust flags (files are read when the authority is opened).
+    pub trust: TrustFiles,
 }
 
 /// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
@@ -52,6 +55,7 @@ pub struct RawRun {
     pub clock_drift_ppm: Option<u32>,
     pub remap_exit: bool,
     pub command: Vec<OsString>,
+    pub trust: TrustFiles,
 }
 
 /// The protocol's task-name rule ([`crate::lease::check_task`]), naming the flag.
@@ -101,6 +105,7 @@ impl RawRun {
                 crate::time::duration::format(ttl)
             ));
         }
+        self.trust.check_usage()?;
         let holder = self.holder.unwrap_or_else(default_holder);
         validate_holder(&holder)?;
         let on_expiry = ExpiryPolicy::parse(&self.on_expiry).ok_or_else(|| {
@@ -139,6 +144,7 @@ impl RawRun {
             clock_drift_ppm,
             remap_exit: self.remap_exit,
             command: self.command,
+            trust: self.trust,
         })
     }
 }

@@ -55,10 +55,10 @@ fn run(cfg: RunConfig) -> u8 {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
-    let mut auth = match authority::open(&cfg.authority) {
+    let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {
-            log::error!("--authority: {e}");
+            log::error!("{e}");
             return exit::AGENT_FAILED;
         }
     };
@@ -175,6 +175,10 @@ fn attempt(
     match answer {
         Ok(g) => Ok(g),
         Err(AcquireError::Rejected(m)) => {
+            log::error!("cannot acquire task {}: {m}", cfg.task);
+            Err(NotGranted::Exit(exit::AGENT_FAILED))
+        }
+        Err(AcquireError::Trust(m)) => {
             log::error!("cannot acquire task {}: {m}", cfg.task);
             Err(NotGranted::Exit(exit::AGENT_FAILED))
         }
@@ -357,6 +361,17 @@ fn job_env(
             s.path().display().to_string(),
         ));
     }
+    // Credentials in a URL never reach the job (the trust flags' own
+    // variables are removed where the keeper is started).
+    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
+        .ok()
+        .filter(|u| authority::trust::has_userinfo(u))
+    {
+        env.push((
+            "LEASEAGENT_AUTHORITY".to_string(),
+            authority::trust::redact_url(&url),
+        ));
+    }
     env
 }
 
@@ -424,12 +439,14 @@ fn start(
     );
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
-    match crate::keeper::handle::spawn_keeper(
-        &cfg.command,
-        &env,
-        &crate::keeper::handle::job_env_remove(),
-        tx.clone(),
-    ) {
+    // The keeper's list, and the trust flags' variables.
+    let mut env_remove = crate::keeper::handle::job_env_remove();
+    env_remove.extend(
+        authority::trust::JOB_ENV_REMOVE
+            .iter()
+            .map(|v| v.to_string()),
+    );
+    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");

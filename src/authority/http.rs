@@ -11,9 +11,19 @@
 //! codes is a refusal; everything else (refused or reset connections,
 //! timeouts, 5xx, 408, 429, bodies that are text, the wrong shape or too
 //! large, any other status) is transient.
+//!
+//! Trust (`trust.md`): the bearer token from `--auth-token-file` goes with
+//! every call. At acquire, 401, 403 and TLS failures are
+//! [`AcquireError::Trust`] (exit 125 naming `unauthenticated`, `forbidden`
+//! or `certificate`); during renewal and release they are transient like any
+//! other failure, but logged at error level since they rarely heal alone.
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use super::transport::Failure;
+use super::trust::ClientTrust;
 use super::*;
 use crate::protocol::v1::{
     AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
@@ -25,6 +35,7 @@ pub use super::transport::BODY_LIMIT;
 pub struct HttpAuthority {
     base: String,
     agent: ureq::Agent,
+    trust: Arc<ClientTrust>,
 }
 
 /// A response: status and (capped) body, or a transport failure.
@@ -34,10 +45,11 @@ struct Answer {
 }
 
 impl HttpAuthority {
-    pub fn new(base: &str) -> Self {
+    pub fn with_trust(base: &str, trust: Arc<ClientTrust>) -> Self {
         HttpAuthority {
             base: base.trim_end_matches('/').to_string(),
-            agent: super::transport::agent(),
+            agent: super::transport::agent(&trust),
+            trust,
         }
     }
 
@@ -50,13 +62,80 @@ impl HttpAuthority {
         path: &str,
         body: impl serde::Serialize,
         timeout: Duration,
-    ) -> Result<Answer, String> {
-        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+    ) -> Result<Answer, Failure> {
+        let bytes = serde_json::to_vec(&body).map_err(|e| Failure {
+            trust: None,
+            message: e.to_string(),
+        })?;
         let url = self.url(path);
-        let (status, body) =
-            super::transport::call(&self.agent, &url, Some(&bytes), timeout, BODY_LIMIT)?;
+        let auth = self.trust.bearer_header();
+        let (status, body) = super::transport::call(
+            &self.agent,
+            &url,
+            Some(&bytes),
+            auth.as_deref(),
+            timeout,
+            BODY_LIMIT,
+        )?;
         Ok(Answer { status, body })
     }
+}
+
+/// The trust cause of a 401/403 answer.
+fn denied(status: u16) -> Option<&'static str> {
+    match status {
+        401 => Some("unauthenticated"),
+        403 => Some("forbidden"),
+        _ => None,
+    }
+}
+
+/// A call failure at acquire: trust problems are final. A call that failed
+/// without a named cause and without timing out may have reached a port of
+/// the other scheme (plain HTTP to a TLS port, or the reverse): probed once
+/// (at most a second) so the cause is named.
+fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
+    match f.trust {
+        Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
+        None if !f.message.ends_with("timed out")
+            && super::transport::other_scheme_answers(
+                base,
+                timeout.min(Duration::from_secs(1)),
+            ) =>
+        {
+            let hint = if base.starts_with("https://") {
+                "the port speaks plain HTTP, not TLS: use http://"
+            } else {
+                "the port speaks TLS: use https://"
+            };
+            AcquireError::Trust(format!("TLS: {} ({hint})", f.message))
+        }
+        None => AcquireError::Transient(f.message),
+    }
+}
+
+/// A call failure during renewal or release: always transient, trust
+/// problems logged at error level.
+fn renew_failure(what: &str, f: Failure) -> RenewError {
+    if let Some(cause) = f.trust {
+        log::error!(
+            "{what}: {cause}: {} (retried until the local deadline)",
+            f.message
+        );
+    }
+    RenewError::Transient(f.message)
+}
+
+/// A non-200 answer to renew or release that is not a refusal.
+fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
+    if let Some(r) = refusal(status, body) {
+        return r;
+    }
+    let m = transient_status(status, body);
+    if let Some(cause) = denied(status) {
+        log::error!("{what}: {cause}: {m} (retried until the local deadline)");
+    }
+    RenewError::Transient(m)
 }
 
 /// A duration in whole milliseconds, as the protocol sends it.
@@ -100,7 +179,7 @@ impl Authority for HttpAuthority {
     }
 
     fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(HttpAuthority::new(&self.base))
+        Box::new(HttpAuthority::with_trust(&self.base, self.trust.clone()))
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -113,7 +192,7 @@ impl Authority for HttpAuthority {
         };
         let a = self
             .call("/v1/acquire", body, timeout)
-            .map_err(AcquireError::Transient)?;
+            .map_err(|f| acquire_failure(&self.base, f, timeout))?;
         match a.status {
             200 => {
                 let bytes = a.body;
@@ -161,6 +240,11 @@ impl Authority for HttpAuthority {
                     .unwrap_or_else(|| "bad request".into());
                 Err(AcquireError::Rejected(msg))
             }
+            s if denied(s).is_some() => Err(AcquireError::Trust(format!(
+                "{}: {} (see --auth-token-file, --client-cert)",
+                denied(s).unwrap_or_default(),
+                transient_status(s, &a.body)
+            ))),
             s => Err(AcquireError::Transient(transient_status(s, &a.body))),
         }
     }
@@ -170,9 +254,10 @@ impl Authority for HttpAuthority {
             lease_id: lease.lease_id.clone(),
             token: lease.token,
         };
+        let what = format!("renewal of task {}", lease.task);
         let a = self
             .call("/v1/renew", body, timeout)
-            .map_err(RenewError::Transient)?;
+            .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             let bytes = a.body;
             return match parse::<RenewBody>(&bytes) {
@@ -184,8 +269,7 @@ impl Authority for HttpAuthority {
                 )),
             };
         }
-        Err(refusal(a.status, &a.body)
-            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
+        Err(renew_status(&what, a.status, &a.body))
     }
 
     fn release(
@@ -201,25 +285,25 @@ impl Authority for HttpAuthority {
             outcome: outcome.as_str().to_string(),
             exit_code,
         };
+        let what = format!("release of task {}", lease.task);
         let a = self
             .call("/v1/release", body, timeout)
-            .map_err(RenewError::Transient)?;
+            .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             return Ok(());
         }
-        Err(refusal(a.status, &a.body)
-            .unwrap_or_else(|| RenewError::Transient(transient_status(a.status, &a.body))))
+        Err(renew_status(&what, a.status, &a.body))
     }
 
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        super::http_operator::leases(&self.base, timeout)
+        super::http_operator::leases(&self.base, &self.trust, timeout)
     }
 
     fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::revoke(&self.base, task, force, timeout)
+        super::http_operator::revoke(&self.base, &self.trust, task, force, timeout)
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::clear(&self.base, task, timeout)
+        super::http_operator::clear(&self.base, &self.trust, task, timeout)
     }
 }

@@ -7,26 +7,33 @@
 use std::time::Duration;
 
 use super::transport::BODY_LIMIT;
+use super::trust::ClientTrust;
 use super::{LeaseInfo, OperatorError};
 use crate::protocol::v1::{ClearBody, ErrorBody, ErrorCode, LeasesBody, RevokeBody};
 
 /// (status, body) of one call.
 fn call(
     base: &str,
+    trust: &ClientTrust,
     path: &str,
     body: Option<Vec<u8>>,
     timeout: Duration,
     limit: u64,
 ) -> Result<(u16, String), OperatorError> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
+    let auth = trust.bearer_header();
     let (status, body) = super::transport::call(
-        &super::transport::agent(),
+        &super::transport::agent(trust),
         &url,
         body.as_deref(),
+        auth.as_deref(),
         timeout,
         limit,
     )
-    .map_err(OperatorError::Failed)?;
+    .map_err(|f| match f.trust {
+        Some(cause) => OperatorError::Failed(format!("{cause}: {}", f.message)),
+        None => OperatorError::Failed(f.message),
+    })?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -47,12 +54,20 @@ fn failure(status: u16, text: &str) -> OperatorError {
         (404 | 405, _) => OperatorError::Unsupported(format!(
             "the authority does not support this operator call (HTTP {status})"
         )),
+        (401, _) => OperatorError::Failed(format!(
+            "unauthenticated: HTTP 401: {msg} (see --auth-token-file, --client-cert)"
+        )),
+        (403, _) => OperatorError::Failed(format!("forbidden: HTTP 403: {msg}")),
         _ => OperatorError::Failed(format!("HTTP {status} {code}: {msg}")),
     }
 }
 
-pub fn leases(base: &str, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-    let (status, text) = call(base, "/v1/leases", None, timeout, 64 << 20)?;
+pub fn leases(
+    base: &str,
+    trust: &ClientTrust,
+    timeout: Duration,
+) -> Result<Vec<LeaseInfo>, OperatorError> {
+    let (status, text) = call(base, trust, "/v1/leases", None, timeout, 64 << 20)?;
     if status != 200 {
         return Err(failure(status, &text));
     }
@@ -61,23 +76,48 @@ pub fn leases(base: &str, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorE
         .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))
 }
 
-pub fn revoke(base: &str, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+pub fn revoke(
+    base: &str,
+    trust: &ClientTrust,
+    task: &str,
+    force: bool,
+    timeout: Duration,
+) -> Result<(), OperatorError> {
     let body = RevokeBody {
         task: task.to_string(),
         force,
     };
-    let (status, text) = call(base, "/v1/revoke", Some(json(&body)?), timeout, BODY_LIMIT)?;
+    let (status, text) = call(
+        base,
+        trust,
+        "/v1/revoke",
+        Some(json(&body)?),
+        timeout,
+        BODY_LIMIT,
+    )?;
     if status != 200 {
         return Err(failure(status, &text));
     }
     Ok(())
 }
 
-pub fn clear(base: &str, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+pub fn clear(
+    base: &str,
+    trust: &ClientTrust,
+    task: &str,
+    timeout: Duration,
+) -> Result<(), OperatorError> {
     let body = ClearBody {
         task: task.to_string(),
     };
-    let (status, text) = call(base, "/v1/clear", Some(json(&body)?), timeout, BODY_LIMIT)?;
+    let (status, text) = call(
+        base,
+        trust,
+        "/v1/clear",
+        Some(json(&body)?),
+        timeout,
+        BODY_LIMIT,
+    )?;
     if status != 200 {
         return Err(failure(status, &text));
     }

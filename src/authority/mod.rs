@@ -16,13 +16,16 @@
 //!   extend the lease.
 //! - Implementations are `Send` and owned by one thread at a time; a thread
 //!   that needs its own connection calls [`Authority::clone_box`]. Nothing is
-//!   shared between threads.
+//!   shared between threads but what the handles only read (the client
+//!   trust, built once from the flags) and etcd's per-lease expiry clock
+//!   (a mutex held for a map lookup).
 
 pub mod embedded;
 pub mod etcd;
 pub mod http;
 pub mod http_operator;
 pub mod transport;
+pub mod trust;
 pub mod untrusted;
 
 use std::time::Duration;
@@ -51,6 +54,12 @@ pub enum AcquireError {
     /// same request cannot help.
     #[error("authority rejected the request: {0}")]
     Rejected(String),
+    /// A TLS or credential problem (certificate not accepted, TLS spoken to
+    /// a plain port or the reverse, 401 unauthenticated, 403 forbidden, etcd
+    /// "authentication failed" or "permission denied"): retrying the same
+    /// request cannot help. The message names the cause.
+    #[error("{0}")]
+    Trust(String),
     /// Unreachable, timed out, 5xx, malformed answer.
     #[error("{0}")]
     Transient(String),
@@ -182,15 +191,28 @@ pub enum AuthoritySpec {
     /// `http://…` or `https://…`: lease protocol v1. Holds the base URL
     /// without a trailing slash.
     Http(String),
-    /// `etcd://host:port[,host:port…]`.
+    /// `etcd://host:port[,host:port…]` (plain HTTP to etcd's gateway).
     Etcd(Vec<String>),
+    /// `etcds://host:port[,host:port…]` (TLS).
+    Etcds(Vec<String>),
     /// `sqlite:PATH`, or the embedded default (the path under the state dir).
     Sqlite(std::path::PathBuf),
 }
 
 impl AuthoritySpec {
-    /// Parses an `--authority` value. The error names what is wrong.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// Parses an `--authority` value. The error names what is wrong. A
+    /// `user:password@` part is dropped (with a warning: credentials come
+    /// from files, see `trust`) and never shown.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let redacted = trust::redact_url(url);
+        if redacted != url {
+            // Parsed before logging is set up: written directly, in the
+            // log's format.
+            eprintln!(
+                "leaseagent: warn: --authority: the user:password@ part of the URL is ignored (use --auth-token-file, or --etcd-user with --etcd-password-file)"
+            );
+        }
+        let s = redacted.as_str();
         if let Some(rest) = s
             .strip_prefix("http://")
             .or_else(|| s.strip_prefix("https://"))
@@ -200,7 +222,11 @@ impl AuthoritySpec {
             }
             return Ok(AuthoritySpec::Http(s.trim_end_matches('/').to_string()));
         }
-        if let Some(rest) = s.strip_prefix("etcd://") {
+        let etcd = s
+            .strip_prefix("etcd://")
+            .map(|r| (r, false))
+            .or_else(|| s.strip_prefix("etcds://").map(|r| (r, true)));
+        if let Some((rest, tls)) = etcd {
             let endpoints: Vec<String> = rest
                 .trim_end_matches('/')
                 .split(',')
@@ -214,7 +240,11 @@ impl AuthoritySpec {
                     return Err(format!("`{s}`: endpoint `{e}` has no port"));
                 }
             }
-            return Ok(AuthoritySpec::Etcd(endpoints));
+            return Ok(if tls {
+                AuthoritySpec::Etcds(endpoints)
+            } else {
+                AuthoritySpec::Etcd(endpoints)
+            });
         }
         if let Some(path) = s.strip_prefix("sqlite:") {
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -224,7 +254,7 @@ impl AuthoritySpec {
             return Ok(AuthoritySpec::Sqlite(path.into()));
         }
         Err(format!(
-            "`{s}` is not an authority URL: expected http://…, https://…, etcd://host:port[,…] or sqlite:PATH"
+            "`{s}` is not an authority URL: expected http://…, https://…, etcd://host:port[,…], etcds://host:port[,…] or sqlite:PATH"
         ))
     }
 
@@ -249,12 +279,34 @@ impl AuthoritySpec {
     }
 }
 
-/// Opens the authority a spec names, behind the checks every answer must
-/// pass ([`untrusted::Checked`]).
-pub fn open(spec: &AuthoritySpec) -> Result<Box<dyn Authority>, String> {
+impl AuthoritySpec {
+    /// Whether the authority is reached over TLS.
+    pub fn uses_tls(&self) -> bool {
+        match self {
+            AuthoritySpec::Http(base) => base.starts_with("https://"),
+            AuthoritySpec::Etcds(_) => true,
+            AuthoritySpec::Etcd(_) | AuthoritySpec::Sqlite(_) => false,
+        }
+    }
+}
+
+/// Opens the authority a spec names, with the client trust the flags name
+/// (read and checked here, once; the error names the flag and the file),
+/// behind the checks every answer must pass ([`untrusted::Checked`]).
+pub fn open(spec: &AuthoritySpec, files: &trust::TrustFiles) -> Result<Box<dyn Authority>, String> {
+    let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
     let inner: Box<dyn Authority> = match spec {
-        AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::new(base)),
-        AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::new(endpoints.clone())),
+        AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::with_trust(base, trust)),
+        AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(
+            endpoints.clone(),
+            false,
+            trust,
+        )),
+        AuthoritySpec::Etcds(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(
+            endpoints.clone(),
+            true,
+            trust,
+        )),
         AuthoritySpec::Sqlite(path) => {
             // Its directory must be this user's alone; no symlinks followed.
             crate::sys::paths::prepare_db_file(path)?;
@@ -285,5 +337,15 @@ mod tests {
         assert!(AuthoritySpec::parse("ftp://x").is_err());
         assert!(AuthoritySpec::parse("etcd://a").is_err());
         assert!(AuthoritySpec::parse("http://").is_err());
+        assert_eq!(
+            AuthoritySpec::parse("etcds://u:pw@a:1,b:2").unwrap(),
+            AuthoritySpec::Etcds(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            AuthoritySpec::parse("https://u:pw@h:1/").unwrap(),
+            AuthoritySpec::Http("https://h:1".into())
+        );
+        let e = AuthoritySpec::parse("ftp://u:pw@h").unwrap_err();
+        assert!(!e.contains("pw"), "{e}");
     }
 }

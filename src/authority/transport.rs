@@ -13,15 +13,23 @@
 //!   two points);
 //! - no redirect is ever followed: a 3xx is returned as the answer (and is
 //!   no grant), so an authority cannot send the agent to another host.
+//! - TLS settings and credentials come from one [`ClientTrust`], and a
+//!   failure that is about trust (the certificate, a TLS handshake with
+//!   something that does not speak TLS, or plain HTTP answered in TLS) is
+//!   told apart from other failures ([`Failure::trust`]), so that acquire can
+//!   exit 125 naming the cause instead of calling it "unreachable".
 
 use std::time::Duration;
+
+use super::trust::ClientTrust;
 
 /// The protocol's body size limit.
 pub const BODY_LIMIT: u64 = 64 * 1024;
 
 /// A connection-pooling client configured as above.
-pub fn agent() -> ureq::Agent {
+pub fn agent(trust: &ClientTrust) -> ureq::Agent {
     ureq::Agent::config_builder()
+        .tls_config(trust.tls().clone())
         .http_status_as_error(false)
         .proxy(None)
         // Never follow a redirect: an authority's 3xx is its answer.
@@ -34,31 +42,56 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
-/// One request: `GET` when `json_body` is `None`, else `POST` of that JSON.
-/// Returns the status and the body (read up to `limit`), or a description
-/// of what failed that names the URL.
+/// Why a call gave no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Failure {
+    /// `Some(cause)` when the failure is about TLS trust: `certificate`
+    /// (the peer's certificate was not accepted, or ours was refused) or
+    /// `TLS` (one side speaks TLS and the other does not).
+    pub trust: Option<&'static str>,
+    /// What failed, naming the URL (never a credential).
+    pub message: String,
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.message
+    }
+}
+
+/// One request: `GET` when `json_body` is `None`, else `POST` of that JSON,
+/// with `authorization` as the `Authorization` header if given.
+/// Returns the status and the body (read up to `limit`), or what failed.
 pub fn call(
     agent: &ureq::Agent,
     url: &str,
     json_body: Option<&[u8]>,
+    authorization: Option<&str>,
     timeout: Duration,
     limit: u64,
-) -> Result<(u16, Vec<u8>), String> {
+) -> Result<(u16, Vec<u8>), Failure> {
     let timeout = Some(timeout.max(Duration::from_millis(1)));
     let sent = match json_body {
-        None => agent
-            .get(url)
-            .config()
-            .timeout_global(timeout)
-            .build()
-            .call(),
-        Some(body) => agent
-            .post(url)
-            .config()
-            .timeout_global(timeout)
-            .build()
-            .header("content-type", "application/json")
-            .send(body),
+        None => {
+            let mut r = agent.get(url).config().timeout_global(timeout).build();
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.call()
+        }
+        Some(body) => {
+            let mut r = agent
+                .post(url)
+                .config()
+                .timeout_global(timeout)
+                .build()
+                .header("content-type", "application/json");
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.send(body)
+        }
     };
     let mut resp = sent.map_err(|e| describe(url, e))?;
     let status = resp.status().as_u16();
@@ -68,16 +101,106 @@ pub fn call(
         .limit(limit)
         .read_to_vec()
         .map_err(|e| match e {
-            ureq::Error::BodyExceedsLimit(_) => format!("{url}: answer body over {limit} bytes"),
+            ureq::Error::BodyExceedsLimit(_) => Failure {
+                trust: None,
+                message: format!("{url}: answer body over {limit} bytes"),
+            },
             e => describe(url, e),
         })?;
     Ok((status, body))
 }
 
-fn describe(url: &str, e: ureq::Error) -> String {
-    match e {
-        ureq::Error::Timeout(_) => format!("{url}: timed out"),
-        ureq::Error::Io(io) => format!("{url}: {io}"),
-        e => format!("{url}: {e}"),
+/// Whether the server of `url` answers in the other scheme: for an
+/// `http://` URL, a TLS handshake (certificate not checked) and any HTTP
+/// answer; for an `https://` URL, any plain HTTP answer. Asked only after a
+/// call failed at acquire without a named cause, so that "plain HTTP to a
+/// TLS port" and the reverse are reported as such instead of
+/// "unreachable". Bounded by `timeout`.
+pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
+    let (other, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        ("https", rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        ("http", rest)
+    } else {
+        return false;
+    };
+    let host = rest.split('/').next().unwrap_or(rest);
+    let probe: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .disable_verification(true)
+                .build(),
+        )
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(timeout.max(Duration::from_millis(1))))
+        .build()
+        .into();
+    match probe.get(&format!("{other}://{host}/healthz")).call() {
+        Ok(_) => true,
+        // A TLS alert (e.g. "certificate required") is a TLS server talking.
+        Err(e) => other == "https" && e.to_string().to_ascii_lowercase().contains("alert"),
+    }
+}
+
+fn describe(url: &str, e: ureq::Error) -> Failure {
+    let detail = match &e {
+        ureq::Error::Timeout(_) => "timed out".to_string(),
+        ureq::Error::Io(io) => io.to_string(),
+        e => e.to_string(),
+    };
+    // Classified on the error alone: the URL may contain any word.
+    let tls = url.starts_with("https://");
+    let trust = if tls { trust_cause(&detail) } else { None };
+    let message = match trust {
+        Some("TLS") => format!(
+            "{url}: {detail} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
+        ),
+        Some(_) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
+        None => format!("{url}: {detail}"),
+    };
+    Failure { trust, message }
+}
+
+/// Classifies the error of a TLS connection (rustls errors reach us as text
+/// inside io errors). Plain `http://` failures are never classified here:
+/// "plain HTTP to a TLS port" is found by [`other_scheme_answers`].
+fn trust_cause(detail: &str) -> Option<&'static str> {
+    let t = detail.to_ascii_lowercase();
+    if t.contains("certificate") || t.contains("unknownissuer") || t.contains("notvalidforname") {
+        return Some("certificate");
+    }
+    if t.contains("corrupt message")
+        || t.contains("invalidcontenttype")
+        || t.contains("invalid message")
+        || t.contains("peer is incompatible")
+        || t.contains("handshake")
+    {
+        return Some("TLS");
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_causes_come_from_the_error_not_the_url() {
+        assert_eq!(
+            trust_cause("invalid peer certificate: UnknownIssuer"),
+            Some("certificate")
+        );
+        assert_eq!(
+            trust_cause("received corrupt message of type InvalidContentType"),
+            Some("TLS")
+        );
+        assert_eq!(trust_cause("Connection refused (os error 111)"), None);
+        let f = describe(
+            "https://certificate.example:1/v1/acquire",
+            ureq::Error::Timeout(ureq::Timeout::Global),
+        );
+        assert_eq!(f.trust, None);
+        assert!(f.message.ends_with("timed out"), "{}", f.message);
     }
 }

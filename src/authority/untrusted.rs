@@ -140,6 +140,7 @@ fn acquire_error(e: AcquireError) -> AcquireError {
             lease_id: escape(&lease_id),
         },
         AcquireError::Rejected(m) => AcquireError::Rejected(escape(&m)),
+        AcquireError::Trust(m) => AcquireError::Trust(escape(&m)),
         AcquireError::Transient(m) => AcquireError::Transient(escape(&m)),
     }
 }

@@ -9,6 +9,47 @@ const AUTHORITY: Flag = Flag::value("authority", "URL", "Lease authority")
     .env("LEASEAGENT_AUTHORITY")
     .default_note("the embedded per-host authority");
 
+/// How every client of an authority trusts it and proves who it is (the run
+/// path and the operator commands; `authority::trust`). Files only: no
+/// secret is ever taken from argv.
+const TRUST: Group = Group {
+    heading: Some("Trust (https://, etcds://, credentials; secrets only in files, mode 0600)"),
+    flags: &[
+        Flag::value(
+            "ca-file",
+            "FILE",
+            "PEM CAs that sign the authority's certificate",
+        )
+        .env("LEASEAGENT_CA_FILE")
+        .default_note("the system's roots"),
+        Flag::value(
+            "client-cert",
+            "FILE",
+            "PEM client certificate for mutual TLS (with --client-key)",
+        )
+        .env("LEASEAGENT_CLIENT_CERT"),
+        Flag::value("client-key", "FILE", "PEM key of --client-cert").env("LEASEAGENT_CLIENT_KEY"),
+        Flag::value(
+            "auth-token-file",
+            "FILE",
+            "Bearer token for leaseagent serve: the file's first line",
+        )
+        .env("LEASEAGENT_AUTH_TOKEN_FILE"),
+        Flag::value(
+            "etcd-user",
+            "NAME",
+            "etcd user (etcd's own authentication; with --etcd-password-file)",
+        )
+        .env("LEASEAGENT_ETCD_USER"),
+        Flag::value(
+            "etcd-password-file",
+            "FILE",
+            "That etcd user's password: the file's first line",
+        )
+        .env("LEASEAGENT_ETCD_PASSWORD_FILE"),
+    ],
+};
+
 /// `leaseagent [OPTIONS] -- COMMAND [ARG...]`.
 pub static RUN: CommandDef = CommandDef {
     name: "",
@@ -24,7 +65,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
         Flag::value(
             "authority",
             "URL",
-            "Lease authority: http(s)://HOST:PORT, etcd://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
+            "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
         )
         .env("LEASEAGENT_AUTHORITY")
         .default_note("the embedded per-host authority"),
@@ -78,7 +119,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
         ),
     ],
-    }],
+    }, TRUST],
     positionals: &[],
     notes: Some("DUR is a whole number with a unit: 250ms, 2s, 5m, 1h."),
     examples: "\
@@ -91,6 +132,12 @@ Examples:
 
   # against etcd (interoperates with `etcdctl lock nightly-export`)
   leaseagent --authority etcd://10.0.0.1:2379,10.0.0.2:2379 --task nightly-export -- ./export.sh
+
+  # etcd with TLS and etcd's own login; a lease server with TLS and a token
+  leaseagent --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user batch \\
+             --etcd-password-file etcd-pw --task nightly-export -- ./export.sh
+  leaseagent --authority https://leases.internal:7878 --ca-file ca.pem \\
+             --auth-token-file token --task nightly-export -- ./export.sh
 
   # inside the job: the fencing token, and a cheap validity check
   echo \"$LEASE_TOKEN\"; leaseagent check --min-remaining 5s && leaseagent publish out.tmp out
@@ -272,16 +319,25 @@ pub static LEASES: CommandDef = CommandDef {
             AUTHORITY,
             Flag::switch("json", "Print JSON instead of a table"),
         ],
-    }],
+    }, TRUST],
     positionals: &[],
-    notes: None,
+    notes: Some(
+        "\
+With etcd, every lock key is listed (leaseagent's and `etcdctl lock`'s): the first of each
+task is `active`, the others `waiting` in queue order; TOKEN is the key's create revision.",
+    ),
     examples: "\
 Examples:
   # leases of the embedded per-host authority
   leaseagent leases
 
   # of a lease server, as JSON
-  leaseagent leases --authority http://leases.internal:7878 --json",
+  leaseagent leases --authority http://leases.internal:7878 --json
+
+  # of a TLS lease server with a token; of etcd with TLS and etcd's own login
+  leaseagent leases --authority https://leases.internal:7878 --ca-file ca.pem --auth-token-file token
+  leaseagent leases --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user root \\
+                    --etcd-password-file etcd-pw",
     style: Style::Sub,
 };
 
@@ -290,22 +346,29 @@ pub static REVOKE: CommandDef = CommandDef {
     name: "revoke",
     about: "Revoke a task's current lease",
     usage: None,
-    groups: &[Group {
-        heading: None,
-        flags: &[
-            AUTHORITY,
-            Flag::switch(
-                "force",
-                "Free the task at once instead of after the lease's current expiry",
-            ),
-            Flag::switch("json", "Print JSON instead of text"),
-        ],
-    }],
+    groups: &[
+        Group {
+            heading: None,
+            flags: &[
+                AUTHORITY,
+                Flag::switch(
+                    "force",
+                    "Free the task at once instead of after the lease's current expiry",
+                ),
+                Flag::switch("json", "Print JSON instead of text"),
+            ],
+        },
+        TRUST,
+    ],
     positionals: &[Positional {
         name: "TASK",
         help: "The task whose current lease is revoked",
     }],
-    notes: None,
+    notes: Some(
+        "\
+With etcd, revoke revokes the holder's etcd lease: its key is deleted at once and the next
+waiter (leaseagent or `etcdctl lock`) gets the task; --force changes nothing.",
+    ),
     examples: "\
 Examples:
   # take the task away from its holder (its agent stops the job at the next renewal)
@@ -321,18 +384,25 @@ pub static CLEAR: CommandDef = CommandDef {
     name: "clear",
     about: "Free a task held for an operator (after an expiry with --on-expiry hold)",
     usage: None,
-    groups: &[Group {
-        heading: None,
-        flags: &[
-            AUTHORITY,
-            Flag::switch("json", "Print JSON instead of text"),
-        ],
-    }],
+    groups: &[
+        Group {
+            heading: None,
+            flags: &[
+                AUTHORITY,
+                Flag::switch("json", "Print JSON instead of text"),
+            ],
+        },
+        TRUST,
+    ],
     positionals: &[Positional {
         name: "TASK",
         help: "The task held for an operator",
     }],
-    notes: None,
+    notes: Some(
+        "\
+etcd has no held-for-operator state (it frees a task when its lease expires, and leaseagent
+refuses --on-expiry hold with etcd): clear there always exits 1, nothing to clear.",
+    ),
     examples: "\
 Examples:
   # a lease with --on-expiry hold expired: after checking the job's side effects,

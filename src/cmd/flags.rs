@@ -692,7 +692,9 @@ fn flag_help(style: Style, f: &Flag, col: usize, env: Env) -> String {
             }
             if let Some(var) = f.env {
                 let now = env(var).unwrap_or_default();
-                h.push_str(&format!(" [env: {var}={}]", now.to_string_lossy()));
+                // A URL's `user:password@` is never shown.
+                let now = crate::authority::trust::redact_url(&now.to_string_lossy());
+                h.push_str(&format!(" [env: {var}={now}]"));
             }
             h
         }

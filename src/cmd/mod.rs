@@ -118,7 +118,21 @@ fn raw_run(m: &mut Matches) -> Result<RawRun, UsageError> {
         clock_drift_ppm: m.parse("clock-drift", ppm)?,
         remap_exit: m.switch("remap-exit"),
         command: m.take_trailing(),
+        trust: trust(m),
     })
+}
+
+/// The trust flags (`defs::TRUST`), environment applied.
+fn trust(m: &Matches) -> crate::authority::trust::TrustFiles {
+    let path = |long: &str| m.os(long).map(PathBuf::from);
+    crate::authority::trust::TrustFiles {
+        ca_file: path("ca-file"),
+        client_cert: path("client-cert"),
+        client_key: path("client-key"),
+        auth_token_file: path("auth-token-file"),
+        etcd_user: m.os("etcd-user").map(|u| u.to_string_lossy().into_owned()),
+        etcd_password_file: path("etcd-password-file"),
+    }
 }
 
 /// `--clock-drift`: a whole number of parts per million.
@@ -195,6 +209,7 @@ fn check(m: &mut Matches) -> Result<Command, UsageError> {
 fn authority(m: &Matches) -> Result<operator::AuthorityArg, UsageError> {
     Ok(operator::AuthorityArg {
         authority: m.string("authority")?,
+        trust: trust(m),
     })
 }
 

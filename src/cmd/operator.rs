@@ -17,6 +17,8 @@ use crate::authority::{Authority, AuthoritySpec, LeaseInfo, OperatorError};
 pub struct AuthorityArg {
     /// `--authority`, or `LEASEAGENT_AUTHORITY`; `None`: the embedded default.
     pub authority: Option<String>,
+    /// The trust flags (TLS roots, client certificate, credentials).
+    pub trust: crate::authority::trust::TrustFiles,
 }
 
 /// `leaseagent leases` (flags: `cmd::defs::LEASES`).
@@ -51,7 +53,7 @@ pub const NOTHING_TO_DO: u8 = 1;
 /// The authority an operator command talks to (any kind: each implements
 /// the operator methods of [`Authority`] or says it cannot).
 fn open_target(a: &AuthorityArg) -> Result<Box<dyn Authority>, String> {
-    crate::authority::open(&AuthoritySpec::from_flag(a.authority.as_deref())?)
+    crate::authority::open(&AuthoritySpec::from_flag(a.authority.as_deref())?, &a.trust)
 }
 
 fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
@@ -146,7 +148,7 @@ pub fn revoke(a: RevokeArgs) -> ExitCode {
                     "{}",
                     serde_json::json!({"task": a.task, "revoked": true, "force": a.force})
                 );
-            } else if a.force {
+            } else if a.force || t.url().starts_with("etcd") {
                 println!(
                     "revoked the lease on {}: the task is free now; its holder is refused at its next renewal",
                     a.task

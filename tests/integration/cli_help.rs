@@ -218,7 +218,7 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         ),
         (
             &["leases", "--authority", "gopher://x"],
-            "leaseagent leases: --authority: `gopher://x` is not an authority URL: expected http://…, https://…, etcd://host:port[,…] or sqlite:PATH",
+            "leaseagent leases: --authority: `gopher://x` is not an authority URL: expected http://…, https://…, etcd://host:port[,…], etcds://host:port[,…] or sqlite:PATH",
         ),
         (
             &["revoke"],

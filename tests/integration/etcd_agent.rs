@@ -251,8 +251,17 @@ fn frozen_etcd_stops_the_job_before_the_lease_could_expire() {
     let frozen_at = uptime();
     etcd.members[0].freeze();
     let status = a.wait_within(Duration::from_secs(30));
+    let exited_at = uptime();
     etcd.members[0].thaw();
     assert_eq!(status.code(), Some(124));
+    // Nothing is left to revoke once the lease has run out by the agent's
+    // clock: the agent does not linger in a release etcd cannot answer
+    // (it used to, for up to 5 s more). 2 s of margin for a busy machine.
+    assert!(
+        exited_at < frozen_at + ttl + 2.0,
+        "agent exited {:.1}s after the freeze (ttl {ttl}s)",
+        exited_at - frozen_at
+    );
     let last_beat: f64 = std::fs::read_to_string(&beat)
         .unwrap()
         .trim()

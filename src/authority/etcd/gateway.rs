@@ -20,35 +20,64 @@
 //! answer from etcd ([`CallError::Status`]); anything else that is not a
 //! readable JSON body of the expected shape is [`CallError::Transient`],
 //! never a success.
+//!
+//! Trust: `etcds://` speaks TLS with the [`ClientTrust`]'s roots and client
+//! certificate (a certificate problem at one endpoint moves to the next, as
+//! any transport failure does, and is reported as [`CallError::Tls`] when no
+//! endpoint answered). With an etcd login, the gateway authenticates
+//! (`/v3/auth/authenticate`) before its first call and sends the token in the
+//! `Authorization` header of every call. etcd's simple tokens expire; when
+//! etcd answers "invalid auth token" (or "revision of auth store is old"),
+//! the call authenticates again and is retried once, within the same
+//! deadline. Wrong credentials and RBAC refusals are [`CallError::Denied`].
+//! The password is only ever in the authenticate request's body.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::wire::GatewayError;
+use super::wire::{
+    AuthenticateRequest, AuthenticateResponse, GRPC_INVALID_ARGUMENT, GRPC_PERMISSION_DENIED,
+    GRPC_UNAUTHENTICATED, GatewayError, StreamError,
+};
+use crate::authority::trust::ClientTrust;
 
 // Answers larger than the protocol's limit are not answers we asked for.
 use crate::authority::transport::BODY_LIMIT;
 
 /// Why a gateway call gave no answer of the expected shape.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {
     /// Unreachable, timed out, 5xx, or unreadable: the state is unknown.
+    #[error("{0}")]
     Transient(String),
+    /// No endpoint answered, and at least one failed for TLS trust:
+    /// `cause` is `certificate` or `TLS`.
+    #[error("{cause}: {message}")]
+    Tls {
+        cause: &'static str,
+        message: String,
+    },
     /// etcd answered with a gRPC status (HTTP 4xx): a definite answer.
+    #[error("etcd answered {http}: {} (grpc code {})", status.message, status.code)]
     Status { http: u16, status: GatewayError },
+    /// etcd refused our credentials or permissions: `cause` is
+    /// `authentication failed`, `unauthenticated` or `permission denied`.
+    #[error("{cause}: {message}")]
+    Denied {
+        cause: &'static str,
+        message: String,
+    },
 }
 
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl CallError {
+    /// The trust cause, for failures that are about TLS or credentials.
+    pub fn trust_cause(&self) -> Option<&'static str> {
         match self {
-            CallError::Transient(m) => f.write_str(m),
-            CallError::Status { http, status } => write!(
-                f,
-                "etcd answered {http}: {} (grpc code {})",
-                status.message, status.code
-            ),
+            CallError::Tls { cause, .. } | CallError::Denied { cause, .. } => Some(cause),
+            _ => None,
         }
     }
 }
@@ -56,17 +85,33 @@ impl std::fmt::Display for CallError {
 /// A client for one etcd cluster, owned by one thread.
 pub struct Gateway {
     endpoints: Vec<String>,
+    /// `https` for `etcds://`, else `http`.
+    scheme: &'static str,
     /// The endpoint the next call starts with.
     cursor: usize,
     agent: ureq::Agent,
+    trust: Arc<ClientTrust>,
+    /// etcd's auth token (a credential: never logged), once authenticated.
+    token: Option<String>,
+    /// etcd said authentication is not enabled: the login is not needed.
+    auth_disabled: bool,
 }
 
 impl Gateway {
+    /// Plain HTTP, no credentials.
     pub fn new(endpoints: Vec<String>) -> Self {
+        Self::with_trust(endpoints, false, Arc::new(ClientTrust::none()))
+    }
+
+    pub fn with_trust(endpoints: Vec<String>, tls: bool, trust: Arc<ClientTrust>) -> Self {
         Gateway {
             endpoints,
+            scheme: if tls { "https" } else { "http" },
             cursor: 0,
-            agent: crate::authority::transport::agent(),
+            agent: crate::authority::transport::agent(&trust),
+            trust,
+            token: None,
+            auth_disabled: false,
         }
     }
 
@@ -74,16 +119,119 @@ impl Gateway {
         &self.endpoints
     }
 
+    pub fn tls(&self) -> bool {
+        self.scheme == "https"
+    }
+
+    pub fn trust(&self) -> &Arc<ClientTrust> {
+        &self.trust
+    }
+
+    fn needs_login(&self) -> bool {
+        self.trust.etcd_login().is_some() && !self.auth_disabled
+    }
+
     /// POSTs `body` to `path` (e.g. `/v3/kv/range`) and reads the first JSON
-    /// value of the answer as `R`, finishing by `deadline`.
+    /// value of the answer as `R`, finishing by `deadline`. Authenticates
+    /// first (and again when etcd says the token is no longer valid).
     pub fn call<B: Serialize, R: DeserializeOwned>(
         &mut self,
         path: &str,
         body: &B,
         deadline: Instant,
     ) -> Result<R, CallError> {
+        self.call_limited(path, body, deadline, BODY_LIMIT)
+    }
+
+    /// [`Gateway::call`] with an answer size limit other than the protocol's.
+    pub fn call_limited<B: Serialize, R: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &B,
+        deadline: Instant,
+        limit: u64,
+    ) -> Result<R, CallError> {
+        let body = serde_json::to_vec(body).map_err(|e| CallError::Transient(e.to_string()))?;
+        if self.needs_login() && self.token.is_none() {
+            self.authenticate(deadline)?;
+        }
+        let first = self.rotate(path, &body, true, deadline, limit);
+        let answer = match first {
+            Err(CallError::Status { status, .. })
+                if self.needs_login() && token_expired(&status) =>
+            {
+                // Debug: with short token ttls this happens at every renewal,
+                // and the log's info level is one line per state change.
+                log::debug!(
+                    "etcd: auth token no longer valid ({}); authenticating again",
+                    status.message
+                );
+                self.token = None;
+                self.authenticate(deadline)?;
+                self.rotate(path, &body, true, deadline, limit)
+            }
+            other => other,
+        };
+        answer.map_err(denied)
+    }
+
+    /// Gets a fresh token for the login (`/v3/auth/authenticate`).
+    fn authenticate(&mut self, deadline: Instant) -> Result<(), CallError> {
+        let Some(login) = self.trust.etcd_login() else {
+            return Ok(());
+        };
+        let body = serde_json::to_vec(&AuthenticateRequest {
+            name: &login.user,
+            password: login.password.expose(),
+        })
+        .map_err(|e| CallError::Transient(e.to_string()))?;
+        let user = login.user.clone();
+        match self.rotate::<AuthenticateResponse>(
+            "/v3/auth/authenticate",
+            &body,
+            false,
+            deadline,
+            BODY_LIMIT,
+        ) {
+            Ok(r) if !r.token.is_empty() => {
+                self.token = Some(r.token);
+                Ok(())
+            }
+            Ok(_) => Err(CallError::Transient(
+                "etcd /v3/auth/authenticate answered without a token".into(),
+            )),
+            Err(CallError::Status { status, .. })
+                if status.message.contains("authentication is not enabled") =>
+            {
+                log::info!("etcd: authentication is not enabled; --etcd-user is not needed");
+                self.auth_disabled = true;
+                Ok(())
+            }
+            Err(CallError::Status { http, status }) if status.code == GRPC_INVALID_ARGUMENT => {
+                Err(CallError::Denied {
+                    cause: "authentication failed",
+                    message: format!(
+                        "etcd refused the login of user {user} (--etcd-user, --etcd-password-file): {} (HTTP {http})",
+                        status.message
+                    ),
+                })
+            }
+            Err(e) => Err(denied(e)),
+        }
+    }
+
+    /// One request, trying the endpoints in turn until one answers.
+    fn rotate<R: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &[u8],
+        with_token: bool,
+        deadline: Instant,
+        limit: u64,
+    ) -> Result<R, CallError> {
         let n = self.endpoints.len().max(1);
         let mut last = CallError::Transient("etcd: no endpoint configured".into());
+        let mut tls_failure: Option<CallError> = None;
         for tried in 0..n {
             let left = deadline.saturating_duration_since(Instant::now());
             if left < Duration::from_millis(1) {
@@ -101,9 +249,24 @@ impl Gateway {
             let Some(endpoint) = self.endpoints.get(self.cursor % n).cloned() else {
                 break;
             };
-            match self.attempt(&endpoint, path, body, budget) {
+            let token = if with_token { self.token.clone() } else { None };
+            match self.attempt(&endpoint, path, body, token.as_deref(), budget, limit) {
                 Ok(r) => return Ok(r),
-                Err(e @ CallError::Status { .. }) => return Err(e),
+                Err(e @ CallError::Status { .. }) | Err(e @ CallError::Denied { .. }) => {
+                    return Err(e);
+                }
+                Err(CallError::Tls { cause, message }) => {
+                    log::debug!(
+                        "etcd {endpoint}{path}: {message}; next call goes to the next endpoint"
+                    );
+                    self.cursor = (self.cursor + 1) % n;
+                    let e = CallError::Tls {
+                        cause,
+                        message: format!("etcd {endpoint}{path}: {message}"),
+                    };
+                    tls_failure = Some(e.clone());
+                    last = e;
+                }
                 Err(CallError::Transient(m)) => {
                     log::debug!("etcd {endpoint}{path}: {m}; next call goes to the next endpoint");
                     self.cursor = (self.cursor + 1) % n;
@@ -111,21 +274,28 @@ impl Gateway {
                 }
             }
         }
-        Err(last)
+        Err(tls_failure.unwrap_or(last))
     }
 
-    fn attempt<B: Serialize, R: DeserializeOwned>(
+    fn attempt<R: DeserializeOwned>(
         &self,
         endpoint: &str,
         path: &str,
-        body: &B,
+        body: &[u8],
+        token: Option<&str>,
         budget: Duration,
+        limit: u64,
     ) -> Result<R, CallError> {
-        let url = format!("http://{endpoint}{path}");
-        let body = serde_json::to_vec(body).map_err(|e| CallError::Transient(e.to_string()))?;
+        let url = format!("{}://{endpoint}{path}", self.scheme);
         let (status, bytes) =
-            crate::authority::transport::call(&self.agent, &url, Some(&body), budget, BODY_LIMIT)
-                .map_err(CallError::Transient)?;
+            crate::authority::transport::call(&self.agent, &url, Some(body), token, budget, limit)
+                .map_err(|f| match f.trust {
+                    Some(cause) => CallError::Tls {
+                        cause,
+                        message: f.message,
+                    },
+                    None => CallError::Transient(f.message),
+                })?;
         if !(200..300).contains(&status) && !(400..500).contains(&status) {
             return Err(CallError::Transient(format!(
                 "HTTP {status}: {}",
@@ -138,6 +308,17 @@ impl Gateway {
                     http: status,
                     status: g,
                 }),
+                // etcd's gateway refuses client certificates with a Common
+                // Name when it checks client certificates (CVE-2018-16886).
+                _ if String::from_utf8_lossy(&bytes).contains("CommonName of client") => {
+                    Err(CallError::Tls {
+                        cause: "certificate",
+                        message: format!(
+                            "HTTP {status}: {}: etcd's JSON gateway refuses client certificates that carry a Common Name; use one whose subject has no CN (names in subjectAltName only)",
+                            snippet(&bytes)
+                        ),
+                    })
+                }
                 // A 4xx without a gRPC status is not etcd's gateway talking.
                 _ => Err(CallError::Transient(format!(
                     "HTTP {status}: {}",
@@ -145,8 +326,54 @@ impl Gateway {
                 ))),
             };
         }
+        // A stream (keepalive) reports errors inside a 200.
+        if let Some(StreamError { error }) = first_json::<StreamError>(&bytes) {
+            if error.code != 0 {
+                return Err(CallError::Status {
+                    http: status,
+                    status: error,
+                });
+            }
+        }
         first_json::<R>(&bytes)
             .ok_or_else(|| CallError::Transient(format!("malformed answer: {}", snippet(&bytes))))
+    }
+}
+
+/// Whether etcd's answer says our token expired (authenticate again).
+fn token_expired(status: &GatewayError) -> bool {
+    status.code == GRPC_UNAUTHENTICATED
+        || status.message.contains("invalid auth token")
+        || status.message.contains("auth store is old")
+}
+
+/// Turns etcd's refusals of credentials or permissions into
+/// [`CallError::Denied`]; other errors pass through.
+fn denied(e: CallError) -> CallError {
+    match e {
+        CallError::Status { http, status } if status.code == GRPC_PERMISSION_DENIED => {
+            CallError::Denied {
+                cause: "permission denied",
+                message: format!(
+                    "etcd: {} (HTTP {http}): the etcd user lacks read-write permission on the task's keys",
+                    status.message
+                ),
+            }
+        }
+        CallError::Status { http, status }
+            if status.code == GRPC_UNAUTHENTICATED
+                || status.message.contains("user name is empty")
+                || status.message.contains("invalid auth token") =>
+        {
+            CallError::Denied {
+                cause: "unauthenticated",
+                message: format!(
+                    "etcd: {} (HTTP {http}): etcd requires authentication (--etcd-user, --etcd-password-file)",
+                    status.message
+                ),
+            }
+        }
+        e => e,
     }
 }
 

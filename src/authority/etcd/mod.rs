@@ -1,4 +1,6 @@
-//! etcd as the lease authority (`--authority etcd://host:port[,host:port…]`).
+//! etcd as the lease authority (`--authority etcd://host:port[,host:port…]`,
+//! or `etcds://…` over TLS; TLS, etcd logins and endpoint rotation live in
+//! [`gateway`]).
 //!
 //! Why this shape: users who outgrow one machine already run etcd, and their
 //! scripts already use `etcdctl lock`. So a leaseagent lease *is* an etcd
@@ -9,7 +11,9 @@
 //! - The holder's key is `<task>/<lease id in hex>`, put with that lease in a
 //!   txn guarded by `create_revision == 0` (so a retried txn cannot create
 //!   the key twice) whose both branches also read the first-created key
-//!   under `<task>/`. The owner is the key with the lowest create revision;
+//!   under `<task>/`. A task name with `/` has each `/` written `%2F` in
+//!   its prefix, so that no task's range holds another task's keys (see
+//!   `task_of_prefix`). The owner is the key with the lowest create revision;
 //!   everyone behind it waits for the deletion of the key just before theirs.
 //!   The value is the holder string (`etcdctl lock` stores an empty one).
 //! - The fencing token is the store revision at which ownership was
@@ -24,7 +28,10 @@
 //! read of our key: if it is gone (someone deleted it, or revoked the lease)
 //! or now belongs to another lease or a later creation, that is a refusal too,
 //! because another agent or `etcdctl lock` may already own the task.
-//! Release = revoke the lease, which deletes the key in the same raft entry.
+//! Release = revoke the lease, which deletes the key in the same raft entry;
+//! skipped once the lease has run out by this process's clock (`LeaseClock`),
+//! and never given more time than the lease has left, so a lost lease on an
+//! unreachable etcd does not hold up the agent's exit.
 //!
 //! Only `--on-expiry redispatch` exists here: etcd frees the key when the lease
 //! expires and has no grace or hold state, so the other policies are refused
@@ -33,10 +40,17 @@
 //! Waiting (`--wait`) uses [`Authority::acquire_wait`]: the queued key is kept
 //! (and its lease kept alive) between calls, so a waiter keeps its place in
 //! the queue like `etcdctl lock` does instead of re-entering at the back.
+//! Every way out of a wait except "still queued" revokes the place.
+//!
+//! Shared state: the `LeaseClock` is shared (behind a mutex held for a map
+//! lookup only) by the handles of one agent, since the heartbeat thread
+//! renews on one handle and the supervisor releases on another.
 
 mod gateway;
 pub mod wire;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gateway::{CallError, Gateway};
@@ -63,6 +77,47 @@ struct Queued {
 pub struct EtcdAuthority {
     gw: Gateway,
     queued: Option<Queued>,
+    /// When each of our leases runs out at the latest, by this process's
+    /// monotonic clock, shared with clones (the heartbeat thread renews on
+    /// one handle, the supervisor releases on another).
+    clock: Arc<LeaseClock>,
+}
+
+/// Per lease: the send instant of the last grant or keepalive etcd answered
+/// plus the ttl it gave. etcd counts from when it received the request, so
+/// by this instant the lease has run out on etcd too, and releasing it is
+/// pointless (there is nothing left to revoke).
+#[derive(Default)]
+struct LeaseClock(Mutex<HashMap<i64, Instant>>);
+
+impl LeaseClock {
+    fn extend(&self, lease: i64, sent: Instant, ttl_secs: i64) {
+        if let Ok(mut m) = self.0.lock() {
+            let until = sent + Duration::from_secs(ttl_secs.unsigned_abs());
+            let e = m.entry(lease).or_insert(until);
+            *e = (*e).max(until);
+        }
+    }
+    fn forget(&self, lease: i64) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(&lease);
+        }
+    }
+    fn runs_out(&self, lease: i64) -> Option<Instant> {
+        self.0.lock().ok().and_then(|m| m.get(&lease).copied())
+    }
+}
+
+/// One step of waiting in a task's queue.
+enum Step {
+    /// Our key is first: the task is ours.
+    Granted(Grant),
+    /// Someone is ahead (the owner, if the answer named it).
+    Behind(Option<KeyValue>),
+    /// Our place is gone (lease expired, key deleted): queue again at once.
+    PlaceLost,
+    /// A transient failure; the place (if any) is kept.
+    Failed(String),
 }
 
 /// The result of putting our key in the queue.
@@ -100,19 +155,40 @@ impl EtcdAuthority {
         }
     }
 
+    /// Plain `etcd://`, no credentials.
     pub fn new(endpoints: Vec<String>) -> Self {
         EtcdAuthority {
             gw: Gateway::new(endpoints),
             queued: None,
+            clock: Arc::default(),
         }
     }
 
+    /// `etcds://` when `tls`, with the client trust the flags name.
+    pub fn with_trust(
+        endpoints: Vec<String>,
+        tls: bool,
+        trust: Arc<super::trust::ClientTrust>,
+    ) -> Self {
+        EtcdAuthority {
+            gw: Gateway::with_trust(endpoints, tls, trust),
+            queued: None,
+            clock: Arc::default(),
+        }
+    }
+
+    /// The key prefix of a task's queue: `<task>/` for a task without `/`
+    /// (what `etcdctl lock <task>` uses), else the task with every `/`
+    /// written `%2F`, then `/`. See [`task_of_prefix`] for why no two tasks'
+    /// ranges overlap.
     fn prefix(task: &str) -> Vec<u8> {
-        format!("{task}/").into_bytes()
+        format!("{}/", task.replace('/', "%2F")).into_bytes()
     }
 
     fn own_key(task: &str, lease: i64) -> Vec<u8> {
-        format!("{task}/{lease:x}").into_bytes()
+        let mut key = Self::prefix(task);
+        key.extend_from_slice(format!("{lease:x}").as_bytes());
+        key
     }
 
     fn parse_lease_id(id: &str) -> Option<i64> {
@@ -124,6 +200,7 @@ impl EtcdAuthority {
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let secs = i64::try_from(secs.max(1))
             .map_err(|_| AcquireError::Rejected(format!("ttl {ttl:?} is too long")))?;
+        let sent = Instant::now();
         let r: LeaseGrantResponse = self
             .gw
             .call(
@@ -131,14 +208,40 @@ impl EtcdAuthority {
                 &LeaseGrantRequest { ttl: secs },
                 deadline,
             )
-            .map_err(|e| AcquireError::Transient(format!("etcd lease grant: {e}")))?;
+            .map_err(|e| self.first_call_error("etcd lease grant", e, deadline))?;
         if !r.error.is_empty() || r.id <= 0 || r.ttl <= 0 {
             return Err(AcquireError::Transient(format!(
                 "etcd lease grant gave no lease (id {}, ttl {}): {}",
                 r.id, r.ttl, r.error
             )));
         }
+        self.clock.extend(r.id, sent, r.ttl);
         Ok((r.id, r.ttl))
+    }
+
+    /// A failure of the first call of an acquire. A call that failed without
+    /// timing out may have reached a port of the other scheme (`etcd://` to
+    /// a TLS port or the reverse): one bounded probe names that cause
+    /// instead of "unreachable".
+    fn first_call_error(&self, what: &str, e: CallError, deadline: Instant) -> AcquireError {
+        if let CallError::Transient(m) = &e {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(1));
+            let (scheme, hint) = if self.gw.tls() {
+                ("https", "etcd speaks plain HTTP there: use etcd://")
+            } else {
+                ("http", "etcd speaks TLS there: use etcds://")
+            };
+            if !m.ends_with("timed out")
+                && self.gw.endpoints().iter().any(|ep| {
+                    super::transport::other_scheme_answers(&format!("{scheme}://{ep}"), left)
+                })
+            {
+                return AcquireError::Trust(format!("TLS: {what}: {m} ({hint})"));
+            }
+        }
+        acquire_error(what, e)
     }
 
     /// Puts our key (if not there yet) and reads the queue's head, in one txn.
@@ -195,6 +298,7 @@ impl EtcdAuthority {
     }
 
     fn keepalive(&mut self, lease: i64, deadline: Instant) -> Result<i64, KeepAliveError> {
+        let sent = Instant::now();
         match self.gw.call::<_, KeepAliveStreamItem>(
             "/v3/lease/keepalive",
             &LeaseIdRequest { id: lease },
@@ -204,6 +308,7 @@ impl EtcdAuthority {
                 result: Some(r), ..
             }) => {
                 if r.ttl > 0 {
+                    self.clock.extend(lease, sent, r.ttl);
                     Ok(r.ttl)
                 } else {
                     Err(KeepAliveError::Gone(
@@ -230,7 +335,14 @@ impl EtcdAuthority {
                     format!("etcd: {}", status.message),
                 ))
             }
-            Err(e) => Err(KeepAliveError::Transient(format!("etcd keepalive: {e}"))),
+            Err(e) => {
+                if e.trust_cause().is_some() {
+                    log::error!(
+                        "etcd keepalive of lease {lease:x}: {e} (retried until the local deadline)"
+                    );
+                }
+                Err(KeepAliveError::Transient(format!("etcd keepalive: {e}")))
+            }
         }
     }
 
@@ -241,12 +353,29 @@ impl EtcdAuthority {
             &LeaseIdRequest { id: lease },
             deadline,
         ) {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.clock.forget(lease);
+                Ok(true)
+            }
             Err(CallError::Status { status, .. }) if status.code == wire::GRPC_NOT_FOUND => {
+                self.clock.forget(lease);
                 Ok(false)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Seconds the lease has left (`/v3/lease/timetolive`), if etcd says.
+    fn time_to_live(&mut self, lease: i64, deadline: Instant) -> Option<i64> {
+        self.gw
+            .call::<_, wire::TimeToLiveResponse>(
+                "/v3/lease/timetolive",
+                &LeaseIdRequest { id: lease },
+                deadline,
+            )
+            .ok()
+            .map(|r| r.ttl)
+            .filter(|t| *t >= 0)
     }
 
     /// Best effort, within the deadline: a lease we cannot revoke expires by
@@ -304,7 +433,7 @@ impl EtcdAuthority {
             Ok(q) => q,
             Err(e) => {
                 self.revoke_quietly(lease, deadline);
-                return Err(AcquireError::Transient(format!("etcd txn: {e}")));
+                return Err(acquire_error("etcd txn", e));
             }
         };
         match q.owner {
@@ -323,15 +452,203 @@ impl EtcdAuthority {
             _ => Self::grant_of(&req.task, lease, q.revision, ttl_secs).map(Ok),
         }
     }
+
+    /// `--wait`: keeps or takes a place in the queue and polls it until the
+    /// task is ours or `wait_end` passes (see the module docs).
+    fn wait_in_queue(
+        &mut self,
+        req: &AcquireRequest,
+        wait_end: Instant,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        self.resume_place(req, timeout)?;
+        let mut last_owner: Option<KeyValue> = None;
+        loop {
+            let step = match self.queued.is_some() {
+                false => self.queue_again(req, Instant::now() + timeout)?,
+                true => self.poll_place(req, timeout),
+            };
+            let last_error = match step {
+                Step::Granted(grant) => return Ok(grant),
+                Step::PlaceLost => continue,
+                Step::Behind(owner) => {
+                    last_owner = owner.or(last_owner);
+                    None
+                }
+                Step::Failed(e) => {
+                    log::debug!("etcd: waiting for {}: {e}", req.task);
+                    Some(e)
+                }
+            };
+            let now = Instant::now();
+            if now >= wait_end {
+                return Err(match last_error {
+                    Some(e) => AcquireError::Transient(e),
+                    None => AcquireError::Held {
+                        holder: last_owner
+                            .as_ref()
+                            .map(Self::describe_holder)
+                            .unwrap_or_else(|| "another etcd client".into()),
+                        // Our place in the queue is kept: call again at once.
+                        retry_after: Some(Duration::ZERO),
+                    },
+                });
+            }
+            std::thread::sleep(WAIT_POLL.min(wait_end - now));
+        }
+    }
+
+    /// A place kept from an earlier call: for this task, refresh its lease
+    /// first, so that whatever this call returns, the lease was renewed
+    /// after the caller started counting the ttl; for another task, give it up.
+    fn resume_place(
+        &mut self,
+        req: &AcquireRequest,
+        timeout: Duration,
+    ) -> Result<(), AcquireError> {
+        if self.queued.as_ref().is_some_and(|q| q.task != req.task) {
+            self.abandon_wait(timeout);
+        }
+        if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
+            self.refresh_queued(lease, Instant::now() + timeout)
+                .map_err(AcquireError::Transient)?;
+        }
+        Ok(())
+    }
+
+    /// No place (first call, or it was lost): grant + enqueue. TLS,
+    /// credential and request errors end the wait; others are retried.
+    fn queue_again(
+        &mut self,
+        req: &AcquireRequest,
+        deadline: Instant,
+    ) -> Result<Step, AcquireError> {
+        match self.take_place(req, deadline) {
+            Ok(Ok(grant)) => Ok(Step::Granted(grant)),
+            Ok(Err(owner)) => Ok(Step::Behind(Some(owner))),
+            Err(e @ (AcquireError::Rejected(_) | AcquireError::Trust(_))) => Err(e),
+            Err(e) => Ok(Step::Failed(e.to_string())),
+        }
+    }
+
+    /// One look at our place: keepalive if due, then one read at one
+    /// revision of the waiter just ahead of us, our own key, and the owner.
+    fn poll_place(&mut self, req: &AcquireRequest, timeout: Duration) -> Step {
+        let Some(q) = self.queued.as_ref() else {
+            return Step::PlaceLost;
+        };
+        let (lease, ttl_secs, create_rev, key) = (q.lease, q.ttl_secs, q.create_rev, q.key.clone());
+        let keepalive_due =
+            q.last_keepalive.elapsed() >= Duration::from_secs(ttl_secs.unsigned_abs()) / 3;
+        if keepalive_due {
+            match self.refresh_queued(lease, Instant::now() + timeout) {
+                Ok(true) => {}
+                Ok(false) => return Step::PlaceLost,
+                // Retried at the next poll (last_keepalive unchanged).
+                Err(m) => log::debug!("etcd: {m}"),
+            }
+        }
+        let prefix = Self::prefix(&req.task);
+        let txn = TxnRequest {
+            compare: vec![],
+            success: vec![
+                RequestOp::Range(RangeRequest::last_created_up_to(&prefix, create_rev - 1)),
+                RequestOp::Range(RangeRequest::key(&key)),
+                RequestOp::Range(RangeRequest::first_created(&prefix)),
+            ],
+            failure: vec![],
+        };
+        let r = match self
+            .gw
+            .call::<_, TxnResponse>("/v3/kv/txn", &txn, Instant::now() + timeout)
+        {
+            Ok(r) => r,
+            Err(e) => return Step::Failed(e.to_string()),
+        };
+        let (Some(ahead), Some(own)) = (r.range(0), r.range(1)) else {
+            return Step::Failed("etcd txn answer lacks the expected reads".into());
+        };
+        let own_ok = own
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == create_rev && kv.lease == lease);
+        if !own_ok {
+            log::info!("etcd: our queued key vanished; queueing again");
+            self.queued = None;
+            return Step::PlaceLost;
+        }
+        if ahead.kvs.is_empty() && r.header.revision > 0 {
+            self.queued = None;
+            return match Self::grant_of(&req.task, lease, r.header.revision, ttl_secs) {
+                Ok(g) => Step::Granted(g),
+                Err(e) => Step::Failed(e.to_string()),
+            };
+        }
+        Step::Behind(r.range(2).and_then(|o| o.kvs.first().cloned()))
+    }
+}
+
+/// The largest listing read (`leaseagent leases`).
+const LISTING_LIMIT: u64 = 64 << 20;
+
+fn operator_error(e: CallError) -> OperatorError {
+    OperatorError::Failed(e.to_string())
+}
+
+/// Splits a lock key `<prefix>/<lease id in hex>` into the prefix (with its
+/// `/`) and the lease id.
+fn lock_key(key: &[u8]) -> Option<(&[u8], i64)> {
+    let slash = key.iter().rposition(|b| *b == b'/')?;
+    let (prefix, hex) = key.split_at(slash + 1);
+    if hex.is_empty() || hex.len() > 16 || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let id = i64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+    Some((prefix, id))
+}
+
+/// The task whose queue uses `prefix` (the inverse of
+/// `EtcdAuthority::prefix`).
+///
+/// Why the ranges of two tasks never overlap: a task without `/` uses
+/// `<task>/`, and its keys are `<task>/<hex>`. A task with `/` writes each
+/// `/` as `%2F` (`%` is not allowed in task names), so its prefix contains no
+/// `/` but the last one, and cannot start with `<other>/` for any task name
+/// `<other>`; and two different tasks never share an encoded prefix. A key
+/// `etcdctl lock a/b` makes (`a/b/<hex>`) is still inside `a/`'s range, as
+/// it is for `etcdctl lock` itself: names with `/` interoperate with
+/// leaseagent only, not with `etcdctl lock`.
+fn task_of_prefix(prefix: &[u8]) -> Option<String> {
+    let p = std::str::from_utf8(prefix).ok()?.strip_suffix('/')?;
+    if p.is_empty() {
+        return None;
+    }
+    Some(p.replace("%2F", "/"))
+}
+
+/// A failed call at acquire: TLS and credential problems are final (exit
+/// 125 naming the cause), everything else transient.
+fn acquire_error(what: &str, e: CallError) -> AcquireError {
+    match e.trust_cause() {
+        Some(_) => AcquireError::Trust(e.to_string()),
+        None => AcquireError::Transient(format!("{what}: {e}")),
+    }
 }
 
 impl Authority for EtcdAuthority {
     fn url(&self) -> String {
-        format!("etcd://{}", self.gw.endpoints().join(","))
+        let scheme = if self.gw.tls() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.gw.endpoints().join(","))
     }
 
     fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(EtcdAuthority::new(self.gw.endpoints().to_vec()))
+        let mut other = EtcdAuthority::with_trust(
+            self.gw.endpoints().to_vec(),
+            self.gw.tls(),
+            self.gw.trust().clone(),
+        );
+        other.clock = self.clock.clone();
+        Box::new(other)
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -361,107 +678,120 @@ impl Authority for EtcdAuthority {
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
         Self::check_request(req)?;
-        let start = Instant::now();
-        let wait_end = start + wait;
-        let call_deadline = || Instant::now() + timeout;
-        if self.queued.as_ref().is_some_and(|q| q.task != req.task) {
+        let answer = self.wait_in_queue(req, Instant::now() + wait, timeout);
+        // Only "still queued" keeps the place; every other way out of the
+        // wait (including a transient failure: the agent exits on it) gives
+        // the place up, so no phantom waiter is left ahead of others.
+        let still_queued = matches!(
+            &answer,
+            Err(AcquireError::Held { retry_after: Some(r), .. }) if r.is_zero()
+        );
+        if answer.is_err() && !still_queued {
             self.abandon_wait(timeout);
         }
-        // A place kept from an earlier call: refresh its lease first, so that
-        // whatever this call returns, the lease was renewed after the caller
-        // started counting the ttl.
-        if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
-            self.refresh_queued(lease, call_deadline())
-                .map_err(AcquireError::Transient)?;
-        }
-        let mut last_owner: Option<KeyValue> = None;
-        loop {
-            let Some(q) = self.queued.as_ref() else {
-                match self.take_place(req, call_deadline()) {
-                    Ok(Ok(grant)) => return Ok(grant),
-                    Ok(Err(owner)) => last_owner = Some(owner),
-                    Err(e @ AcquireError::Rejected(_)) => return Err(e),
-                    Err(e) => {
-                        if Instant::now() >= wait_end {
-                            return Err(e);
-                        }
-                        log::debug!("etcd: queueing failed, retrying: {e}");
-                        std::thread::sleep(WAIT_POLL.min(wait_end - Instant::now()));
-                    }
-                }
-                continue;
-            };
-            let (lease, ttl_secs, create_rev, key) =
-                (q.lease, q.ttl_secs, q.create_rev, q.key.clone());
-            let keepalive_due =
-                q.last_keepalive.elapsed() >= Duration::from_secs(ttl_secs.unsigned_abs()) / 3;
-            if keepalive_due {
-                match self.refresh_queued(lease, call_deadline()) {
-                    Ok(true) => {}
-                    Ok(false) => continue,
-                    // Retried at the next poll (last_keepalive unchanged).
-                    Err(m) => log::debug!("etcd: {m}"),
-                }
-            }
-            // One read at one revision: the waiter just ahead of us, our own
-            // key, and the owner (for the message).
-            let prefix = Self::prefix(&req.task);
-            let mut last_error = None;
-            let txn = TxnRequest {
-                compare: vec![],
-                success: vec![
-                    RequestOp::Range(RangeRequest::last_created_up_to(&prefix, create_rev - 1)),
-                    RequestOp::Range(RangeRequest::key(&key)),
-                    RequestOp::Range(RangeRequest::first_created(&prefix)),
-                ],
-                failure: vec![],
-            };
-            match self
-                .gw
-                .call::<_, TxnResponse>("/v3/kv/txn", &txn, call_deadline())
-            {
-                Ok(r) => match (r.range(0), r.range(1)) {
-                    (Some(ahead), Some(own)) => {
-                        let own_ok = own.kvs.first().is_some_and(|kv| {
-                            kv.create_revision == create_rev && kv.lease == lease
-                        });
-                        if !own_ok {
-                            log::info!("etcd: our queued key vanished; queueing again");
-                            self.queued = None;
-                            continue;
-                        }
-                        if ahead.kvs.is_empty() && r.header.revision > 0 {
-                            self.queued = None;
-                            return Self::grant_of(&req.task, lease, r.header.revision, ttl_secs);
-                        }
-                        last_owner = r.range(2).and_then(|o| o.kvs.first().cloned());
-                    }
-                    _ => last_error = Some("etcd txn answer lacks the expected reads".into()),
-                },
-                Err(e) => last_error = Some(e.to_string()),
-            }
-            let now = Instant::now();
-            if now >= wait_end {
-                return match (last_error, last_owner) {
-                    (Some(e), _) => Err(AcquireError::Transient(e)),
-                    (None, owner) => Err(AcquireError::Held {
-                        holder: owner
-                            .as_ref()
-                            .map(Self::describe_holder)
-                            .unwrap_or_else(|| "another etcd client".into()),
-                        // Our place in the queue is kept: call again at once.
-                        retry_after: Some(Duration::ZERO),
-                    }),
-                };
-            }
-            std::thread::sleep(WAIT_POLL.min(wait_end - now));
-        }
+        answer
     }
 
     fn abandon_wait(&mut self, timeout: Duration) {
         if let Some(q) = self.queued.take() {
             self.revoke_quietly(q.lease, Instant::now() + timeout);
         }
+    }
+
+    /// Every lock key in etcd (`<prefix>/<own lease id in hex>`, held by
+    /// that lease: leaseagent's and `etcdctl lock`'s), one row per key: the
+    /// first created of a task is `active`, the others `waiting` in queue
+    /// order. The token shown is the key's create revision: the holder's
+    /// `LEASE_TOKEN` when it got the task without waiting, a lower bound of
+    /// it otherwise (etcd does not record the revision ownership was
+    /// confirmed at).
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        let deadline = Instant::now() + timeout;
+        let all: RangeResponse = self
+            .gw
+            .call_limited(
+                "/v3/kv/range",
+                &RangeRequest::everything(),
+                deadline,
+                LISTING_LIMIT,
+            )
+            .map_err(operator_error)?;
+        let mut tasks: std::collections::BTreeMap<String, Vec<KeyValue>> = Default::default();
+        for kv in all.kvs {
+            let key = kv.key_bytes();
+            if let Some((prefix, lease)) = lock_key(&key) {
+                if lease == kv.lease && lease > 0 {
+                    if let Some(task) = task_of_prefix(prefix) {
+                        tasks.entry(task).or_default().push(kv);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (task, mut kvs) in tasks {
+            kvs.sort_by_key(|kv| kv.create_revision);
+            for (i, kv) in kvs.iter().enumerate() {
+                let ttl = self.time_to_live(kv.lease, deadline);
+                out.push(LeaseInfo {
+                    task: task.clone(),
+                    lease_id: format!("{:x}", kv.lease),
+                    token: u64::try_from(kv.create_revision).unwrap_or(0),
+                    holder: Self::describe_holder(kv),
+                    // etcd does not record which user put a key.
+                    principal: String::new(),
+                    state: if i == 0 {
+                        LeaseState::Active
+                    } else {
+                        LeaseState::Waiting
+                    },
+                    expires_in_ms: ttl.map(|s| s.unsigned_abs() * 1000),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Revokes the etcd lease of the task's current holder: etcd deletes its
+    /// key at once, the holder is refused at its next renewal and the next
+    /// waiter (if any) gets the task. `force` changes nothing: etcd frees
+    /// the task at once either way.
+    fn revoke(&mut self, task: &str, _force: bool, timeout: Duration) -> Result<(), OperatorError> {
+        let deadline = Instant::now() + timeout;
+        let prefix = Self::prefix(task);
+        let r: RangeResponse = self
+            .gw
+            .call(
+                "/v3/kv/range",
+                &RangeRequest::first_created(&prefix),
+                deadline,
+            )
+            .map_err(operator_error)?;
+        let Some(owner) = r.kvs.first() else {
+            return Err(OperatorError::NotFound(format!(
+                "no lease on task {task} in etcd"
+            )));
+        };
+        if owner.lease <= 0 {
+            return Err(OperatorError::Failed(format!(
+                "etcd key {} has no lease; delete it with etcdctl del",
+                String::from_utf8_lossy(&owner.key_bytes())
+            )));
+        }
+        match self.revoke_lease(owner.lease, deadline) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(OperatorError::NotFound(format!(
+                "the lease on task {task} was already gone"
+            ))),
+            Err(e) => Err(operator_error(e)),
+        }
+    }
+
+    /// etcd has no held-for-operator state: it frees a task as soon as its
+    /// lease expires. There is never anything to clear (exit 1).
+    fn clear(&mut self, task: &str, _timeout: Duration) -> Result<(), OperatorError> {
+        Err(OperatorError::NotFound(format!(
+            "etcd keeps no task held for an operator (it frees {task} when its lease expires): nothing to clear"
+        )))
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
@@ -536,6 +866,22 @@ impl Authority for EtcdAuthority {
             lease.task,
             outcome.as_str()
         );
+        // Nothing to revoke once the lease has run out by our own clock, and
+        // no release is worth waiting past that point (a lost lease on an
+        // unreachable etcd must not hold up the agent's exit).
+        let deadline = match self.clock.runs_out(id) {
+            Some(out) if out <= Instant::now() => {
+                self.clock.forget(id);
+                return Err(RenewError::Refused {
+                    reason: RefusalReason::Expired,
+                    message: format!(
+                        "etcd lease {id:x} has run out by the agent's clock; nothing to revoke"
+                    ),
+                });
+            }
+            Some(out) => deadline.min(out),
+            None => deadline,
+        };
         match self.revoke_lease(id, deadline) {
             Ok(true) => Ok(()),
             Ok(false) => Err(RenewError::Refused {
@@ -563,6 +909,44 @@ mod tests {
         );
         assert_eq!(EtcdAuthority::parse_lease_id("zz"), None);
         assert_eq!(EtcdAuthority::parse_lease_id("0"), None);
+    }
+
+    #[test]
+    fn task_ranges_never_overlap() {
+        // Without `/`: exactly `etcdctl lock`'s keys.
+        assert_eq!(EtcdAuthority::prefix("a"), b"a/");
+        assert_eq!(EtcdAuthority::own_key("a/b", 0x1f), b"a%2Fb/1f");
+        let tasks = ["a", "a/b", "a/b/c", "ab", "a:b", "a.b/c", "b/a"];
+        for t in tasks {
+            let (start, end) = (
+                EtcdAuthority::prefix(t),
+                wire::prefix_end(&EtcdAuthority::prefix(t)),
+            );
+            for u in tasks.iter().filter(|u| **u != t) {
+                let k = EtcdAuthority::own_key(u, 0x694d7d9d1c6b5a0b);
+                assert!(
+                    !(k >= start && k < end),
+                    "{u}'s key {} is in {t}'s range",
+                    String::from_utf8_lossy(&k)
+                );
+            }
+            assert_eq!(
+                task_of_prefix(&EtcdAuthority::prefix(t)).as_deref(),
+                Some(t)
+            );
+        }
+    }
+
+    #[test]
+    fn lock_keys_are_prefix_and_own_lease() {
+        assert_eq!(lock_key(b"a/1f"), Some((&b"a/"[..], 0x1f)));
+        assert_eq!(
+            lock_key(b"a%2Fb/694d7d9d1c6b5a0b").map(|(_, l)| l),
+            Some(0x694d7d9d1c6b5a0b)
+        );
+        assert_eq!(lock_key(b"a/b/zz"), None);
+        assert_eq!(lock_key(b"noslash"), None);
+        assert_eq!(lock_key(b"a/"), None);
     }
 
     #[test]

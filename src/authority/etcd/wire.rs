@@ -101,17 +101,52 @@ pub struct KeepAliveResult {
     pub ttl: i64,
 }
 
-/// `{"error": "...", "message": "...", "code": 5}`: a gRPC status.
+/// `{"error": "...", "message": "...", "code": 5}`: a gRPC status. In a
+/// stream (keepalive) the gateway sends `{"error": {"grpc_code": 5,
+/// "message": ...}}` instead.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct GatewayError {
     #[serde(default)]
     pub message: String,
-    #[serde(default)]
+    #[serde(default, alias = "grpc_code")]
     pub code: i64,
 }
 
+/// A streamed answer that carries only an error.
+#[derive(Deserialize)]
+pub struct StreamError {
+    pub error: GatewayError,
+}
+
+/// Answer of `/v3/lease/timetolive` (-1 once the lease is gone).
+#[derive(Deserialize)]
+pub struct TimeToLiveResponse {
+    #[serde(rename = "TTL", default, deserialize_with = "de_i64")]
+    pub ttl: i64,
+}
+
+/// gRPC status `INVALID_ARGUMENT` (etcd: "authentication failed", "user
+/// name is empty", "revision of auth store is old").
+pub const GRPC_INVALID_ARGUMENT: i64 = 3;
 /// gRPC status `NOT_FOUND` (etcd: "requested lease not found").
 pub const GRPC_NOT_FOUND: i64 = 5;
+/// gRPC status `PERMISSION_DENIED` (etcd RBAC: "permission denied").
+pub const GRPC_PERMISSION_DENIED: i64 = 7;
+/// gRPC status `UNAUTHENTICATED` (etcd: "invalid auth token").
+pub const GRPC_UNAUTHENTICATED: i64 = 16;
+
+/// Body of `/v3/auth/authenticate`. Holds the password: no `Debug`.
+#[derive(Serialize)]
+pub struct AuthenticateRequest<'a> {
+    pub name: &'a str,
+    pub password: &'a str,
+}
+
+#[derive(Deserialize)]
+pub struct AuthenticateResponse {
+    #[serde(default)]
+    pub token: String,
+}
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RangeRequest {
@@ -151,6 +186,15 @@ impl RangeRequest {
             sort_order: Some("ASCEND"),
             sort_target: Some("CREATE"),
             max_create_revision: 0,
+        }
+    }
+
+    /// Every key (`\0` to the end of the keyspace).
+    pub fn everything() -> Self {
+        RangeRequest {
+            key: b64(&[0]),
+            range_end: b64(&[0]),
+            ..Default::default()
         }
     }
 

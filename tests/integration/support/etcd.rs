@@ -72,6 +72,31 @@ pub struct Etcd {
     /// Holds the members' data directories until the cluster is dropped.
     _dir: tempfile::TempDir,
     pub members: Vec<Member>,
+    /// TLS on the client port (`etcds://`).
+    pub tls: Option<Tls>,
+    /// etcd auth is on: etcdctl logs in as root with this password.
+    pub root_password: Option<String>,
+}
+
+/// TLS files of a secured etcd: the CA, the server pair (valid for
+/// 127.0.0.1), and the client pair etcdctl presents.
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// `--client-cert-auth`: etcd requires a client certificate.
+    pub require_client_cert: bool,
+}
+
+/// How a secured cluster is started.
+#[derive(Clone, Debug, Default)]
+pub struct Secure {
+    pub tls: Option<Tls>,
+    /// `--auth-token-ttl` (seconds) for etcd's simple tokens.
+    pub auth_token_ttl: Option<u32>,
 }
 
 impl Etcd {
@@ -82,6 +107,16 @@ impl Etcd {
 
     /// `n` members forming one cluster; returns once it answers.
     pub fn start_cluster(n: usize) -> Etcd {
+        Self::start_secure(n, Secure::default())
+    }
+
+    /// `n` members with TLS on the client port and etcd's own options.
+    pub fn start_secure(n: usize, secure: Secure) -> Etcd {
+        let scheme = if secure.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         require("etcd");
         require("etcdctl");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -103,15 +138,31 @@ impl Etcd {
         for m in members.iter_mut() {
             let data = dir.path().join(&m.name);
             let log = File::create(&m.log).expect("log file");
-            let child = Command::new("etcd")
+            let mut cmd = Command::new("etcd");
+            if let Some(t) = &secure.tls {
+                cmd.arg("--cert-file")
+                    .arg(&t.cert)
+                    .arg("--key-file")
+                    .arg(&t.key)
+                    .arg("--trusted-ca-file")
+                    .arg(&t.ca);
+                if t.require_client_cert {
+                    cmd.arg("--client-cert-auth");
+                }
+            }
+            if let Some(ttl) = secure.auth_token_ttl {
+                cmd.arg("--auth-token=simple")
+                    .arg(format!("--auth-token-ttl={ttl}"));
+            }
+            let child = cmd
                 .args(["--name", &m.name])
                 .arg("--data-dir")
                 .arg(&data)
                 .args([
                     "--listen-client-urls",
-                    &format!("http://127.0.0.1:{}", m.client_port),
+                    &format!("{scheme}://127.0.0.1:{}", m.client_port),
                     "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{}", m.client_port),
+                    &format!("{scheme}://127.0.0.1:{}", m.client_port),
                     "--listen-peer-urls",
                     &format!("http://127.0.0.1:{}", m.peer_port),
                     "--initial-advertise-peer-urls",
@@ -130,14 +181,56 @@ impl Etcd {
                 .expect("start etcd (is etcd-server installed?)");
             m.child = Some(child);
         }
-        let etcd = Etcd { _dir: dir, members };
+        let etcd = Etcd {
+            _dir: dir,
+            members,
+            tls: secure.tls,
+            root_password: None,
+        };
         etcd.wait_healthy();
         etcd
     }
 
-    /// `etcd://a,b,c` for every member.
+    /// Turns etcd auth on: a root user, and `user` with `password` whose
+    /// role may read and write only keys under the given prefixes.
+    pub fn enable_auth(&mut self, user: &str, password: &str, prefixes: &[&str]) {
+        let ok = |out: Output, what: &str| {
+            assert!(out.status.success(), "etcdctl {what}: {out:?}");
+        };
+        ok(
+            self.etcdctl(&["user", "add", "root:root-pw-91"]),
+            "user add root",
+        );
+        ok(self.etcdctl(&["role", "add", "tasks"]), "role add");
+        for p in prefixes {
+            ok(
+                self.etcdctl(&[
+                    "role",
+                    "grant-permission",
+                    "--prefix=true",
+                    "tasks",
+                    "readwrite",
+                    p,
+                ]),
+                "grant-permission",
+            );
+        }
+        ok(
+            self.etcdctl(&["user", "add", &format!("{user}:{password}")]),
+            "user add",
+        );
+        ok(
+            self.etcdctl(&["user", "grant-role", user, "tasks"]),
+            "grant-role",
+        );
+        ok(self.etcdctl(&["auth", "enable"]), "auth enable");
+        self.root_password = Some("root-pw-91".into());
+    }
+
+    /// `etcd://a,b,c` (or `etcds://…` with TLS) for every member.
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.endpoints().join(","))
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoints().join(","))
     }
 
     pub fn endpoints(&self) -> Vec<String> {
@@ -145,10 +238,11 @@ impl Etcd {
     }
 
     fn live_endpoints(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
             .filter(|m| m.child.is_some())
-            .map(Member::endpoint)
+            .map(|m| format!("{scheme}://{}", m.endpoint()))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -185,8 +279,19 @@ impl Etcd {
         c.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", self.live_endpoints()))
             .arg("--dial-timeout=2s")
-            .arg("--command-timeout=5s")
-            .args(args);
+            .arg("--command-timeout=5s");
+        if let Some(t) = &self.tls {
+            c.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.client_cert)
+                .arg("--key")
+                .arg(&t.client_key);
+        }
+        if let Some(pw) = &self.root_password {
+            c.arg(format!("--user=root:{pw}"));
+        }
+        c.args(args);
         c
     }
 

@@ -8,6 +8,7 @@ pub mod fence;
 pub mod netns;
 pub mod sysns;
 pub mod systemd;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
