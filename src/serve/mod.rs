@@ -1,6 +1,6 @@
 //! `leaseagent serve`: the reference lease authority over HTTP(S).
 //!
-//! Wiring only: the engine (`engine::memory`) holds the rules and the
+//! Wiring only: the engine (`engine::batched`) holds the rules and the
 //! durability, [`http`] the connections (hyper on tokio, rustls), [`api`]
 //! the protocol, [`auth`] the principals. The tokio runtime is built here
 //! and nowhere else: the agent's path never starts it.

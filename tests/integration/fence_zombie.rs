@@ -13,7 +13,7 @@
 //! prints a summary line:
 //!
 //! ```text
-//! LEASEAGENT_ZOMBIE_TRIALS=200 cargo test --release --test fence_zombie -- --ignored --nocapture
+//! LEASEAGENT_ZOMBIE_TRIALS=200 cargo test --release --test integration fence_zombie::zombie_loop -- --ignored --nocapture
 //! ```
 
 use crate::support;
