@@ -193,7 +193,13 @@ fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
     let net = Net::new(3);
     let _serve = Proc(
         net.cmd(1, bin())
-            .args(["serve", "--insecure-listen", "--listen", "0.0.0.0:7878", "--db"])
+            .args([
+                "serve",
+                "--insecure-listen",
+                "--listen",
+                "0.0.0.0:7878",
+                "--db",
+            ])
             .arg(scene.path().join("leases.sqlite3"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
