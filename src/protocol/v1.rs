@@ -70,10 +70,15 @@ pub struct RenewBody {
     pub ttl_ms: u64,
 }
 
-/// `200` to `GET /v1/leases`.
+/// `200` to `GET /v1/leases[?limit=N&after=TASK]`: one page, sorted by
+/// task. `next_after` is present when more leases may follow: ask again with
+/// `after=` that task. A page may hold fewer than `limit` leases (the server
+/// filters it to the caller's scope), even none, and still have a next one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeasesBody {
     pub leases: Vec<LeaseInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
 }
 
 /// Every error answer: `{"error": CODE, "message": TEXT, ...}`; `held` adds

@@ -14,7 +14,7 @@ use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
-use crate::protocol::v1::{ErrorBody, ErrorCode};
+use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
@@ -374,11 +374,18 @@ impl Api {
                 l
             })
             .collect();
-        let mut out = json!({"leases": leases});
-        if let Some(next) = page.next_after {
-            out["next_after"] = Value::String(next);
+        let body = LeasesBody {
+            leases,
+            next_after: page.next_after,
+        };
+        match serde_json::to_string(&body) {
+            Ok(text) => Response::json(200, text),
+            Err(e) => Response::error(
+                ErrorCode::Unavailable.status(),
+                ErrorCode::Unavailable.as_str(),
+                &format!("cannot encode the listing: {e}"),
+            ),
         }
-        Response::json(200, out.to_string())
     }
 }
 

@@ -329,3 +329,49 @@ fn mutual_tls_agent_acquires_as_its_certificate_name() {
     c.arg("--ca-file").arg(pki.path("ca.pem"));
     refused(c, &marker);
 }
+
+#[test]
+fn leases_follows_next_after_over_more_than_one_page() {
+    const N: usize = 1250;
+    let s = Serve::start(&[]);
+    for i in 0..N {
+        let body = serde_json::json!({
+            "task": format!("page/{i:05}"),
+            "holder": "h",
+            "ttl_ms": 600_000,
+            "on_expiry": "redispatch",
+        });
+        let (status, v) = crate::support::authority::post(&s.addr, "/v1/acquire", &body);
+        assert_eq!(status, 200, "acquire {i}: {v}");
+    }
+    // The server pages: the first answer holds at most 1,000 and says where to go on.
+    let (status, first) = crate::support::authority::request(
+        &s.addr,
+        "GET",
+        "/v1/leases",
+        b"",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    assert!(first["leases"].as_array().unwrap().len() < N, "not paged");
+    assert!(first["next_after"].is_string(), "no next_after");
+    // The client follows it to the end.
+    let out = Command::new(bin())
+        .args(["leases", "--json", "--authority"])
+        .arg(format!("http://{}", s.addr))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tasks: Vec<&str> = v["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["task"].as_str().unwrap())
+        .collect();
+    let want: Vec<String> = (0..N).map(|i| format!("page/{i:05}")).collect();
+    assert_eq!(tasks, want.iter().map(String::as_str).collect::<Vec<_>>());
+}
