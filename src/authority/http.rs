@@ -83,11 +83,7 @@ impl HttpAuthority {
 
 /// The trust cause of a 401/403 answer.
 fn denied(status: u16) -> Option<&'static str> {
-    match status {
-        401 => Some("unauthenticated"),
-        403 => Some("forbidden"),
-        _ => None,
-    }
+    ErrorCode::from_status(status).map(ErrorCode::as_str)
 }
 
 /// A call failure at acquire: trust problems are final. A call that failed

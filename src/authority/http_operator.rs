@@ -54,10 +54,15 @@ fn failure(status: u16, text: &str) -> OperatorError {
         (404 | 405, _) => OperatorError::Unsupported(format!(
             "the authority does not support this operator call (HTTP {status})"
         )),
-        (401, _) => OperatorError::Failed(format!(
-            "unauthenticated: HTTP 401: {msg} (see --auth-token-file, --client-cert)"
-        )),
-        (403, _) => OperatorError::Failed(format!("forbidden: HTTP 403: {msg}")),
+        _ if ErrorCode::from_status(status) == Some(ErrorCode::Unauthenticated) => {
+            OperatorError::Failed(format!(
+                "{}: HTTP {status}: {msg} (see --auth-token-file, --client-cert)",
+                ErrorCode::Unauthenticated.as_str()
+            ))
+        }
+        _ if ErrorCode::from_status(status) == Some(ErrorCode::Forbidden) => OperatorError::Failed(
+            format!("{}: HTTP {status}: {msg}", ErrorCode::Forbidden.as_str()),
+        ),
         _ => OperatorError::Failed(format!("HTTP {status} {code}: {msg}")),
     }
 }
