@@ -10,6 +10,7 @@ mod agent;
 mod authority;
 mod cmd;
 mod engine;
+mod escape;
 mod exit;
 pub mod fence;
 mod keeper;

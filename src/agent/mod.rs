@@ -32,6 +32,8 @@ use crate::agent::machine::{Event, Machine};
 use crate::agent::supervisor::{Supervisor, release_timeout};
 use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant, Outcome};
 use crate::exit;
+use crate::keeper::handle::News;
+use crate::keeper::protocol::{Report, SpawnFailure};
 use crate::sys::notify::Notifier;
 use crate::time::clock::BootInstant;
 
@@ -440,13 +442,14 @@ fn start(
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
     // The keeper's list, and the trust flags' variables.
-    let mut env_remove = crate::keeper::handle::job_env_remove();
+    let mut env_remove = job_env_remove();
     env_remove.extend(
         authority::trust::JOB_ENV_REMOVE
             .iter()
             .map(|v| v.to_string()),
     );
-    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone()) {
+    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone(), event_of)
+    {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");
@@ -472,4 +475,75 @@ fn start(
         }
     }
     sup.run()
+}
+
+/// Variables of the agent's environment the job must not inherit: systemd's
+/// notify socket and every `WATCHDOG_*` / `LISTEN_*` (they describe the
+/// agent's own service, and a job acting on them would confuse systemd),
+/// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
+/// variable is set again only when this agent made its own file).
+fn job_env_remove() -> Vec<String> {
+    let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    out.push(crate::agent::state_file::ENV_STATE_FILE.to_string());
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if k.starts_with("WATCHDOG_") || k.starts_with("LISTEN_") {
+                out.push(k.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The machine event a keeper's news stands for.
+fn event_of(news: News) -> Option<Event> {
+    let report = match news {
+        News::Lost => return Some(Event::KeeperLost),
+        News::Report(r) => r,
+    };
+    match report {
+        Report::Started { pid } => Some(Event::ChildStarted { pid }),
+        Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
+            not_found: kind == SpawnFailure::NotFound,
+            message,
+        }),
+        Report::Exited { status, at_ms } => Some(Event::ChildExited {
+            status,
+            at: BootInstant::from_since_boot(Duration::from_millis(at_ms)),
+        }),
+        Report::TreeGone => Some(Event::TreeGone),
+        Report::Survivor { .. } | Report::Warning(_) | Report::Info(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::ChildStatus;
+
+    #[test]
+    fn keeper_reports_become_events() {
+        let ev = |l: &str| event_of(News::Report(l.parse::<Report>().unwrap()));
+        assert_eq!(ev("P 42"), Some(Event::ChildStarted { pid: 42 }));
+        assert_eq!(ev("G"), Some(Event::TreeGone));
+        assert_eq!(
+            ev("E not_found No such file"),
+            Some(Event::SpawnFailed {
+                not_found: true,
+                message: "No such file".into()
+            })
+        );
+        assert_eq!(
+            ev("X exit 3 1500"),
+            Some(Event::ChildExited {
+                status: ChildStatus::Exited(3),
+                at: BootInstant::from_since_boot(Duration::from_millis(1500))
+            })
+        );
+        assert_eq!(ev("S 7 sleep 1001"), None);
+        assert_eq!(event_of(News::Lost), Some(Event::KeeperLost));
+    }
 }

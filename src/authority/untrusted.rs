@@ -17,6 +17,8 @@
 
 use std::time::Duration;
 
+pub use crate::escape::escape;
+
 use super::{
     AcquireError, AcquireRequest, Authority, Grant, LeaseInfo, LeaseRef, OperatorError, Outcome,
     RenewError, Renewed,
@@ -27,39 +29,6 @@ pub const MAX_TOKEN: u64 = i64::MAX as u64;
 
 /// The longest lease id accepted.
 pub const MAX_LEASE_ID: usize = 256;
-
-/// The longest string from an authority printed whole; longer ones are cut.
-const MAX_PRINTED: usize = 512;
-
-/// `s` made safe for one log line: control characters (newline, ESC, DEL,
-/// C1 controls, ...) and backslashes become visible escapes, and very long
-/// strings are cut.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len().min(MAX_PRINTED) + 8);
-    for (n, c) in s.chars().enumerate() {
-        if n >= MAX_PRINTED {
-            out.push_str("...");
-            break;
-        }
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() || is_format_trick(c) => {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Bidirectional overrides and line/paragraph separators: they reorder or
-/// break a terminal line without being control characters.
-fn is_format_trick(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}')
-}
 
 /// The ttl the agent works with: never more than it asked for.
 pub fn cap_ttl(granted: Duration, asked: Duration) -> Duration {

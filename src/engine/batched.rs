@@ -837,7 +837,7 @@ fn writer_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::authority::ExpiryPolicy;
+    use crate::lease::ExpiryPolicy;
 
     fn spec(task: &str, principal: &str, ttl_ms: u64, policy: ExpiryPolicy) -> AcquireSpec {
         AcquireSpec {

@@ -285,7 +285,7 @@ impl SharedEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::authority::{ExpiryPolicy, RefusalReason};
+    use crate::lease::{ExpiryPolicy, RefusalReason};
 
     const T: Duration = Duration::from_secs(5);
 

@@ -54,7 +54,7 @@ pub struct Granted {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Page {
     /// Leases that matter (active, grace, held), in task order.
-    pub leases: Vec<crate::authority::LeaseInfo>,
+    pub leases: Vec<crate::lease::LeaseInfo>,
     /// Pass as `after` for the next page; `None` when this was the last.
     pub next_after: Option<String>,
 }

@@ -31,11 +31,9 @@ use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
 use rustix::process::{Pid, kill_process_group, test_kill_process_group};
 
-use crate::agent::machine::Event;
 use crate::keeper::KEEPER_ARG;
-use crate::keeper::protocol::{Command as Ctl, Report, SpawnFailure};
+use crate::keeper::protocol::{Command as Ctl, Report};
 use crate::sys::signal::Sig;
-use crate::time::clock::BootInstant;
 
 /// The job's process group, for the one question the agent asks of it
 /// after a keeper loss: is it provably empty?
@@ -76,13 +74,25 @@ pub struct Keeper {
     seen: Arc<Seen>,
 }
 
+/// What the agent hears from its keeper: the reports that change the run
+/// (the others, survivors and notes, are logged by the reader), and the
+/// report pipe's end without `TreeGone` (the keeper died).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum News {
+    Report(Report),
+    Lost,
+}
+
 /// Starts the keeper, which starts `command` with `env` added to the agent's
-/// environment and `env_remove` taken out. Reports arrive on `events`.
-pub fn spawn_keeper(
+/// environment and `env_remove` taken out. Its news arrive on `events`,
+/// turned into the channel's own messages by `wrap` (the keeper knows
+/// nothing of the agent's event type).
+pub fn spawn_keeper<T: Send + 'static>(
     command: &[OsString],
     env: &[(String, String)],
     env_remove: &[String],
-    events: Sender<Event>,
+    events: Sender<T>,
+    wrap: fn(News) -> Option<T>,
 ) -> std::io::Result<Keeper> {
     let (ctl_r, ctl_w) = pipe_with(PipeFlags::CLOEXEC)?;
     let (rep_r, rep_w) = pipe_with(PipeFlags::CLOEXEC)?;
@@ -114,7 +124,12 @@ pub fn spawn_keeper(
         let seen = seen.clone();
         std::thread::Builder::new()
             .name("keeper-reports".into())
-            .spawn(move || read_reports(reader, &events, &seen))?;
+            .spawn(move || {
+                read_reports(reader, &seen, |n| match wrap(n) {
+                    Some(m) => events.send(m).is_ok(),
+                    None => true,
+                })
+            })?;
     }
     Ok(Keeper {
         child,
@@ -123,47 +138,10 @@ pub fn spawn_keeper(
     })
 }
 
-/// Variables of the agent's environment the job must not inherit: systemd's
-/// notify socket and every `WATCHDOG_*` / `LISTEN_*` (they describe the
-/// agent's own service, and a job acting on them would confuse systemd),
-/// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
-/// variable is set again only when this agent made its own file).
-pub fn job_env_remove() -> Vec<String> {
-    let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    out.push(crate::agent::state_file::ENV_STATE_FILE.to_string());
-    for (k, _) in std::env::vars_os() {
-        if let Some(k) = k.to_str() {
-            if k.starts_with("WATCHDOG_") || k.starts_with("LISTEN_") {
-                out.push(k.to_string());
-            }
-        }
-    }
-    out
-}
-
-/// The event a report stands for, if any (survivors and notes are logged
-/// by the reader instead).
-pub fn event_of(report: Report) -> Option<Event> {
-    match report {
-        Report::Started { pid } => Some(Event::ChildStarted { pid }),
-        Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
-            not_found: kind == SpawnFailure::NotFound,
-            message,
-        }),
-        Report::Exited { status, at_ms } => Some(Event::ChildExited {
-            status,
-            at: BootInstant::from_since_boot(Duration::from_millis(at_ms)),
-        }),
-        Report::TreeGone => Some(Event::TreeGone),
-        Report::Survivor { .. } | Report::Warning(_) | Report::Info(_) => None,
-    }
-}
-
-fn read_reports(reader: std::fs::File, events: &Sender<Event>, seen: &Seen) {
-    use crate::authority::untrusted::escape;
+/// Reads reports until the pipe ends; `send` returns false when nobody
+/// listens any more.
+fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -> bool) {
+    use crate::escape::escape;
     let mut saw_gone = false;
     for line in BufReader::new(reader).lines() {
         let Ok(line) = line else { break };
@@ -187,14 +165,19 @@ fn read_reports(reader: std::fs::File, events: &Sender<Event>, seen: &Seen) {
             Report::SpawnFailed { .. } => {}
         }
         saw_gone |= matches!(report, Report::TreeGone | Report::SpawnFailed { .. });
-        if let Some(ev) = event_of(report) {
-            if events.send(ev).is_err() {
-                return;
-            }
+        let significant = matches!(
+            report,
+            Report::Started { .. }
+                | Report::SpawnFailed { .. }
+                | Report::Exited { .. }
+                | Report::TreeGone
+        );
+        if significant && !send(News::Report(report)) {
+            return;
         }
     }
     if !saw_gone {
-        let _ = events.send(Event::KeeperLost);
+        send(News::Lost);
     }
 }
 
@@ -257,33 +240,5 @@ impl Keeper {
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::exit::ChildStatus;
-
-    #[test]
-    fn reports_become_events() {
-        let ev = |l: &str| event_of(l.parse::<Report>().unwrap());
-        assert_eq!(ev("P 42"), Some(Event::ChildStarted { pid: 42 }));
-        assert_eq!(ev("G"), Some(Event::TreeGone));
-        assert_eq!(
-            ev("E not_found No such file"),
-            Some(Event::SpawnFailed {
-                not_found: true,
-                message: "No such file".into()
-            })
-        );
-        assert_eq!(
-            ev("X exit 3 1500"),
-            Some(Event::ChildExited {
-                status: ChildStatus::Exited(3),
-                at: BootInstant::from_since_boot(Duration::from_millis(1500))
-            })
-        );
-        assert_eq!(ev("S 7 sleep 1001"), None);
     }
 }

@@ -116,12 +116,11 @@ impl Reporter {
         match r {
             Report::Survivor { pid, command } => eprintln!(
                 "leaseagent: keeper: error: process {pid} ({}) survived SIGKILL",
-                crate::authority::untrusted::escape(command)
+                crate::escape::escape(command)
             ),
-            Report::Warning(m) => eprintln!(
-                "leaseagent: keeper: warn: {}",
-                crate::authority::untrusted::escape(m)
-            ),
+            Report::Warning(m) => {
+                eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
+            }
             _ => {}
         }
     }

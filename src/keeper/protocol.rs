@@ -96,7 +96,7 @@ pub enum Report {
 
 /// One line: newlines and control characters become visible escapes.
 fn one_line(s: &str) -> String {
-    crate::authority::untrusted::escape(s)
+    crate::escape::escape(s)
 }
 
 impl fmt::Display for Report {
