@@ -94,6 +94,17 @@ fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
     match f.trust {
         Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
         None if !f.message.ends_with("timed out")
+            && super::transport::client_certificate_required(
+                base,
+                timeout.min(Duration::from_secs(1)),
+            ) =>
+        {
+            AcquireError::Trust(format!(
+                "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
+                f.message
+            ))
+        }
+        None if !f.message.ends_with("timed out")
             && super::transport::other_scheme_answers(
                 base,
                 timeout.min(Duration::from_secs(1)),
