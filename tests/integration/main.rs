@@ -26,6 +26,7 @@ mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
+mod layout;
 mod partition_netns;
 mod serve_trust;
 mod systemd_help;
