@@ -33,3 +33,4 @@ mod systemd_help;
 mod systemd_notify;
 mod systemd_real;
 mod systemd_units;
+mod trust_e2e;
