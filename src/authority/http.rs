@@ -83,11 +83,7 @@ impl HttpAuthority {
 
 /// The trust cause of a 401/403 answer.
 fn denied(status: u16) -> Option<&'static str> {
-    match status {
-        401 => Some("unauthenticated"),
-        403 => Some("forbidden"),
-        _ => None,
-    }
+    ErrorCode::from_status(status).map(ErrorCode::as_str)
 }
 
 /// A call failure at acquire: trust problems are final. A call that failed
@@ -97,6 +93,17 @@ fn denied(status: u16) -> Option<&'static str> {
 fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
     match f.trust {
         Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
+        None if !f.message.ends_with("timed out")
+            && super::transport::client_certificate_required(
+                base,
+                timeout.min(Duration::from_secs(1)),
+            ) =>
+        {
+            AcquireError::Trust(format!(
+                "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
+                f.message
+            ))
+        }
         None if !f.message.ends_with("timed out")
             && super::transport::other_scheme_answers(
                 base,

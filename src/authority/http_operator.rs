@@ -54,26 +54,71 @@ fn failure(status: u16, text: &str) -> OperatorError {
         (404 | 405, _) => OperatorError::Unsupported(format!(
             "the authority does not support this operator call (HTTP {status})"
         )),
-        (401, _) => OperatorError::Failed(format!(
-            "unauthenticated: HTTP 401: {msg} (see --auth-token-file, --client-cert)"
-        )),
-        (403, _) => OperatorError::Failed(format!("forbidden: HTTP 403: {msg}")),
+        _ if ErrorCode::from_status(status) == Some(ErrorCode::Unauthenticated) => {
+            OperatorError::Failed(format!(
+                "{}: HTTP {status}: {msg} (see --auth-token-file, --client-cert)",
+                ErrorCode::Unauthenticated.as_str()
+            ))
+        }
+        _ if ErrorCode::from_status(status) == Some(ErrorCode::Forbidden) => OperatorError::Failed(
+            format!("{}: HTTP {status}: {msg}", ErrorCode::Forbidden.as_str()),
+        ),
         _ => OperatorError::Failed(format!("HTTP {status} {code}: {msg}")),
     }
 }
 
+/// Most pages one listing follows (1,000 leases each on `serve`).
+pub const MAX_PAGES: usize = 1000;
+
+/// The whole listing: follows `next_after` page by page (each call within
+/// `timeout`) until the authority gives none, at most [`MAX_PAGES`] pages.
+/// A `next_after` that does not move forward is an error, not a loop.
 pub fn leases(
     base: &str,
     trust: &ClientTrust,
     timeout: Duration,
 ) -> Result<Vec<LeaseInfo>, OperatorError> {
-    let (status, text) = call(base, trust, "/v1/leases", None, timeout, 64 << 20)?;
-    if status != 200 {
-        return Err(failure(status, &text));
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let path = match &after {
+            None => "/v1/leases".to_string(),
+            Some(task) => format!("/v1/leases?after={}", percent_encode(task)),
+        };
+        let (status, text) = call(base, trust, &path, None, timeout, 64 << 20)?;
+        if status != 200 {
+            return Err(failure(status, &text));
+        }
+        let page = serde_json::from_str::<LeasesBody>(&text)
+            .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))?;
+        all.extend(page.leases);
+        match page.next_after {
+            None => return Ok(all),
+            Some(next) if after.as_ref().is_some_and(|a| next.as_str() <= a.as_str()) => {
+                return Err(OperatorError::Failed(format!(
+                    "malformed lease listing: next_after {next:?} does not move past {:?}",
+                    after.unwrap_or_default()
+                )));
+            }
+            Some(next) => after = Some(next),
+        }
     }
-    serde_json::from_str::<LeasesBody>(&text)
-        .map(|l| l.leases)
-        .map_err(|e| OperatorError::Failed(format!("malformed lease listing: {e}")))
+    Err(OperatorError::Failed(format!(
+        "the lease listing has more than {MAX_PAGES} pages; stopped"
+    )))
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 pub fn revoke(
@@ -122,4 +167,15 @@ pub fn clear(
         return Err(failure(status, &text));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_encode_keeps_unreserved_only() {
+        assert_eq!(
+            super::percent_encode("etl/a b@c:1.x_y-z~"),
+            "etl%2Fa%20b%40c%3A1.x_y-z~"
+        );
+    }
 }

@@ -143,6 +143,123 @@ pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
     }
 }
 
+/// Whether the TLS server of the `https://` `url` refuses a client that
+/// presents no certificate (mutual TLS). Asked only after a call at acquire
+/// failed without a named cause: under TLS 1.3 the server's refusal comes
+/// after the client's handshake finished, and a client that already wrote
+/// its request often sees only a broken pipe. This probe finishes a
+/// handshake, writes nothing and reads: the server's alert arrives intact.
+/// The server's certificate is not checked (that would have failed with a
+/// named cause already). Bounded by `timeout` (connect and read).
+pub fn client_certificate_required(url: &str, timeout: Duration) -> bool {
+    use std::io::Read;
+    use std::net::ToSocketAddrs;
+    let Some(rest) = url.strip_prefix("https://") else {
+        return false;
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    // `host[:port]` or `[v6][:port]`.
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => return false,
+        },
+        None => match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let Ok(port) = port.unwrap_or("443").parse::<u16>() else {
+        return false;
+    };
+    let target = (host, port);
+    let Some(addr) = target.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return false;
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(host.to_string()) else {
+        return false;
+    };
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(builder) = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+    else {
+        return false;
+    };
+    let config = builder
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider)))
+        .with_no_client_auth();
+    let Ok(conn) = rustls::ClientConnection::new(std::sync::Arc::new(config), name) else {
+        return false;
+    };
+    let timeout = timeout.max(Duration::from_millis(1));
+    let Ok(sock) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    if sock.set_read_timeout(Some(timeout)).is_err()
+        || sock.set_write_timeout(Some(timeout)).is_err()
+    {
+        return false;
+    }
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut byte = [0u8; 1];
+    match tls.read_exact(&mut byte) {
+        Err(e) => e.to_string().to_ascii_lowercase().contains("certificate"),
+        Ok(()) => false,
+    }
+}
+
+/// Accepts any server certificate: only for [`client_certificate_required`],
+/// which sends nothing over the connection.
+#[derive(Debug)]
+struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 fn describe(url: &str, e: ureq::Error) -> Failure {
     let detail = match &e {
         ureq::Error::Timeout(_) => "timed out".to_string(),

@@ -70,10 +70,15 @@ pub struct RenewBody {
     pub ttl_ms: u64,
 }
 
-/// `200` to `GET /v1/leases`.
+/// `200` to `GET /v1/leases[?limit=N&after=TASK]`: one page, sorted by
+/// task. `next_after` is present when more leases may follow: ask again with
+/// `after=` that task. A page may hold fewer than `limit` leases (the server
+/// filters it to the caller's scope), even none, and still have a next one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeasesBody {
     pub leases: Vec<LeaseInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
 }
 
 /// Every error answer: `{"error": CODE, "message": TEXT, ...}`; `held` adds
@@ -123,9 +128,34 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The server cannot answer now (storage failed); retry.
     Unavailable,
+    /// No credential, or an unknown one (`WWW-Authenticate: Bearer`).
+    Unauthenticated,
+    /// A known principal whose role or task scope does not allow the call,
+    /// or not the principal that acquired the lease.
+    Forbidden,
+    /// Too many open connections from this address or in all; retry.
+    Overloaded,
+    /// The principal holds as many leases as its cap allows (acquire).
+    TooManyLeases,
 }
 
 impl ErrorCode {
+    /// The code carried by an answer with this HTTP status when the status
+    /// alone names it (401, 403), whatever the body says.
+    pub fn from_status(status: u16) -> Option<Self> {
+        match status {
+            401 => Some(ErrorCode::Unauthenticated),
+            403 => Some(ErrorCode::Forbidden),
+            _ => None,
+        }
+    }
+
+    /// The body of an answer that carries only this code, e.g.
+    /// `{"error":"forbidden"}` (the trust answers have no message).
+    pub fn bare_body(self) -> String {
+        format!("{{\"error\":\"{}\"}}", self.as_str())
+    }
+
     /// The HTTP status this code travels with.
     pub fn status(self) -> u16 {
         match self {
@@ -133,7 +163,10 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::BadRequest => 400,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::Unavailable => 503,
+            ErrorCode::Unavailable | ErrorCode::Overloaded => 503,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::TooManyLeases => 429,
         }
     }
 
@@ -146,6 +179,10 @@ impl ErrorCode {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::TooManyLeases => "too_many_leases",
         }
     }
 
@@ -160,6 +197,10 @@ impl ErrorCode {
             "bad_request" => ErrorCode::BadRequest,
             "method_not_allowed" => ErrorCode::MethodNotAllowed,
             "unavailable" => ErrorCode::Unavailable,
+            "unauthenticated" => ErrorCode::Unauthenticated,
+            "forbidden" => ErrorCode::Forbidden,
+            "overloaded" => ErrorCode::Overloaded,
+            "too_many_leases" => ErrorCode::TooManyLeases,
             _ => return None,
         })
     }
@@ -182,12 +223,23 @@ mod tests {
             (ErrorCode::BadRequest, 400),
             (ErrorCode::MethodNotAllowed, 405),
             (ErrorCode::Unavailable, 503),
+            (ErrorCode::Unauthenticated, 401),
+            (ErrorCode::Forbidden, 403),
+            (ErrorCode::Overloaded, 503),
+            (ErrorCode::TooManyLeases, 429),
         ];
         for (code, status) in all {
             assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
             assert_eq!(code.status(), status, "{}", code.as_str());
         }
         assert_eq!(ErrorCode::parse("teapot"), None);
+        assert_eq!(
+            ErrorCode::from_status(401),
+            Some(ErrorCode::Unauthenticated)
+        );
+        assert_eq!(ErrorCode::from_status(403), Some(ErrorCode::Forbidden));
+        assert_eq!(ErrorCode::from_status(409), None);
+        assert_eq!(ErrorCode::Forbidden.bare_body(), r#"{"error":"forbidden"}"#);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
-use crate::protocol::v1::{ErrorBody, ErrorCode};
+use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
@@ -131,7 +131,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
             ..
-        } => Response::error(429, "too_many_leases", &msg),
+        } => error(ErrorCode::TooManyLeases, &msg),
         EngineError::TooManyLeases {
             scope: CapScope::Global,
             ..
@@ -252,7 +252,8 @@ impl Api {
         match principals.identify(req.bearer.as_deref(), &req.cert_names) {
             Some(p) => Ok(p.clone()),
             None => {
-                let mut r = Response::json(401, "{\"error\":\"unauthenticated\"}");
+                let code = ErrorCode::Unauthenticated;
+                let mut r = Response::json(code.status(), code.bare_body());
                 r.headers.push(("www-authenticate", "Bearer".to_string()));
                 Err(r)
             }
@@ -289,7 +290,7 @@ impl Api {
         if self.engine.healthy() {
             Response::json(200, "{\"ok\":true}")
         } else {
-            Response::error(503, "unavailable", "the lease database failed a commit")
+            error(ErrorCode::Unavailable, "the lease database failed a commit")
         }
     }
 
@@ -374,11 +375,17 @@ impl Api {
                 l
             })
             .collect();
-        let mut out = json!({"leases": leases});
-        if let Some(next) = page.next_after {
-            out["next_after"] = Value::String(next);
+        let body = LeasesBody {
+            leases,
+            next_after: page.next_after,
+        };
+        match serde_json::to_string(&body) {
+            Ok(text) => Response::json(200, text),
+            Err(e) => error(
+                ErrorCode::Unavailable,
+                &format!("cannot encode the listing: {e}"),
+            ),
         }
-        Response::json(200, out.to_string())
     }
 }
 
@@ -395,7 +402,8 @@ enum Endpoint {
 }
 
 fn forbidden() -> Response {
-    Response::json(403, "{\"error\":\"forbidden\"}")
+    let code = ErrorCode::Forbidden;
+    Response::json(code.status(), code.bare_body())
 }
 
 fn percent_decode(s: &str) -> Option<String> {

@@ -679,9 +679,10 @@ async fn serve_request(
         body,
     };
     let resp = if over && request.path != "/healthz" {
+        let code = crate::protocol::v1::ErrorCode::Overloaded;
         Response::error(
-            503,
-            "overloaded",
+            code.status(),
+            code.as_str(),
             "too many open connections from this address or in all",
         )
     } else if let Some(r) = server.handler.quick(&request) {

@@ -45,6 +45,20 @@ mount --make-rprivate /
 rm -rf "$W/etc"
 cp -a /etc "$W/etc"
 mount --bind "$W/etc" /etc
+
+# The binary under test where the units expect it, and the harness's work
+# directory and the shipped units at /mnt: done before /tmp and the other
+# directories below are covered, since the checkout (and so the binary, the
+# units and the work directory) may itself live under one of them.
+mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
+touch /usr/local/bin/leaseagent
+mount --bind "$BIN" /usr/local/bin/leaseagent
+rm -rf "$W/units"
+cp -R "$UNITS" "$W/units"
+mkdir -p /mnt
+mount --bind "$W" /mnt
+W=/mnt
+UNITS=/mnt/units
 for d in /tmp /run /var/lib /var/log /var/tmp /var/cache /var/spool /srv; do
     mkdir -p "$d"
     mount -t tmpfs -o mode=0755 tmpfs "$d"
@@ -54,11 +68,6 @@ mkdir -p /run/lock
 mount -o remount,bind,ro /sys
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
-
-# The binary under test where the units expect it.
-mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
-touch /usr/local/bin/leaseagent
-mount --bind "$BIN" /usr/local/bin/leaseagent
 
 # Nothing of the machine starts: drop enablement, mask what targets pull in.
 S=/etc/systemd/system

@@ -12,7 +12,6 @@
 //! other users' namespaces never collide.
 //!
 //! Needs iproute2 (`ip`) and root; a missing `ip` fails the test.
-#![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,10 +141,6 @@ impl Drop for Net {
 pub struct Proc(pub Child);
 
 impl Proc {
-    pub fn pid(&self) -> i32 {
-        self.0.id() as i32
-    }
-
     /// Waits for the exit; None after `within`.
     pub fn wait(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let until = Instant::now() + within;

@@ -14,7 +14,6 @@
 //! them, remove the work directory. The namespaces and their mounts die with
 //! their last process. `setpriv --pdeathsig KILL` plus `unshare --kill-child`
 //! take it all down even when the test process itself dies.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -253,12 +252,6 @@ impl Systemd {
     /// A path inside, as seen from the machine.
     pub fn path(&self, inside: &str) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root{inside}", self.pid))
-    }
-
-    pub fn write(&self, inside: &str, content: &str) {
-        let p = self.path(inside);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
     }
 
     pub fn read(&self, inside: &str) -> String {

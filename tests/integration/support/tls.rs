@@ -6,7 +6,6 @@
 //! authority over rustls in the test process: it grants every acquire and
 //! records, per request, the path, the `Authorization` header and whether a
 //! client certificate was presented.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
