@@ -126,130 +126,20 @@ impl Reporter {
     }
 }
 
-/// Prepares the keeper (pipes, handlers, session, subreaper, cgroup),
-/// starts the job, and runs the loop.
+/// The keeper's lifecycle: claim the pipes, prepare (handlers, session,
+/// subreaper, cgroup), start the job, run the loop, clean up.
 fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
-    // Neither pipe end may reach the job.
-    if fcntl_setfd(&ctl, FdFlags::CLOEXEC).is_err()
-        || fcntl_setfd(&report, FdFlags::CLOEXEC).is_err()
-    {
+    let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
-    }
-    let mut out = Reporter {
-        pipe: Some(std::fs::File::from(report)),
     };
-    let fail = |out: &mut Reporter, message: String| {
-        out.send(&Report::SpawnFailed {
-            kind: SpawnFailure::Other,
-            message,
-        });
-        ExitCode::SUCCESS
-    };
-    // The signals the agent relays: the keeper must not die of them.
-    for sig in Sig::RELAYED.map(Sig::number) {
-        // Handled, not ignored: the disposition resets to default in the job.
-        if let Err(e) = signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false))) {
-            return fail(&mut out, format!("keeper: cannot handle signal {sig}: {e}"));
-        }
-    }
-    // SIGCHLD wakes the poll through a self-pipe; installed before the job
-    // exists so no exit is missed.
-    let sigchld = match UnixStream::pair() {
-        Ok((r, w)) => match (
-            r.set_nonblocking(true),
-            signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, w),
-        ) {
-            (Ok(()), Ok(_)) => r,
-            (Err(e), _) | (_, Err(e)) => {
-                return fail(&mut out, format!("keeper: cannot watch SIGCHLD: {e}"));
-            }
-        },
-        Err(e) => return fail(&mut out, format!("keeper: cannot watch SIGCHLD: {e}")),
-    };
-    // A session of our own (and so, with CONFIG_SCHED_AUTOGROUP, a CPU
-    // scheduling group of our own): the job and everything it starts compete
-    // for CPU as one entity against the agent, so a job that forks a hundred
-    // busy processes cannot starve the heartbeat thread. It also takes the
-    // job off the agent's controlling terminal: terminal signals reach it
-    // only through the agent's relay, and it never gets SIGTTIN/SIGTTOU.
-    if let Err(e) = rustix::process::setsid() {
-        out.send(&Report::Warning(format!(
-            "keeper: setsid failed ({e}): the job shares the agent's session and CPU scheduling group"
-        )));
-    }
-    // Orphaned descendants of the job are re-parented to us, so we reap them
-    // and know when the whole tree is gone. Without it the tree cannot be
-    // followed: refuse to run the job.
-    if let Err(e) = set_child_subreaper(Some(rustix::process::getpid())) {
-        return fail(
-            &mut out,
-            format!(
-                "keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"
-            ),
-        );
-    }
-    let cgroup = match cgroup::JobCgroup::create() {
-        Ok(cg) => {
-            out.send(&Report::Info(format!(
-                "the job runs in cgroup {}; stops use cgroup.kill and the process tree",
-                cg.dir().display()
-            )));
-            Some(cg)
-        }
-        // The usual case outside a delegated cgroup: the tree walk alone.
-        Err(_) => None,
-    };
-
-    let Some((program, rest)) = command.split_first() else {
-        return fail(&mut out, "no command".into());
-    };
-    let spawned = {
-        use std::os::unix::process::CommandExt;
-        if let Some(cg) = &cgroup {
-            if let Err(e) = cg.enter() {
-                cg.remove();
-                return fail(
-                    &mut out,
-                    format!("keeper: cannot enter the job's cgroup: {e}"),
-                );
-            }
-        }
-        let spawned = Command::new(program).args(rest).process_group(0).spawn();
-        if let Some(cg) = &cgroup {
-            if let Err(e) = cg.leave() {
-                // We are inside the job's cgroup: cgroup.kill would kill us too.
-                if spawned.is_ok() {
-                    tree::kill_all(rustix::process::getpid().as_raw_nonzero().get());
-                }
-                return fail(
-                    &mut out,
-                    format!("keeper: cannot leave the job's cgroup: {e}"),
-                );
-            }
-        }
-        spawned
-    };
-    let child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            let kind = match e.kind() {
-                std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
-                std::io::ErrorKind::PermissionDenied => SpawnFailure::Permission,
-                _ => SpawnFailure::Other,
-            };
-            if let Some(cg) = &cgroup {
-                cg.remove();
-            }
-            out.send(&Report::SpawnFailed {
-                kind,
-                message: e.to_string(),
-            });
+    let (sigchld, cgroup, job_pid) = match prepare_and_spawn(&mut out, &command) {
+        Ok(started) => started,
+        Err(failed) => {
+            // The agent reads this as the job's spawn failure.
+            out.send(&failed);
             return ExitCode::SUCCESS;
         }
     };
-    let job_pid = child.id() as i32;
-    // We reap through waitpid below; the std handle is not used again.
-    drop(child);
     out.send(&Report::Started { pid: job_pid });
     let mut k = Keeper {
         me: rustix::process::getpid().as_raw_nonzero().get(),
@@ -267,6 +157,153 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         cg.remove();
     }
     ExitCode::SUCCESS
+}
+
+/// Neither pipe end may reach the job; the report end becomes the
+/// [`Reporter`]. `None`: cannot even report.
+fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
+    if fcntl_setfd(ctl, FdFlags::CLOEXEC).is_err()
+        || fcntl_setfd(&report, FdFlags::CLOEXEC).is_err()
+    {
+        return None;
+    }
+    Some(Reporter {
+        pipe: Some(std::fs::File::from(report)),
+    })
+}
+
+/// Every step before the loop, in order; returns the SIGCHLD self-pipe, the
+/// job's cgroup (if any) and the job's pid, or the report that ends the keeper.
+fn prepare_and_spawn(
+    out: &mut Reporter,
+    command: &[OsString],
+) -> Result<(UnixStream, Option<cgroup::JobCgroup>, i32), Report> {
+    handle_relayed_signals()?;
+    let sigchld = watch_sigchld()?;
+    new_session(out);
+    become_subreaper()?;
+    let cgroup = job_cgroup(out);
+    let Some((program, rest)) = command.split_first() else {
+        return Err(spawn_failed("no command".into()));
+    };
+    let job_pid = spawn_job(program, rest, cgroup.as_ref())?;
+    Ok((sigchld, cgroup, job_pid))
+}
+
+fn spawn_failed(message: String) -> Report {
+    Report::SpawnFailed {
+        kind: SpawnFailure::Other,
+        message,
+    }
+}
+
+/// The signals the agent relays: the keeper must not die of them. Handled,
+/// not ignored: the disposition resets to default in the job.
+fn handle_relayed_signals() -> Result<(), Report> {
+    for sig in Sig::RELAYED.map(Sig::number) {
+        signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false)))
+            .map_err(|e| spawn_failed(format!("keeper: cannot handle signal {sig}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// SIGCHLD wakes the poll through a self-pipe; installed before the job
+/// exists so no exit is missed.
+fn watch_sigchld() -> Result<UnixStream, Report> {
+    let failed = |e: std::io::Error| spawn_failed(format!("keeper: cannot watch SIGCHLD: {e}"));
+    let (r, w) = UnixStream::pair().map_err(failed)?;
+    match (
+        r.set_nonblocking(true),
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, w),
+    ) {
+        (Ok(()), Ok(_)) => Ok(r),
+        (Err(e), _) | (_, Err(e)) => Err(failed(e)),
+    }
+}
+
+/// A session of our own (and so, with CONFIG_SCHED_AUTOGROUP, a CPU
+/// scheduling group of our own): the job and everything it starts compete
+/// for CPU as one entity against the agent, so a job that forks a hundred
+/// busy processes cannot starve the heartbeat thread. It also takes the
+/// job off the agent's controlling terminal: terminal signals reach it
+/// only through the agent's relay, and it never gets SIGTTIN/SIGTTOU.
+/// A failure is only a warning.
+fn new_session(out: &mut Reporter) {
+    if let Err(e) = rustix::process::setsid() {
+        out.send(&Report::Warning(format!(
+            "keeper: setsid failed ({e}): the job shares the agent's session and CPU scheduling group"
+        )));
+    }
+}
+
+/// Orphaned descendants of the job are re-parented to us, so we reap them
+/// and know when the whole tree is gone. Without it the tree cannot be
+/// followed: refuse to run the job.
+fn become_subreaper() -> Result<(), Report> {
+    set_child_subreaper(Some(rustix::process::getpid())).map_err(|e| {
+        spawn_failed(format!(
+            "keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"
+        ))
+    })
+}
+
+/// A cgroup of the job's own where one can be made (reported); `None` is
+/// the usual case outside a delegated cgroup: the tree walk alone.
+fn job_cgroup(out: &mut Reporter) -> Option<cgroup::JobCgroup> {
+    let cg = cgroup::JobCgroup::create().ok()?;
+    out.send(&Report::Info(format!(
+        "the job runs in cgroup {}; stops use cgroup.kill and the process tree",
+        cg.dir().display()
+    )));
+    Some(cg)
+}
+
+/// Starts the job in a process group of its own (inside its cgroup, if
+/// any); returns its pid. We reap through `waitpid`; the std handle is
+/// dropped.
+fn spawn_job(
+    program: &OsString,
+    rest: &[OsString],
+    cgroup: Option<&cgroup::JobCgroup>,
+) -> Result<i32, Report> {
+    use std::os::unix::process::CommandExt;
+    if let Some(cg) = cgroup {
+        if let Err(e) = cg.enter() {
+            cg.remove();
+            return Err(spawn_failed(format!(
+                "keeper: cannot enter the job's cgroup: {e}"
+            )));
+        }
+    }
+    let spawned = Command::new(program).args(rest).process_group(0).spawn();
+    if let Some(cg) = cgroup {
+        if let Err(e) = cg.leave() {
+            // We are inside the job's cgroup: cgroup.kill would kill us too.
+            if spawned.is_ok() {
+                tree::kill_all(rustix::process::getpid().as_raw_nonzero().get());
+            }
+            return Err(spawn_failed(format!(
+                "keeper: cannot leave the job's cgroup: {e}"
+            )));
+        }
+    }
+    match spawned {
+        Ok(child) => Ok(child.id() as i32),
+        Err(e) => {
+            let kind = match e.kind() {
+                std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
+                std::io::ErrorKind::PermissionDenied => SpawnFailure::Permission,
+                _ => SpawnFailure::Other,
+            };
+            if let Some(cg) = cgroup {
+                cg.remove();
+            }
+            Err(Report::SpawnFailed {
+                kind,
+                message: e.to_string(),
+            })
+        }
+    }
 }
 
 /// A kill in progress: rounds of SIGKILL until the tree is gone.
@@ -292,62 +329,84 @@ struct Keeper {
 }
 
 impl Keeper {
+    /// The one loop: reap, note the tree's end, run a due kill round, then
+    /// wait for SIGCHLD, a control byte, or the next kill round.
     fn run_loop(&mut self, sigchld: &UnixStream) {
         loop {
-            let no_children = self.reap();
-            let tree_gone = no_children && self.cgroup_empty();
-            if tree_gone && self.leader_reaped && !self.tree_gone_sent {
-                self.tree_gone_sent = true;
-                self.killing = None;
-                self.out.send(&Report::TreeGone);
-            }
+            let tree_gone = self.reap_and_check_tree();
             if tree_gone && self.finishing {
                 return;
             }
-            if tree_gone {
-                // Nothing left to kill (the leader's report is on its way).
-                self.killing = None;
-            }
-            if !tree_gone && self.killing.is_some() {
-                self.kill_round();
-            }
-            let timeout = self.killing.as_ref().map(|k| {
-                let d = k.next_round.saturating_duration_since(Instant::now());
-                rustix::event::Timespec {
-                    tv_sec: d.as_secs() as i64,
-                    tv_nsec: i64::from(d.subsec_nanos()),
-                }
-            });
-            let ctl_ready;
-            let chld_ready;
-            let mut poll_failed = false;
-            {
-                let mut fds = Vec::with_capacity(2);
-                fds.push(PollFd::new(sigchld, PollFlags::IN));
-                if let Some(c) = &self.ctl {
-                    fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
-                }
-                match rustix::event::poll(&mut fds, timeout.as_ref()) {
-                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                    // Cannot wait: behave as if the agent were gone.
-                    Err(_) => poll_failed = true,
-                }
-                chld_ready = !fds[0].revents().is_empty();
-                ctl_ready = fds.get(1).is_some_and(|f| !f.revents().is_empty());
-            }
-            if poll_failed {
-                self.ctl = None;
-            }
+            self.kill_round_timer(tree_gone);
+            let (chld_ready, ctl_ready) = self.wait_for_events(sigchld);
             if chld_ready {
-                let mut buf = [0u8; 64];
-                let mut r = sigchld;
-                while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+                drain_sigchld(sigchld);
             }
-            if ctl_ready {
-                self.read_ctl();
-            } else if self.ctl.is_none() && !self.finishing {
-                self.agent_gone();
+            self.handle_ctl(ctl_ready);
+        }
+    }
+
+    /// Reaps what ended; reports `TreeGone` once, when the leader is reaped
+    /// and nothing is left below us (nor in the cgroup). Returns whether the
+    /// tree is gone.
+    fn reap_and_check_tree(&mut self) -> bool {
+        let no_children = self.reap();
+        let tree_gone = no_children && self.cgroup_empty();
+        if tree_gone && self.leader_reaped && !self.tree_gone_sent {
+            self.tree_gone_sent = true;
+            self.killing = None;
+            self.out.send(&Report::TreeGone);
+        }
+        tree_gone
+    }
+
+    /// While killing: the next round of SIGKILL when it is due; once the
+    /// tree is gone there is nothing left to kill (the leader's report is
+    /// on its way).
+    fn kill_round_timer(&mut self, tree_gone: bool) {
+        if tree_gone {
+            self.killing = None;
+        } else if self.killing.is_some() {
+            self.kill_round();
+        }
+    }
+
+    /// Polls the SIGCHLD self-pipe and the ctl pipe, until the next kill
+    /// round if one is pending; returns which is ready. A failed poll is
+    /// taken as the agent being gone.
+    fn wait_for_events(&mut self, sigchld: &UnixStream) -> (bool, bool) {
+        let timeout = self.killing.as_ref().map(|k| {
+            let d = k.next_round.saturating_duration_since(Instant::now());
+            rustix::event::Timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: i64::from(d.subsec_nanos()),
             }
+        });
+        let mut fds = Vec::with_capacity(2);
+        fds.push(PollFd::new(sigchld, PollFlags::IN));
+        if let Some(c) = &self.ctl {
+            fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
+        }
+        let poll_failed = match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => false,
+            Err(_) => true,
+        };
+        let chld_ready = !fds[0].revents().is_empty();
+        let ctl_ready = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
+        if poll_failed {
+            self.ctl = None;
+        }
+        (chld_ready, ctl_ready)
+    }
+
+    /// A control byte is waiting: act on it. No ctl pipe any more and not
+    /// yet finishing: the agent is gone.
+    fn handle_ctl(&mut self, ctl_ready: bool) {
+        if ctl_ready {
+            self.read_ctl();
+        } else if self.ctl.is_none() && !self.finishing {
+            self.agent_gone();
         }
     }
 
@@ -488,6 +547,13 @@ impl Keeper {
             }
         }
     }
+}
+
+/// Empties the SIGCHLD self-pipe (the reap comes next round).
+fn drain_sigchld(sigchld: &UnixStream) {
+    let mut buf = [0u8; 64];
+    let mut r = sigchld;
+    while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
 }
 
 /// Signals `pid` if (checked after the pidfd is open) it is still in the

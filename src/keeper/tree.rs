@@ -64,8 +64,26 @@ fn snapshot() -> HashMap<i32, Proc> {
     all
 }
 
+/// Whether this process has no child at all, running, stopped or zombie.
+/// Then it has no descendant either: a grandchild whose parent died is
+/// re-parented to us (we are the subreaper), so it would be our child.
+fn has_no_children() -> bool {
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
+    let opts = WaitIdOptions::NOHANG
+        | WaitIdOptions::NOWAIT
+        | WaitIdOptions::EXITED
+        | WaitIdOptions::STOPPED
+        | WaitIdOptions::CONTINUED;
+    matches!(waitid(WaitId::All, opts), Err(rustix::io::Errno::CHILD))
+}
+
 /// The descendants of `root` (not `root` itself), parents before children.
+/// For ourselves with no child left, that is known without reading `/proc`
+/// (the usual end of a run).
 pub fn descendants(root: i32) -> Vec<Proc> {
+    if root == rustix::process::getpid().as_raw_nonzero().get() && has_no_children() {
+        return Vec::new();
+    }
     let all = snapshot();
     let mut children: HashMap<i32, Vec<Proc>> = HashMap::new();
     for p in all.values() {

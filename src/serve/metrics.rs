@@ -9,7 +9,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::engine::batched::ServeEngine;
+use super::http::ConnStats;
+use crate::engine::batched::{Counters, ServeEngine, StateCounts};
 
 /// Bucket upper bounds, in microseconds.
 const BUCKETS_US: [u64; 14] = [
@@ -36,125 +37,152 @@ impl Latency {
     }
 }
 
-fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, v) in samples {
-        let _ = writeln!(out, "{name}{labels} {v}");
+/// What the figures are read from, once per scrape.
+struct Sources<'a> {
+    up: bool,
+    c: &'a Counters,
+    states: StateCounts,
+    conns: &'a ConnStats,
+}
+
+/// One sample: its label set (`""` for none) and how to read its value.
+type Sample = (&'static str, fn(&Sources) -> u64);
+
+/// One metric family: name, type, help line, samples.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: &'static [Sample],
+}
+
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+/// Every metric but the latency histogram, in output order.
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "leaseagent_up",
+        kind: "gauge",
+        help: "1 while the authority can grant.",
+        samples: &[("", |s| u64::from(s.up))],
+    },
+    Family {
+        name: "leaseagent_grants_total",
+        kind: "counter",
+        help: "Leases granted (durable).",
+        samples: &[("", |s| load(&s.c.grants))],
+    },
+    Family {
+        name: "leaseagent_renewals_total",
+        kind: "counter",
+        help: "Leases renewed.",
+        samples: &[("", |s| load(&s.c.renewals))],
+    },
+    Family {
+        name: "leaseagent_releases_total",
+        kind: "counter",
+        help: "Leases released.",
+        samples: &[("", |s| load(&s.c.releases))],
+    },
+    Family {
+        name: "leaseagent_refusals_total",
+        kind: "counter",
+        help: "Renewals and releases refused, by reason.",
+        samples: &[
+            ("{reason=\"expired\"}", |s| load(&s.c.refused[0])),
+            ("{reason=\"superseded\"}", |s| load(&s.c.refused[1])),
+            ("{reason=\"revoked\"}", |s| load(&s.c.refused[2])),
+            ("{reason=\"unknown_lease\"}", |s| load(&s.c.refused[3])),
+        ],
+    },
+    Family {
+        name: "leaseagent_acquire_refused_total",
+        kind: "counter",
+        help: "Acquires refused, by reason.",
+        samples: &[
+            ("{reason=\"held\"}", |s| load(&s.c.acquire_held)),
+            ("{reason=\"held_for_operator\"}", |s| {
+                load(&s.c.acquire_held_for_operator)
+            }),
+        ],
+    },
+    Family {
+        name: "leaseagent_expiries_total",
+        kind: "counter",
+        help: "Leases that expired (counted when first observed).",
+        samples: &[("", |s| load(&s.c.expiries))],
+    },
+    Family {
+        name: "leaseagent_leases",
+        kind: "gauge",
+        help: "Leases on record, by state.",
+        samples: &[
+            ("{state=\"active\"}", |s| s.states.active),
+            ("{state=\"grace\"}", |s| s.states.grace),
+            ("{state=\"held_for_operator\"}", |s| {
+                s.states.held_for_operator
+            }),
+        ],
+    },
+    Family {
+        name: "leaseagent_held_for_operator",
+        kind: "gauge",
+        help: "Tasks held for an operator (policy hold): nothing runs until `leaseagent clear`.",
+        samples: &[("", |s| s.states.held_for_operator)],
+    },
+    Family {
+        name: "leaseagent_db_commits_total",
+        kind: "counter",
+        help: "Durable (fsync'd) transactions.",
+        samples: &[("", |s| load(&s.c.commits))],
+    },
+    Family {
+        name: "leaseagent_db_committed_changes_total",
+        kind: "counter",
+        help: "Changes (grants, releases, revokes, clears) in those transactions.",
+        samples: &[("", |s| load(&s.c.committed_changes))],
+    },
+    Family {
+        name: "leaseagent_connections",
+        kind: "gauge",
+        help: "Open client connections.",
+        samples: &[("", |s| load(&s.conns.open))],
+    },
+    Family {
+        name: "leaseagent_connections_over_limit_total",
+        kind: "counter",
+        help: "Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).",
+        samples: &[("", |s| load(&s.conns.over_limit))],
+    },
+];
+
+/// Renders every metric.
+pub fn render(engine: &ServeEngine, latency: &Latency, conns: &ConnStats) -> String {
+    let sources = Sources {
+        up: engine.healthy(),
+        c: &engine.counters,
+        states: engine.state_counts(),
+        conns,
+    };
+    let mut out = String::with_capacity(4096);
+    for f in FAMILIES {
+        write_family(&mut out, f, &sources);
+    }
+    write_latency(&mut out, latency);
+    out
+}
+
+fn write_family(out: &mut String, f: &Family, sources: &Sources) {
+    let name = f.name;
+    let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} {}", f.help, f.kind);
+    for (labels, get) in f.samples {
+        let _ = writeln!(out, "{name}{labels} {}", get(sources));
     }
 }
 
-/// Renders every metric.
-pub fn render(engine: &ServeEngine, latency: &Latency, conns: &super::http::ConnStats) -> String {
-    let c = &engine.counters;
-    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let states = engine.state_counts();
-    let mut out = String::with_capacity(4096);
-    metric(
-        &mut out,
-        "leaseagent_up",
-        "gauge",
-        "1 while the authority can grant.",
-        &[("", u64::from(engine.healthy()))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_grants_total",
-        "counter",
-        "Leases granted (durable).",
-        &[("", g(&c.grants))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_renewals_total",
-        "counter",
-        "Leases renewed.",
-        &[("", g(&c.renewals))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_releases_total",
-        "counter",
-        "Leases released.",
-        &[("", g(&c.releases))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_refusals_total",
-        "counter",
-        "Renewals and releases refused, by reason.",
-        &[
-            ("{reason=\"expired\"}", g(&c.refused[0])),
-            ("{reason=\"superseded\"}", g(&c.refused[1])),
-            ("{reason=\"revoked\"}", g(&c.refused[2])),
-            ("{reason=\"unknown_lease\"}", g(&c.refused[3])),
-        ],
-    );
-    metric(
-        &mut out,
-        "leaseagent_acquire_refused_total",
-        "counter",
-        "Acquires refused, by reason.",
-        &[
-            ("{reason=\"held\"}", g(&c.acquire_held)),
-            (
-                "{reason=\"held_for_operator\"}",
-                g(&c.acquire_held_for_operator),
-            ),
-        ],
-    );
-    metric(
-        &mut out,
-        "leaseagent_expiries_total",
-        "counter",
-        "Leases that expired (counted when first observed).",
-        &[("", g(&c.expiries))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_leases",
-        "gauge",
-        "Leases on record, by state.",
-        &[
-            ("{state=\"active\"}", states.active),
-            ("{state=\"grace\"}", states.grace),
-            ("{state=\"held_for_operator\"}", states.held_for_operator),
-        ],
-    );
-    metric(
-        &mut out,
-        "leaseagent_held_for_operator",
-        "gauge",
-        "Tasks held for an operator (policy hold): nothing runs until `leaseagent clear`.",
-        &[("", states.held_for_operator)],
-    );
-    metric(
-        &mut out,
-        "leaseagent_db_commits_total",
-        "counter",
-        "Durable (fsync'd) transactions.",
-        &[("", g(&c.commits))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_db_committed_changes_total",
-        "counter",
-        "Changes (grants, releases, revokes, clears) in those transactions.",
-        &[("", g(&c.committed_changes))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_connections",
-        "gauge",
-        "Open client connections.",
-        &[("", g(&conns.open))],
-    );
-    metric(
-        &mut out,
-        "leaseagent_connections_over_limit_total",
-        "counter",
-        "Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).",
-        &[("", g(&conns.over_limit))],
-    );
+fn write_latency(out: &mut String, latency: &Latency) {
     let name = "leaseagent_request_duration_seconds";
     let _ = writeln!(
         out,
@@ -162,12 +190,130 @@ pub fn render(engine: &ServeEngine, latency: &Latency, conns: &super::http::Conn
     );
     let mut cum = 0;
     for (b, n) in BUCKETS_US.iter().zip(&latency.buckets) {
-        cum += g(n);
+        cum += load(n);
         let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cum}", *b as f64 / 1e6);
     }
-    let count = g(&latency.count);
+    let count = load(&latency.count);
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum {}", g(&latency.sum_us) as f64 / 1e6);
+    let _ = writeln!(out, "{name}_sum {}", load(&latency.sum_us) as f64 / 1e6);
     let _ = writeln!(out, "{name}_count {count}");
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::rules::AcquireSpec;
+    use crate::lease::ExpiryPolicy;
+
+    /// Pins the exact text for a fixed state: every figure distinct, so a
+    /// swapped getter or label shows.
+    #[test]
+    fn render_is_pinned_for_a_fixed_state() {
+        let d = tempfile::tempdir().unwrap();
+        let e = ServeEngine::open(&d.path().join("s.db")).unwrap();
+        e.acquire(&AcquireSpec {
+            task: "t".into(),
+            principal: String::new(),
+            holder: "h".into(),
+            ttl_ms: 600_000,
+            policy: ExpiryPolicy::Redispatch,
+            grace_ms: 0,
+            max_leases: None,
+        })
+        .unwrap();
+        let c = &e.counters;
+        let all = [
+            &c.grants,
+            &c.renewals,
+            &c.releases,
+            &c.acquire_held,
+            &c.acquire_held_for_operator,
+            &c.refused[0],
+            &c.refused[1],
+            &c.refused[2],
+            &c.refused[3],
+            &c.expiries,
+            &c.commits,
+            &c.committed_changes,
+        ];
+        for (i, a) in all.iter().enumerate() {
+            a.store(101 + i as u64, Ordering::Relaxed);
+        }
+        let conns = ConnStats::default();
+        conns.open.store(7, Ordering::Relaxed);
+        conns.over_limit.store(9, Ordering::Relaxed);
+        let latency = Latency::default();
+        for us in [10, 60, 300, 300, 4_000, 2_000_000] {
+            latency.observe(Duration::from_micros(us));
+        }
+        let got = render(&e, &latency, &conns);
+        e.shutdown();
+        assert_eq!(got, EXPECTED);
+    }
+
+    const EXPECTED: &str = r##"# HELP leaseagent_up 1 while the authority can grant.
+# TYPE leaseagent_up gauge
+leaseagent_up 1
+# HELP leaseagent_grants_total Leases granted (durable).
+# TYPE leaseagent_grants_total counter
+leaseagent_grants_total 101
+# HELP leaseagent_renewals_total Leases renewed.
+# TYPE leaseagent_renewals_total counter
+leaseagent_renewals_total 102
+# HELP leaseagent_releases_total Leases released.
+# TYPE leaseagent_releases_total counter
+leaseagent_releases_total 103
+# HELP leaseagent_refusals_total Renewals and releases refused, by reason.
+# TYPE leaseagent_refusals_total counter
+leaseagent_refusals_total{reason="expired"} 106
+leaseagent_refusals_total{reason="superseded"} 107
+leaseagent_refusals_total{reason="revoked"} 108
+leaseagent_refusals_total{reason="unknown_lease"} 109
+# HELP leaseagent_acquire_refused_total Acquires refused, by reason.
+# TYPE leaseagent_acquire_refused_total counter
+leaseagent_acquire_refused_total{reason="held"} 104
+leaseagent_acquire_refused_total{reason="held_for_operator"} 105
+# HELP leaseagent_expiries_total Leases that expired (counted when first observed).
+# TYPE leaseagent_expiries_total counter
+leaseagent_expiries_total 110
+# HELP leaseagent_leases Leases on record, by state.
+# TYPE leaseagent_leases gauge
+leaseagent_leases{state="active"} 1
+leaseagent_leases{state="grace"} 0
+leaseagent_leases{state="held_for_operator"} 0
+# HELP leaseagent_held_for_operator Tasks held for an operator (policy hold): nothing runs until `leaseagent clear`.
+# TYPE leaseagent_held_for_operator gauge
+leaseagent_held_for_operator 0
+# HELP leaseagent_db_commits_total Durable (fsync'd) transactions.
+# TYPE leaseagent_db_commits_total counter
+leaseagent_db_commits_total 111
+# HELP leaseagent_db_committed_changes_total Changes (grants, releases, revokes, clears) in those transactions.
+# TYPE leaseagent_db_committed_changes_total counter
+leaseagent_db_committed_changes_total 112
+# HELP leaseagent_connections Open client connections.
+# TYPE leaseagent_connections gauge
+leaseagent_connections 7
+# HELP leaseagent_connections_over_limit_total Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).
+# TYPE leaseagent_connections_over_limit_total counter
+leaseagent_connections_over_limit_total 9
+# HELP leaseagent_request_duration_seconds Time from a fully read request to its answer.
+# TYPE leaseagent_request_duration_seconds histogram
+leaseagent_request_duration_seconds_bucket{le="0.00005"} 1
+leaseagent_request_duration_seconds_bucket{le="0.0001"} 2
+leaseagent_request_duration_seconds_bucket{le="0.00025"} 2
+leaseagent_request_duration_seconds_bucket{le="0.0005"} 4
+leaseagent_request_duration_seconds_bucket{le="0.001"} 4
+leaseagent_request_duration_seconds_bucket{le="0.0025"} 4
+leaseagent_request_duration_seconds_bucket{le="0.005"} 5
+leaseagent_request_duration_seconds_bucket{le="0.01"} 5
+leaseagent_request_duration_seconds_bucket{le="0.025"} 5
+leaseagent_request_duration_seconds_bucket{le="0.05"} 5
+leaseagent_request_duration_seconds_bucket{le="0.1"} 5
+leaseagent_request_duration_seconds_bucket{le="0.25"} 5
+leaseagent_request_duration_seconds_bucket{le="0.5"} 5
+leaseagent_request_duration_seconds_bucket{le="1"} 5
+leaseagent_request_duration_seconds_bucket{le="+Inf"} 6
+leaseagent_request_duration_seconds_sum 2.00467
+leaseagent_request_duration_seconds_count 6
+"##;
 }

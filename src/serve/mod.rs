@@ -138,76 +138,114 @@ fn key_file_mode(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `leaseagent serve`: exit 0 after a clean stop, 125 with one line
+/// on a configuration or startup error.
 pub fn main(args: ServeArgs) -> ExitCode {
-    let tls = match tls_config(&args) {
-        Ok(t) => t,
-        Err(e) => return usage(e),
-    };
-    let auth = match auth::Auth::open(args.auth_file.clone()) {
-        Ok(a) => Arc::new(a),
-        Err(e) => return usage(format!("--auth-file {e}")),
-    };
-    let addrs: Vec<SocketAddr> = match args.listen.to_socket_addrs() {
-        Ok(a) => a.collect(),
-        Err(e) => return usage(format!("--listen {}: {e}", args.listen)),
-    };
+    match serve(&args) {
+        Ok(()) => {
+            eprintln!("leaseagent serve: stopped");
+            ExitCode::SUCCESS
+        }
+        Err(m) => usage(m),
+    }
+}
+
+/// The server's lifecycle, one named step each.
+fn serve(args: &ServeArgs) -> Result<(), String> {
+    let tls = tls_config(args)?;
+    let auth = load_auth(args)?;
+    let addr = listen_address(args, tls.is_some(), &auth)?;
+    raise_nofile();
+    let engine = open_engine(args)?;
+    let rt = build_runtime()?;
+    let stop_rx = watch_signals(auth.clone())?;
+    run(args, addr, tls, auth, engine, rt, stop_rx)
+}
+
+fn load_auth(args: &ServeArgs) -> Result<Arc<auth::Auth>, String> {
+    auth::Auth::open(args.auth_file.clone())
+        .map(Arc::new)
+        .map_err(|e| format!("--auth-file {e}"))
+}
+
+/// Resolves `--listen` and applies the listen rule: anything but loopback
+/// needs TLS and an auth file, or `--insecure-listen`.
+fn listen_address(args: &ServeArgs, tls: bool, auth: &auth::Auth) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = args
+        .listen
+        .to_socket_addrs()
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?
+        .collect();
     let Some(addr) = addrs.first().copied() else {
-        return usage(format!("--listen {}: no address", args.listen));
+        return Err(format!("--listen {}: no address", args.listen));
     };
-    let secured = tls.is_some() && auth.enabled();
+    let secured = tls && auth.enabled();
     if !args.insecure_listen && !secured && addrs.iter().any(|a| !is_loopback(a.ip())) {
-        return usage(format!(
+        return Err(format!(
             "--listen {}: not a loopback address; serving a network needs --tls-cert, --tls-key and \
              --auth-file (or --insecure-listen to accept the risk)",
             args.listen
         ));
     }
-    raise_nofile();
-    let engine = match ServeEngine::open(&args.db) {
-        Ok(e) => Arc::new(e),
-        Err(e) => {
-            eprintln!("leaseagent serve: error: {}: {e}", args.db.display());
-            return ExitCode::from(crate::exit::AGENT_FAILED);
-        }
-    };
+    Ok(addr)
+}
+
+fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, String> {
+    ServeEngine::open(&args.db)
+        .map(Arc::new)
+        .map_err(|e| format!("{}: {e}", args.db.display()))
+}
+
+fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .max_blocking_threads(256)
         .thread_name("serve")
         .enable_io()
         .enable_time()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return usage(format!("starting the runtime: {e}")),
-    };
+        .map_err(|e| format!("starting the runtime: {e}"))
+}
+
+/// A thread for SIGTERM/SIGINT (stop: the returned channel turns true) and
+/// SIGHUP (re-read the auth file).
+fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<bool>, String> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut signals = match signal_hook::iterator::Signals::new([
+    let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
-    ]) {
-        Ok(s) => s,
-        Err(e) => return usage(format!("installing signal handlers: {e}")),
-    };
-    let auth2 = auth.clone();
-    let spawned = std::thread::Builder::new()
+    ])
+    .map_err(|e| format!("installing signal handlers: {e}"))?;
+    std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             for sig in signals.forever() {
                 if sig == signal_hook::consts::SIGHUP {
-                    auth2.reload();
+                    auth.reload();
                     continue;
                 }
                 eprintln!("leaseagent serve: signal {sig}, shutting down");
                 let _ = stop_tx.send(true);
                 break;
             }
-        });
-    if let Err(e) = spawned {
-        return usage(format!("starting the signal thread: {e}"));
-    }
+        })
+        .map_err(|e| format!("starting the signal thread: {e}"))?;
+    Ok(stop_rx)
+}
+
+/// Listens, serves until told to stop, then drains the runtime and commits
+/// what the engine's writer has queued.
+fn run(
+    args: &ServeArgs,
+    addr: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    auth: Arc<auth::Auth>,
+    engine: Arc<ServeEngine>,
+    rt: tokio::runtime::Runtime,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), String> {
     let limits = http::Limits {
         max_connections: args.max_connections.max(1),
         max_per_peer: args.max_connections_per_peer.max(1),
@@ -232,12 +270,7 @@ pub fn main(args: ServeArgs) -> ExitCode {
     });
     rt.shutdown_timeout(Duration::from_secs(1));
     engine.shutdown();
-    if let Err(e) = served {
-        eprintln!("leaseagent serve: error: --listen {}: {e}", args.listen);
-        return ExitCode::from(crate::exit::AGENT_FAILED);
-    }
-    eprintln!("leaseagent serve: stopped");
-    ExitCode::SUCCESS
+    served.map_err(|e| format!("--listen {}: {e}", args.listen))
 }
 
 fn is_loopback(ip: IpAddr) -> bool {
