@@ -64,6 +64,7 @@ impl HttpAuthority {
         timeout: Duration,
     ) -> Result<Answer, Failure> {
         let bytes = serde_json::to_vec(&body).map_err(|e| Failure {
+            kind: super::transport::FailureKind::Encode,
             trust: None,
             message: e.to_string(),
         })?;

@@ -42,10 +42,30 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
         .into()
 }
 
+/// What kind of failure a call met. Statuses are not failures here (each
+/// client reads them by its protocol's rules), nor is a malformed answer
+/// body (the client that knows the shape says so).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The call's deadline passed (connect, send or reading the answer).
+    Timeout,
+    /// No connection: refused, reset, unreachable, host not found.
+    Connect,
+    /// The answer's body was over the cap.
+    TooLarge,
+    /// TLS trust: the certificate, or TLS against plain HTTP ([`Failure::trust`]).
+    Trust,
+    /// The request could not be encoded.
+    Encode,
+    /// Anything else on the wire.
+    Other,
+}
+
 /// Why a call gave no answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct Failure {
+    pub kind: FailureKind,
     /// `Some(cause)` when the failure is about TLS trust: `certificate`
     /// (the peer's certificate was not accepted, or ours was refused) or
     /// `TLS` (one side speaks TLS and the other does not).
@@ -102,6 +122,7 @@ pub fn call(
         .read_to_vec()
         .map_err(|e| match e {
             ureq::Error::BodyExceedsLimit(_) => Failure {
+                kind: FailureKind::TooLarge,
                 trust: None,
                 message: format!("{url}: answer body over {limit} bytes"),
             },
@@ -276,7 +297,37 @@ fn describe(url: &str, e: ureq::Error) -> Failure {
         Some(_) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
         None => format!("{url}: {detail}"),
     };
-    Failure { trust, message }
+    let kind = match (&e, trust) {
+        (_, Some(_)) => FailureKind::Trust,
+        (ureq::Error::Timeout(_), _) => FailureKind::Timeout,
+        (ureq::Error::HostNotFound | ureq::Error::ConnectionFailed, _) => FailureKind::Connect,
+        (ureq::Error::Io(io), _) if is_connect(io.kind()) => FailureKind::Connect,
+        (ureq::Error::Io(io), _) if io.kind() == std::io::ErrorKind::TimedOut => {
+            FailureKind::Timeout
+        }
+        _ => FailureKind::Other,
+    };
+    Failure {
+        kind,
+        trust,
+        message,
+    }
+}
+
+/// io errors that mean "no connection to talk over".
+fn is_connect(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | AddrNotAvailable
+            | BrokenPipe
+            | HostUnreachable
+            | NetworkUnreachable
+    )
 }
 
 /// Classifies the error of a TLS connection (rustls errors reach us as text
@@ -301,6 +352,67 @@ fn trust_cause(detail: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    fn plain() -> ureq::Agent {
+        agent(&ClientTrust::none())
+    }
+
+    #[test]
+    fn a_refused_connection_is_connect() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{port}/v1/renew");
+        let f = call(
+            &plain(),
+            &url,
+            Some(b"{}"),
+            None,
+            Duration::from_secs(5),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(f.kind, FailureKind::Connect, "{f}");
+    }
+
+    #[test]
+    fn a_silent_server_is_timeout() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/renew", l.local_addr().unwrap());
+        // Accepts and never answers.
+        let hold = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        let f = call(
+            &plain(),
+            &url,
+            Some(b"{}"),
+            None,
+            Duration::from_millis(300),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(f.kind, FailureKind::Timeout, "{f}");
+        drop(hold);
+    }
+
+    #[test]
+    fn a_body_over_the_cap_is_too_large() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/leases", l.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let body = vec![b'x'; 10_000];
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+            let _ = s.write_all(head.as_bytes());
+            let _ = s.write_all(&body);
+        });
+        let f = call(&plain(), &url, None, None, Duration::from_secs(5), 1024).unwrap_err();
+        assert_eq!(f.kind, FailureKind::TooLarge, "{f}");
+    }
 
     #[test]
     fn trust_causes_come_from_the_error_not_the_url() {
