@@ -206,6 +206,12 @@ pub static SERVE: CommandDef = CommandDef {
                 "Most open connections from one IP address; past this, as above",
             )
             .default_value("1024"),
+            Flag::value(
+                "max-leases",
+                "N",
+                "Most live leases overall; past this, acquires get 503 unavailable",
+            )
+            .default_note("no limit"),
         ],
     }],
     positionals: &[],

@@ -153,6 +153,7 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         insecure_listen: m.switch("insecure-listen"),
         max_connections: m.get("max-connections", number)?,
         max_connections_per_peer: m.get("max-connections-per-peer", number)?,
+        max_leases: m.parse("max-leases", number)?,
     };
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return Err(UsageError(

@@ -185,6 +185,7 @@ pub struct ServeEngine {
 
 impl ServeEngine {
     /// Opens the database with no limits (see [`ServeEngine::open_with`]).
+    #[cfg(test)]
     pub fn open(path: &Path) -> Result<Self, EngineError> {
         Self::open_with(path, Limits::default())
     }

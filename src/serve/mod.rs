@@ -42,6 +42,8 @@ pub struct ServeArgs {
     pub max_connections: usize,
     /// `--max-connections-per-peer`: most open connections from one address.
     pub max_connections_per_peer: usize,
+    /// `--max-leases`: the most live leases overall (`None`: no limit).
+    pub max_leases: Option<u64>,
 }
 
 /// The line printed to stderr once the server listens (tests parse it);
@@ -191,7 +193,10 @@ fn listen_address(args: &ServeArgs, tls: bool, auth: &auth::Auth) -> Result<Sock
 }
 
 fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, String> {
-    ServeEngine::open(&args.db)
+    let limits = crate::engine::batched::Limits {
+        max_live_leases: args.max_leases,
+    };
+    ServeEngine::open_with(&args.db, limits)
         .map(Arc::new)
         .map_err(|e| format!("{}: {e}", args.db.display()))
 }

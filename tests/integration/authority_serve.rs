@@ -533,3 +533,28 @@ fn sigterm_shuts_down_cleanly() {
     assert_eq!(g2.0, 200);
     assert!(s2.acquire("t", "h2", 30000).1["token"].as_u64() > g["token"].as_u64());
 }
+
+#[test]
+fn max_leases_caps_live_leases_overall_and_a_release_makes_room() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::start_with(&d.path().join("l.db"), &["--max-leases", "2"]);
+    let acquire = |task: &str| {
+        srv.post(
+            "/v1/acquire",
+            &json!({"task": task, "holder": "h", "ttl_ms": 60_000}),
+        )
+    };
+    let (s1, g1) = acquire("cap-1");
+    let (s2, _) = acquire("cap-2");
+    assert_eq!((s1, s2), (200, 200));
+    let (s3, body) = acquire("cap-3");
+    assert_eq!(s3, 503, "{body}");
+    assert_eq!(body["error"], "unavailable", "{body}");
+    let (s, _) = srv.post(
+        "/v1/release",
+        &json!({"lease_id": g1["lease_id"], "token": g1["token"], "outcome": "succeeded"}),
+    );
+    assert_eq!(s, 200);
+    let (s3, body) = acquire("cap-3");
+    assert_eq!(s3, 200, "{body}");
+}

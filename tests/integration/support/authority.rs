@@ -26,9 +26,15 @@ pub struct Server {
 impl Server {
     /// Starts a server on a free loopback port with its database at `db`.
     pub fn start(db: &Path) -> Server {
+        Server::start_with(db, &[])
+    }
+
+    /// The same, with more `serve` flags.
+    pub fn start_with(db: &Path, flags: &[&str]) -> Server {
         let mut child = Command::new(bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(db)
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
