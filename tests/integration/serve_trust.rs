@@ -8,12 +8,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use crate::support::authority::{bin, poll, raw_request};
+use crate::support::authority::{bin, poll, raw_request, spawn_serve};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -30,41 +30,12 @@ struct Serve {
 impl Serve {
     fn start(extra: &[&str]) -> Serve {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(bin())
-            .args(["serve", "--db"])
-            .arg(dir.path().join("leases.db"))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn serve");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).unwrap_or_else(|_| {
-                let st = child.try_wait();
-                panic!("serve did not print its listening line ({st:?})")
-            });
-            if let Some(rest) = line.strip_prefix("leaseagent serve: listening on ") {
-                let url = rest.split_whitespace().next().unwrap();
-                break url.split("://").nth(1).unwrap().to_string();
-            }
-        };
+        let args: Vec<std::ffi::OsString> = extra.iter().map(Into::into).collect();
+        let s = spawn_serve(&dir.path().join("leases.db"), &args);
         Serve {
-            child,
-            addr,
-            stderr: rx,
+            child: s.child,
+            addr: s.addr,
+            stderr: s.stderr,
             _dir: dir,
         }
     }

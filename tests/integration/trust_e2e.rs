@@ -5,15 +5,15 @@
 //! from `support::tls::Pki` (openssl). No timing assertions: every wait is a
 //! poll with a generous deadline.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::Digest;
 
-use crate::support::authority::poll;
+use crate::support::authority::{poll, spawn_serve};
 use crate::support::tls::Pki;
 use crate::support::*;
 
@@ -30,39 +30,13 @@ pub struct Serve {
 impl Serve {
     pub fn start(extra: &[&std::ffi::OsStr]) -> Serve {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(dir.path().join("leases.db"))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn serve");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).unwrap_or_else(|_| {
-                let st = child.try_wait();
-                panic!("serve did not print its listening line ({st:?})")
-            });
-            if let Some(rest) = line.strip_prefix("leaseagent serve: listening on ") {
-                let url = rest.split_whitespace().next().unwrap();
-                break url.split("://").nth(1).unwrap().to_string();
-            }
-        };
+        let mut args: Vec<std::ffi::OsString> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        args.extend(extra.iter().map(|a| a.to_os_string()));
+        let s = spawn_serve(&dir.path().join("leases.db"), &args);
         Serve {
-            child,
-            addr,
-            _stderr: rx,
+            child: s.child,
+            addr: s.addr,
+            _stderr: s.stderr,
             _dir: dir,
         }
     }

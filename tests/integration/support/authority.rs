@@ -14,6 +14,57 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
 }
 
+/// A `leaseagent serve` just started: the process, the `host:port` it
+/// printed in its listening line, and its stderr lines as they come (a
+/// thread drains the pipe, so serve never blocks on it).
+pub struct Spawned {
+    pub child: Child,
+    pub addr: String,
+    pub stderr: std::sync::mpsc::Receiver<String>,
+}
+
+/// Starts `leaseagent serve --db DB ARGS...` and waits (up to 30 s) for its
+/// listening line, whatever the scheme.
+pub fn spawn_serve(db: &Path, args: &[std::ffi::OsString]) -> Spawned {
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn leaseagent serve");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let addr = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+            let st = child.try_wait();
+            panic!("serve did not print its listening line ({st:?})")
+        });
+        if let Some(rest) = line.strip_prefix("leaseagent serve: listening on ") {
+            let url = rest.split_whitespace().next().unwrap();
+            break url.split("://").nth(1).unwrap().to_string();
+        }
+    };
+    Spawned {
+        child,
+        addr,
+        stderr: rx,
+    }
+}
+
 /// A running `leaseagent serve`.
 pub struct Server {
     pub child: Child,
@@ -31,40 +82,14 @@ impl Server {
 
     /// The same, with more `serve` flags.
     pub fn start_with(db: &Path, flags: &[&str]) -> Server {
-        let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-            .arg(db)
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn leaseagent serve");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx
-                .recv_timeout(left)
-                .expect("serve did not print its listening line in time");
-            if let Some(rest) = line.strip_prefix("leaseagent serve: listening on http://") {
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
+        let mut args: Vec<std::ffi::OsString> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        args.extend(flags.iter().map(Into::into));
+        let s = spawn_serve(db, &args);
         Server {
-            child,
-            addr,
+            child: s.child,
+            addr: s.addr,
             db: db.to_path_buf(),
-            _stderr: rx,
+            _stderr: s.stderr,
         }
     }
 
