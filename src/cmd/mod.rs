@@ -180,9 +180,13 @@ Example:
 
 /// `leaseagent token new` (and its help).
 fn token(args: &[OsString]) -> Command {
-    match args.first().and_then(|a| a.to_str()) {
-        Some("new") if args.len() == 1 => Command::TokenNew,
-        Some("--help" | "-h") => print(TOKEN_HELP),
+    let words: Vec<Option<&str>> = args.iter().map(|a| a.to_str()).collect();
+    match words.as_slice() {
+        [Some("new")] => Command::TokenNew,
+        [Some("--help" | "-h")] | [Some("new"), Some("--help" | "-h")] => print(TOKEN_HELP),
+        [Some("--version" | "-V")] | [Some("new"), Some("--version" | "-V")] => {
+            print(&format!("leaseagent token {}\n", env!("CARGO_PKG_VERSION")))
+        }
         _ => {
             eprintln!("leaseagent token: error: usage is `leaseagent token new`");
             Command::Exit(crate::exit::AGENT_FAILED)
@@ -261,6 +265,28 @@ mod tests {
             Command::Run(c) => Ok(c),
             Command::Exit(code) => Err(code),
             _ => Err(255),
+        }
+    }
+
+    #[test]
+    fn token_new_with_help_prints_help_and_anything_else_is_usage() {
+        let code = |args: &[&str]| match cmd(args, &no_env) {
+            Command::TokenNew => None,
+            Command::Exit(c) => Some(c),
+            _ => Some(255),
+        };
+        assert_eq!(code(&["token", "new"]), None);
+        for help in [
+            &["token", "--help"][..],
+            &["token", "-h"],
+            &["token", "new", "--help"],
+            &["token", "new", "-h"],
+            &["token", "new", "--version"],
+        ] {
+            assert_eq!(code(help), Some(0), "{help:?}");
+        }
+        for bad in [&["token"][..], &["token", "old"], &["token", "new", "x"]] {
+            assert_eq!(code(bad), Some(crate::exit::AGENT_FAILED), "{bad:?}");
         }
     }
 
