@@ -11,7 +11,7 @@
 set -euo pipefail
 RUNS=${1:-25}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-AGENT=${LEASEAGENT:-$ROOT/target/release/leaseagent}
+AGENT=${LEASEAGENT:-$ROOT/target/$(rustc -vV | sed -n 's/^host: //p')/release/leaseagent}
 command -v etcd >/dev/null || { echo "etcd missing: run .ci/install-etcd.sh" >&2; exit 1; }
 [ -x "$AGENT" ] || { echo "$AGENT missing: cargo build --release" >&2; exit 1; }
 

@@ -2,7 +2,7 @@
 //!
 //!     cargo bench --bench fleet                      # 10,000 agents, 10 s heartbeat, 20 s
 //!     FLEET_AGENTS=10000 FLEET_SECS=10 FLEET_HEARTBEAT_MS=1000 cargo bench --bench fleet
-//!     LEASEAGENT_BIN=target/release/leaseagent cargo bench --bench fleet
+//!     LEASEAGENT_BIN=target/x86_64-unknown-linux-gnu/release/leaseagent cargo bench --bench fleet
 //!
 //! FLEET_AGENTS simulated agents each open one keep-alive connection
 //! (spread over FLEET_IPS loopback source addresses 127.0.0.2.., as a fleet

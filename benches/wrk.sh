@@ -6,7 +6,7 @@ set -euo pipefail
 secs=${1:-5}
 conns=${2:-16}
 here=$(cd "$(dirname "$0")" && pwd)
-bin=${LEASEAGENT_BIN:-$here/../target/release/leaseagent}
+bin=${LEASEAGENT_BIN:-$here/../target/$(rustc -vV | sed -n 's/^host: //p')/release/leaseagent}
 dir=$(mktemp -d)
 pid=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }

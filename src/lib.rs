@@ -20,15 +20,18 @@ mod serve;
 mod sys;
 mod time;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 /// The `leaseagent` program: argv to the chosen part (`src/main.rs` calls
-/// this; not an API).
+/// this; not an API). `serve` is checked here and then runs as the server
+/// binary (`cmd::server`), so the agent's binary carries no server code.
 #[doc(hidden)]
 pub fn main() -> ExitCode {
-    match cmd::parse(std::env::args_os().collect()) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    match cmd::parse(argv.clone()) {
         cmd::Command::Run(cfg) => agent::main(cfg),
-        cmd::Command::Serve(a) => serve::main(a),
+        cmd::Command::Serve(_) => cmd::server::exec(argv.get(2..).unwrap_or_default()),
         cmd::Command::Publish(a) => cmd::publish::main(a),
         cmd::Command::Check(a) => cmd::check::main(a),
         cmd::Command::Leases(a) => cmd::operator::leases(a),
@@ -37,6 +40,21 @@ pub fn main() -> ExitCode {
         cmd::Command::TokenNew => serve::auth::token_new(),
         cmd::Command::Keeper(args) => keeper::main(args),
         cmd::Command::Exit(code) => ExitCode::from(code),
+    }
+}
+
+/// The `leaseagent-serve` program (`src/bin/leaseagent-serve.rs` calls
+/// this; not an API): `leaseagent-serve ARGS` is `leaseagent serve ARGS`,
+/// parsed by the same table, so help and errors read the same.
+#[doc(hidden)]
+pub fn serve_main() -> ExitCode {
+    let mut argv: Vec<OsString> = vec!["leaseagent".into(), "serve".into()];
+    argv.extend(std::env::args_os().skip(1));
+    match cmd::parse(argv) {
+        cmd::Command::Serve(a) => serve::main(a),
+        cmd::Command::Exit(code) => ExitCode::from(code),
+        // `parse` reads "serve" first and so builds nothing else.
+        _ => ExitCode::from(exit::AGENT_FAILED),
     }
 }
 

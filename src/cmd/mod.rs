@@ -17,6 +17,7 @@ mod defs;
 pub mod flags;
 pub mod operator;
 pub mod publish;
+pub mod server;
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -22,8 +22,8 @@
 #     is masked (journald and its sockets excepted, for `journalctl`), every
 #     enablement symlink of the machine is dropped, every generator masked, and
 #     systemd boots test.target, which wants nothing.
-# The binary under test is bound over /usr/local/bin/leaseagent (the path the
-# shipped units use), and the units of UNIT_DIR are installed verbatim.
+# The binaries under test are bound over /usr/local/bin/leaseagent (the path
+# the shipped units use) and /usr/local/bin/leaseagent-serve beside it, and the units of UNIT_DIR are installed verbatim.
 set -eu
 W="$1"
 NAME="$2"
@@ -51,8 +51,10 @@ mount --bind "$W/etc" /etc
 # directories below are covered, since the checkout (and so the binary, the
 # units and the work directory) may itself live under one of them.
 mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
-touch /usr/local/bin/leaseagent
+touch /usr/local/bin/leaseagent /usr/local/bin/leaseagent-serve
 mount --bind "$BIN" /usr/local/bin/leaseagent
+# `leaseagent serve` runs the server binary installed next to leaseagent.
+mount --bind "$(dirname "$BIN")/leaseagent-serve" /usr/local/bin/leaseagent-serve
 rm -rf "$W/units"
 cp -R "$UNITS" "$W/units"
 mkdir -p /mnt

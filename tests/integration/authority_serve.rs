@@ -558,3 +558,72 @@ fn max_leases_caps_live_leases_overall_and_a_release_makes_room() {
     let (s3, body) = acquire("cap-3");
     assert_eq!(s3, 200, "{body}");
 }
+
+#[test]
+fn serve_becomes_the_server_binary_in_the_same_process() {
+    // `leaseagent serve` checks its flags and then execs `leaseagent-serve`
+    // next to itself: the pid a supervisor (or systemd's MAINPID) holds is
+    // the server's own.
+    let (_d, p) = db();
+    let s = Server::start(&p);
+    let exe = std::fs::read_link(format!("/proc/{}/exe", s.child.id())).unwrap();
+    assert_eq!(
+        exe.file_name().unwrap(),
+        "leaseagent-serve",
+        "serve runs as {}",
+        exe.display()
+    );
+    assert_eq!(s.acquire("exec", "h", 5000).0, 200);
+}
+
+#[test]
+fn serve_without_its_server_binary_names_the_missing_file() {
+    // A leaseagent copied alone: usage is still checked, then the missing
+    // server binary is one clear line and exit 125, never a hang.
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("leaseagent");
+    std::fs::copy(support::authority::bin(), &lone).unwrap();
+    let out = std::process::Command::new(&lone)
+        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .arg(dir.path().join("l.db"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    let want = format!(
+        "leaseagent serve: error: cannot run the server binary {}",
+        dir.path().join("leaseagent-serve").display()
+    );
+    assert!(err.starts_with(&want), "{err}");
+    assert!(err.contains("installs both"), "{err}");
+    // Help and usage errors never need the server binary.
+    let help = std::process::Command::new(&lone)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    let bad = std::process::Command::new(&lone)
+        .args(["serve", "--bogus"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--bogus"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+#[test]
+fn the_server_binary_alone_takes_the_same_flags() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaseagent-serve"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let via_agent = std::process::Command::new(support::authority::bin())
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, via_agent.stdout);
+}
