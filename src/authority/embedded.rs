@@ -103,7 +103,7 @@ impl Authority for EmbeddedAuthority {
             Err(EngineError::HeldForOperator { holder, lease_id }) => {
                 Err(AcquireError::HeldForOperator { holder, lease_id })
             }
-            Err(EngineError::BadRequest(m)) => Err(AcquireError::Rejected(m)),
+            Err(EngineError::BadRequest(e)) => Err(AcquireError::Rejected(e.to_string())),
             Err(e) => Err(AcquireError::Transient(e.to_string())),
         }
     }
