@@ -274,7 +274,9 @@ impl AuthoritySpec {
     /// directory the contract names.
     pub fn default_local() -> Result<Self, String> {
         Ok(AuthoritySpec::Sqlite(
-            crate::sys::paths::state_dir()?.join("leases.sqlite3"),
+            crate::sys::paths::state_dir()
+                .map_err(|e| e.to_string())?
+                .join("leases.sqlite3"),
         ))
     }
 }
@@ -309,7 +311,7 @@ pub fn open(spec: &AuthoritySpec, files: &trust::TrustFiles) -> Result<Box<dyn A
         )),
         AuthoritySpec::Sqlite(path) => {
             // Its directory must be this user's alone; no symlinks followed.
-            crate::sys::paths::prepare_db_file(path)?;
+            crate::sys::paths::prepare_db_file(path).map_err(|e| e.to_string())?;
             Box::new(embedded::EmbeddedAuthority::new(path.clone()))
         }
     };
