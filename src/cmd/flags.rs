@@ -284,6 +284,9 @@ pub enum UsageError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The run path's flags parsed but do not make a valid run.
+    #[error(transparent)]
+    Run(#[from] crate::agent::config::ConfigError),
 }
 
 fn usage_error(msg: impl Into<String>) -> UsageError {

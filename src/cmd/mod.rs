@@ -100,7 +100,7 @@ fn print(s: &str) -> Command {
 /// The run path: flags into [`RawRun`], then validated.
 fn run(m: &mut Matches) -> Result<Command, UsageError> {
     let raw = raw_run(m)?;
-    raw.validate().map(Command::Run).map_err(UsageError::Words)
+    Ok(Command::Run(raw.validate()?))
 }
 
 /// What was typed on the run path, defaults and environment applied.
