@@ -9,9 +9,10 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use crate::authority::AuthoritySpec;
-use crate::authority::trust::TrustFiles;
-use crate::lease::ExpiryPolicy;
+use crate::authority::trust::{TrustFiles, TrustPairError};
+use crate::authority::{AuthorityFlagError, AuthoritySpec};
+use crate::lease::{ExpiryPolicy, NameError};
+use crate::time::duration::format;
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,14 +59,57 @@ pub struct RawRun {
     pub trust: TrustFiles,
 }
 
+/// Why the run path's flags do not make a valid run. Every message names
+/// the flag at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--task is required (or set LEASEAGENT_TASK)")]
+    NoTask,
+    #[error("--task: `{task}` {source}")]
+    Task {
+        task: String,
+        #[source]
+        source: NameError,
+    },
+    #[error(transparent)]
+    Authority(#[from] AuthorityFlagError),
+    #[error("--ttl must be at least 1ms")]
+    TtlTooShort,
+    #[error("--heartbeat must be above 0")]
+    ZeroHeartbeat,
+    #[error("--heartbeat ({}) must be below --ttl ({})", format(*heartbeat), format(*ttl))]
+    HeartbeatNotBelowTtl { heartbeat: Duration, ttl: Duration },
+    #[error(
+        "--grace ({}) must be below --ttl ({}): the command gets SIGTERM --grace before the lease's deadline",
+        format(*grace),
+        format(*ttl)
+    )]
+    GraceNotBelowTtl { grace: Duration, ttl: Duration },
+    #[error(transparent)]
+    Trust(#[from] TrustPairError),
+    #[error("--holder: {0}")]
+    Holder(#[source] NameError),
+    #[error("--on-expiry: `{0}` is not a policy; use redispatch, grace or hold")]
+    Policy(String),
+    #[error("--expiry-grace only goes with --on-expiry grace")]
+    ExpiryGraceWithoutGrace,
+    #[error("no command given: usage is leaseagent [OPTIONS] -- COMMAND [ARG...]")]
+    NoCommand,
+    #[error("--clock-drift: {0} ppm is more than {MAX_CLOCK_DRIFT_PPM} (10%)")]
+    ClockDrift(u32),
+}
+
 /// The protocol's task-name rule ([`crate::lease::check_task`]), naming the flag.
-pub fn validate_task(task: &str) -> Result<(), String> {
-    crate::lease::check_task(task).map_err(|e| format!("--task: `{task}` {e}"))
+pub fn validate_task(task: &str) -> Result<(), ConfigError> {
+    crate::lease::check_task(task).map_err(|source| ConfigError::Task {
+        task: task.to_string(),
+        source,
+    })
 }
 
 /// The protocol's holder rule ([`crate::lease::check_holder`]), naming the flag.
-pub fn validate_holder(holder: &str) -> Result<(), String> {
-    crate::lease::check_holder(holder).map_err(|e| format!("--holder: {e}"))
+pub fn validate_holder(holder: &str) -> Result<(), ConfigError> {
+    crate::lease::check_holder(holder).map_err(ConfigError::Holder)
 }
 
 /// `HOSTNAME/PID`.
@@ -76,60 +120,42 @@ pub fn default_holder() -> String {
 }
 
 impl RawRun {
-    pub fn validate(self) -> Result<RunConfig, String> {
-        let task = self
-            .task
-            .ok_or("--task is required (or set LEASEAGENT_TASK)")?;
+    pub fn validate(self) -> Result<RunConfig, ConfigError> {
+        let task = self.task.ok_or(ConfigError::NoTask)?;
         validate_task(&task)?;
         let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
         if ttl < Duration::from_millis(1) {
-            return Err("--ttl must be at least 1ms".into());
+            return Err(ConfigError::TtlTooShort);
         }
         let heartbeat = self.heartbeat.unwrap_or(ttl / 3);
         if heartbeat.is_zero() {
-            return Err("--heartbeat must be above 0".into());
+            return Err(ConfigError::ZeroHeartbeat);
         }
         if heartbeat >= ttl {
-            return Err(format!(
-                "--heartbeat ({}) must be below --ttl ({})",
-                crate::time::duration::format(heartbeat),
-                crate::time::duration::format(ttl)
-            ));
+            return Err(ConfigError::HeartbeatNotBelowTtl { heartbeat, ttl });
         }
         let grace = self.grace.unwrap_or(ttl / 6);
         if grace >= ttl {
-            return Err(format!(
-                "--grace ({}) must be below --ttl ({}): the command gets SIGTERM --grace before the lease's deadline",
-                crate::time::duration::format(grace),
-                crate::time::duration::format(ttl)
-            ));
+            return Err(ConfigError::GraceNotBelowTtl { grace, ttl });
         }
         self.trust.check_usage()?;
         let holder = self.holder.unwrap_or_else(default_holder);
         validate_holder(&holder)?;
-        let on_expiry = ExpiryPolicy::parse(&self.on_expiry).ok_or_else(|| {
-            format!(
-                "--on-expiry: `{}` is not a policy; use redispatch, grace or hold",
-                self.on_expiry
-            )
-        })?;
+        let on_expiry = ExpiryPolicy::parse(&self.on_expiry)
+            .ok_or_else(|| ConfigError::Policy(self.on_expiry.clone()))?;
         if self.expiry_grace.is_some() && on_expiry != ExpiryPolicy::Grace {
-            return Err("--expiry-grace only goes with --on-expiry grace".into());
+            return Err(ConfigError::ExpiryGraceWithoutGrace);
         }
         let expiry_grace = self.expiry_grace.unwrap_or(ttl);
         if self.command.is_empty() || self.command[0].is_empty() {
-            return Err(
-                "no command given: usage is leaseagent [OPTIONS] -- COMMAND [ARG...]".into(),
-            );
+            return Err(ConfigError::NoCommand);
         }
         let clock_drift_ppm = self
             .clock_drift_ppm
             .unwrap_or(crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM);
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
-            return Err(format!(
-                "--clock-drift: {clock_drift_ppm} ppm is more than {MAX_CLOCK_DRIFT_PPM} (10%)"
-            ));
+            return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }
         Ok(RunConfig {
             authority,
@@ -207,32 +233,54 @@ mod tests {
         assert!(c.holder.ends_with(&format!("/{}", std::process::id())));
     }
 
+    /// The message `raw()` changed by `f` is refused with.
+    fn refused(f: impl FnOnce(&mut RawRun)) -> String {
+        let mut r = raw();
+        f(&mut r);
+        r.validate().unwrap_err().to_string()
+    }
+
     #[test]
     fn errors_name_the_flag() {
-        let mut r = raw();
-        r.heartbeat = Some(Duration::from_secs(30));
-        assert!(r.validate().unwrap_err().starts_with("--heartbeat"));
-        let mut r = raw();
-        r.grace = Some(Duration::from_secs(31));
-        assert!(r.validate().unwrap_err().starts_with("--grace"));
-        let mut r = raw();
-        r.task = Some("a b".into());
-        assert!(r.validate().unwrap_err().starts_with("--task"));
-        let mut r = raw();
-        r.on_expiry = "never".into();
-        assert!(r.validate().unwrap_err().starts_with("--on-expiry"));
-        let mut r = raw();
-        r.authority = Some("ftp://x".into());
-        assert!(r.validate().unwrap_err().starts_with("--authority"));
-        let mut r = raw();
-        r.command.clear();
-        assert!(r.validate().unwrap_err().contains("no command"));
-        let mut r = raw();
-        r.task = None;
-        assert!(r.validate().unwrap_err().starts_with("--task"));
-        let mut r = raw();
-        r.clock_drift_ppm = Some(MAX_CLOCK_DRIFT_PPM + 1);
-        assert!(r.validate().unwrap_err().starts_with("--clock-drift"));
+        assert_eq!(
+            refused(|r| r.heartbeat = Some(Duration::from_secs(30))),
+            "--heartbeat (30s) must be below --ttl (30s)"
+        );
+        assert_eq!(
+            refused(|r| r.grace = Some(Duration::from_secs(31))),
+            "--grace (31s) must be below --ttl (30s): the command gets SIGTERM --grace before the lease's deadline"
+        );
+        assert_eq!(
+            refused(|r| r.task = Some("a b".into())),
+            "--task: `a b` contains ' '; task names use only A-Z a-z 0-9 . _ - : / @"
+        );
+        assert_eq!(
+            refused(|r| r.on_expiry = "never".into()),
+            "--on-expiry: `never` is not a policy; use redispatch, grace or hold"
+        );
+        assert!(
+            refused(|r| r.authority = Some("ftp://x".into())).starts_with("--authority: `ftp://x`")
+        );
+        assert_eq!(
+            refused(|r| r.command.clear()),
+            "no command given: usage is leaseagent [OPTIONS] -- COMMAND [ARG...]"
+        );
+        assert_eq!(
+            refused(|r| r.task = None),
+            "--task is required (or set LEASEAGENT_TASK)"
+        );
+        assert_eq!(
+            refused(|r| r.clock_drift_ppm = Some(MAX_CLOCK_DRIFT_PPM + 1)),
+            "--clock-drift: 100001 ppm is more than 100000 (10%)"
+        );
+        assert_eq!(
+            refused(|r| r.holder = Some("a\nb".into())),
+            "--holder: must be printable (no control characters)"
+        );
+        assert_eq!(
+            refused(|r| r.expiry_grace = Some(Duration::from_secs(1))),
+            "--expiry-grace only goes with --on-expiry grace"
+        );
     }
 
     #[test]

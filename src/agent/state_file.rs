@@ -91,9 +91,8 @@ impl StateWriter {
     /// [`crate::sys::paths::open_private_dir`]).
     pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
         use crate::sys::paths::{DirRule, open_private_dir};
-        let fd = open_private_dir(dir, DirRule::NotWritableByOthers).map_err(|e| {
-            std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())
-        })?;
+        let fd = open_private_dir(dir, DirRule::NotWritableByOthers)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
         Ok(Self::in_checked_dir(dir, fd))
     }
 

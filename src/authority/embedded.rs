@@ -29,16 +29,27 @@ impl EmbeddedAuthority {
         EmbeddedAuthority { path, engine: None }
     }
 
-    fn engine(&mut self, timeout: Duration) -> Result<&mut SharedEngine, String> {
-        if self.engine.is_none() {
-            let e = SharedEngine::open(&self.path, timeout)
-                .map_err(|e| format!("{}: {e}", self.url()))?;
-            self.engine = Some(e);
-        }
-        self.engine
-            .as_mut()
-            .ok_or_else(|| "embedded authority not open".to_string())
+    /// The handle's connection, opened on first use.
+    fn engine(&mut self, timeout: Duration) -> Result<&mut SharedEngine, NotOpened> {
+        let engine = match self.engine.take() {
+            Some(e) => e,
+            None => SharedEngine::open(&self.path, timeout).map_err(|source| NotOpened {
+                url: self.url(),
+                source,
+            })?,
+        };
+        Ok(self.engine.insert(engine))
     }
+}
+
+/// The database could not be opened (a transient failure: the next call
+/// tries again).
+#[derive(Debug, thiserror::Error)]
+#[error("{url}: {source}")]
+struct NotOpened {
+    url: String,
+    #[source]
+    source: EngineError,
 }
 
 fn renew_error(e: EngineError) -> RenewError {
@@ -85,7 +96,9 @@ impl Authority for EmbeddedAuthority {
         // A malformed request is rejected without touching the database.
         crate::engine::validate_acquire(&spec)
             .map_err(|e| AcquireError::Rejected(e.to_string()))?;
-        let engine = self.engine(timeout).map_err(AcquireError::Transient)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| AcquireError::Transient(e.to_string()))?;
         match engine.acquire(&spec, timeout) {
             Ok(g) => Ok(Grant {
                 lease_id: g.lease_id,
@@ -103,13 +116,15 @@ impl Authority for EmbeddedAuthority {
             Err(EngineError::HeldForOperator { holder, lease_id }) => {
                 Err(AcquireError::HeldForOperator { holder, lease_id })
             }
-            Err(EngineError::BadRequest(m)) => Err(AcquireError::Rejected(m)),
+            Err(EngineError::BadRequest(e)) => Err(AcquireError::Rejected(e.to_string())),
             Err(e) => Err(AcquireError::Transient(e.to_string())),
         }
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
-        let engine = self.engine(timeout).map_err(RenewError::Transient)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| RenewError::Transient(e.to_string()))?;
         engine
             .renew(&lease.lease_id, lease.token, "", timeout)
             .map(|ttl| Renewed {
@@ -125,19 +140,25 @@ impl Authority for EmbeddedAuthority {
         _exit_code: Option<i32>,
         timeout: Duration,
     ) -> Result<(), RenewError> {
-        let engine = self.engine(timeout).map_err(RenewError::Transient)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| RenewError::Transient(e.to_string()))?;
         engine
             .release(&lease.lease_id, lease.token, "", timeout)
             .map_err(renew_error)
     }
 
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| OperatorError::Failed(e.to_string()))?;
         engine.leases(timeout).map_err(operator_error)
     }
 
     fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| OperatorError::Failed(e.to_string()))?;
         engine
             .revoke(task, force, timeout)
             .map(|_| ())
@@ -145,7 +166,9 @@ impl Authority for EmbeddedAuthority {
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-        let engine = self.engine(timeout).map_err(OperatorError::Failed)?;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| OperatorError::Failed(e.to_string()))?;
         engine
             .clear(task, timeout)
             .map(|_| ())

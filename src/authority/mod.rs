@@ -199,11 +199,50 @@ pub enum AuthoritySpec {
     Sqlite(std::path::PathBuf),
 }
 
+/// Why an `--authority` value is not an authority URL. Each message
+/// quotes the URL with any `user:password@` part already removed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("`{0}` has no host")]
+    NoHost(String),
+    #[error("`{0}`: expected etcd://host:port[,host:port…]")]
+    EmptyEndpoint(String),
+    #[error("`{url}`: endpoint `{endpoint}` has no port")]
+    NoPort { url: String, endpoint: String },
+    #[error("`{0}`: expected sqlite:PATH")]
+    NoPath(String),
+    #[error(
+        "`{0}` is not an authority URL: expected http://…, https://…, etcd://host:port[,…], etcds://host:port[,…] or sqlite:PATH"
+    )]
+    UnknownScheme(String),
+}
+
+/// Why `--authority` (or its absence) names no authority.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthorityFlagError {
+    /// Not given, and the embedded default has no place to live.
+    #[error("--authority not given and {0}")]
+    NoDefault(#[source] crate::sys::paths::NoStateDir),
+    #[error("--authority: {0}")]
+    Url(#[source] UrlError),
+}
+
+/// Why [`open`] could not open the authority.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A trust flag's file is missing, loose or not what it should hold.
+    #[error(transparent)]
+    Trust(#[from] trust::TrustError),
+    /// The embedded database's file or directory is not safe to use.
+    #[error(transparent)]
+    Database(#[from] crate::sys::paths::PathError),
+}
+
 impl AuthoritySpec {
     /// Parses an `--authority` value. The error names what is wrong. A
     /// `user:password@` part is dropped (with a warning: credentials come
     /// from files, see `trust`) and never shown.
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub fn parse(url: &str) -> Result<Self, UrlError> {
         let redacted = trust::redact_url(url);
         if redacted != url {
             // Parsed before logging is set up: written directly, in the
@@ -218,7 +257,7 @@ impl AuthoritySpec {
             .or_else(|| s.strip_prefix("https://"))
         {
             if rest.is_empty() || rest.starts_with('/') {
-                return Err(format!("`{s}` has no host"));
+                return Err(UrlError::NoHost(s.to_string()));
             }
             return Ok(AuthoritySpec::Http(s.trim_end_matches('/').to_string()));
         }
@@ -233,11 +272,14 @@ impl AuthoritySpec {
                 .map(|e| e.trim().to_string())
                 .collect();
             if endpoints.iter().any(|e| e.is_empty()) {
-                return Err(format!("`{s}`: expected etcd://host:port[,host:port…]"));
+                return Err(UrlError::EmptyEndpoint(s.to_string()));
             }
             for e in &endpoints {
                 if !e.contains(':') {
-                    return Err(format!("`{s}`: endpoint `{e}` has no port"));
+                    return Err(UrlError::NoPort {
+                        url: s.to_string(),
+                        endpoint: e.clone(),
+                    });
                 }
             }
             return Ok(if tls {
@@ -249,30 +291,26 @@ impl AuthoritySpec {
         if let Some(path) = s.strip_prefix("sqlite:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
-                return Err(format!("`{s}`: expected sqlite:PATH"));
+                return Err(UrlError::NoPath(s.to_string()));
             }
             return Ok(AuthoritySpec::Sqlite(path.into()));
         }
-        Err(format!(
-            "`{s}` is not an authority URL: expected http://…, https://…, etcd://host:port[,…], etcds://host:port[,…] or sqlite:PATH"
-        ))
+        Err(UrlError::UnknownScheme(s.to_string()))
     }
 
     /// The authority an `--authority` value names (the flag parser has
     /// already applied `LEASEAGENT_AUTHORITY`): none or empty is the
     /// embedded default. Errors name the flag.
-    pub fn from_flag(flag: Option<&str>) -> Result<Self, String> {
+    pub fn from_flag(flag: Option<&str>) -> Result<Self, AuthorityFlagError> {
         match flag {
-            None | Some("") => {
-                Self::default_local().map_err(|e| format!("--authority not given and {e}"))
-            }
-            Some(url) => Self::parse(url).map_err(|e| format!("--authority: {e}")),
+            None | Some("") => Self::default_local().map_err(AuthorityFlagError::NoDefault),
+            Some(url) => Self::parse(url).map_err(AuthorityFlagError::Url),
         }
     }
 
     /// The default authority: the embedded SQLite database under the state
     /// directory the contract names.
-    pub fn default_local() -> Result<Self, String> {
+    pub fn default_local() -> Result<Self, crate::sys::paths::NoStateDir> {
         Ok(AuthoritySpec::Sqlite(
             crate::sys::paths::state_dir()?.join("leases.sqlite3"),
         ))
@@ -293,7 +331,10 @@ impl AuthoritySpec {
 /// Opens the authority a spec names, with the client trust the flags name
 /// (read and checked here, once; the error names the flag and the file),
 /// behind the checks every answer must pass ([`untrusted::Checked`]).
-pub fn open(spec: &AuthoritySpec, files: &trust::TrustFiles) -> Result<Box<dyn Authority>, String> {
+pub fn open(
+    spec: &AuthoritySpec,
+    files: &trust::TrustFiles,
+) -> Result<Box<dyn Authority>, OpenError> {
     let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
     let inner: Box<dyn Authority> = match spec {
         AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::with_trust(base, trust)),
@@ -334,9 +375,30 @@ mod tests {
             AuthoritySpec::parse("sqlite:/tmp/x.db").unwrap(),
             AuthoritySpec::Sqlite("/tmp/x.db".into())
         );
-        assert!(AuthoritySpec::parse("ftp://x").is_err());
-        assert!(AuthoritySpec::parse("etcd://a").is_err());
-        assert!(AuthoritySpec::parse("http://").is_err());
+        assert!(matches!(
+            AuthoritySpec::parse("ftp://x"),
+            Err(UrlError::UnknownScheme(_))
+        ));
+        assert_eq!(
+            AuthoritySpec::parse("etcd://a,b:1")
+                .unwrap_err()
+                .to_string(),
+            "`etcd://a,b:1`: endpoint `a` has no port"
+        );
+        assert_eq!(
+            AuthoritySpec::parse("etcds://a:1,,b:2")
+                .unwrap_err()
+                .to_string(),
+            "`etcds://a:1,,b:2`: expected etcd://host:port[,host:port…]"
+        );
+        assert_eq!(
+            AuthoritySpec::parse("http://").unwrap_err().to_string(),
+            "`http://` has no host"
+        );
+        assert_eq!(
+            AuthoritySpec::parse("sqlite:").unwrap_err().to_string(),
+            "`sqlite:`: expected sqlite:PATH"
+        );
         assert_eq!(
             AuthoritySpec::parse("etcds://u:pw@a:1,b:2").unwrap(),
             AuthoritySpec::Etcds(vec!["a:1".into(), "b:2".into()])
@@ -345,7 +407,12 @@ mod tests {
             AuthoritySpec::parse("https://u:pw@h:1/").unwrap(),
             AuthoritySpec::Http("https://h:1".into())
         );
-        let e = AuthoritySpec::parse("ftp://u:pw@h").unwrap_err();
-        assert!(!e.contains("pw"), "{e}");
+        let e = AuthoritySpec::parse("ftp://u:pw@h")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "`ftp://h` is not an authority URL: expected http://…, https://…, etcd://host:port[,…], etcds://host:port[,…] or sqlite:PATH"
+        );
     }
 }

@@ -67,17 +67,71 @@ pub struct TrustFiles {
     pub etcd_password_file: Option<PathBuf>,
 }
 
+/// A trust flag given without the one it pairs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TrustPairError {
+    #[error("--client-cert needs --client-key")]
+    CertWithoutKey,
+    #[error("--client-key needs --client-cert")]
+    KeyWithoutCert,
+    #[error("--etcd-user needs --etcd-password-file")]
+    UserWithoutPassword,
+    #[error("--etcd-password-file needs --etcd-user")]
+    PasswordWithoutUser,
+}
+
+/// Why the trust the flags name could not be built. Messages name the flag
+/// and the file, never a file's contents.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error(transparent)]
+    Pair(#[from] TrustPairError),
+    #[error("--etcd-user: empty user name")]
+    EmptyEtcdUser,
+    #[error("{flag} {}: {problem}", path.display())]
+    File {
+        flag: &'static str,
+        path: PathBuf,
+        #[source]
+        problem: FileProblem,
+    },
+}
+
+/// What is wrong with a file a trust flag names.
+#[derive(Debug, thiserror::Error)]
+pub enum FileProblem {
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotRegular,
+    /// A key, token or password file group or others may read.
+    #[error(
+        "refused: the file is readable by group or others (mode {:04o}); chmod 600 it",
+        mode & 0o7777
+    )]
+    Loose { mode: u32 },
+    #[error("no PEM certificate in the file")]
+    NoCertificate,
+    #[error("no PEM private key in the file")]
+    NoKey,
+    /// Holds where the text broke, not the bytes (they may be a secret).
+    #[error("not UTF-8 text")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    #[error("the first line is empty")]
+    EmptyFirstLine,
+}
+
 impl TrustFiles {
     /// Checks that need no file: pairs given together.
-    pub fn check_usage(&self) -> Result<(), String> {
+    pub fn check_usage(&self) -> Result<(), TrustPairError> {
         match (&self.client_cert, &self.client_key) {
-            (Some(_), None) => return Err("--client-cert needs --client-key".into()),
-            (None, Some(_)) => return Err("--client-key needs --client-cert".into()),
+            (Some(_), None) => return Err(TrustPairError::CertWithoutKey),
+            (None, Some(_)) => return Err(TrustPairError::KeyWithoutCert),
             _ => {}
         }
         match (&self.etcd_user, &self.etcd_password_file) {
-            (Some(_), None) => Err("--etcd-user needs --etcd-password-file".into()),
-            (None, Some(_)) => Err("--etcd-password-file needs --etcd-user".into()),
+            (Some(_), None) => Err(TrustPairError::UserWithoutPassword),
+            (None, Some(_)) => Err(TrustPairError::PasswordWithoutUser),
             _ => Ok(()),
         }
     }
@@ -143,7 +197,7 @@ impl ClientTrust {
     /// Reads and checks every file the flags name. `uses_tls`: the authority
     /// URL is https:// or etcds:// (only then are the system's roots read).
     /// The error names the flag and the file, never a file's contents.
-    pub fn load(files: &TrustFiles, uses_tls: bool) -> Result<Arc<ClientTrust>, String> {
+    pub fn load(files: &TrustFiles, uses_tls: bool) -> Result<Arc<ClientTrust>, TrustError> {
         files.check_usage()?;
         let roots = match &files.ca_file {
             Some(path) => {
@@ -168,7 +222,7 @@ impl ClientTrust {
         let etcd = match (&files.etcd_user, &files.etcd_password_file) {
             (Some(user), Some(path)) => {
                 if user.is_empty() {
-                    return Err("--etcd-user: empty user name".into());
+                    return Err(TrustError::EmptyEtcdUser);
                 }
                 Some(EtcdLogin {
                     user: user.clone(),
@@ -200,41 +254,41 @@ impl ClientTrust {
     }
 }
 
+/// A [`TrustError::File`] for the file `flag` names.
+fn file_error(flag: &'static str, path: &Path) -> impl Fn(FileProblem) -> TrustError {
+    move |problem| TrustError::File {
+        flag,
+        path: path.to_path_buf(),
+        problem,
+    }
+}
+
 /// Opens a file the flag names and refuses it if group or others may read
 /// it (`secret`), then reads it (bounded).
-fn read_file(flag: &str, path: &Path, secret: bool) -> Result<Vec<u8>, String> {
+fn read_file(flag: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>, TrustError> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
-    let shown = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("{flag} {shown}: {e}"))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{flag} {shown}: {e}"))?;
+    let fail = file_error(flag, path);
+    let io = |e| fail(FileProblem::Io(e));
+    let file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
-        return Err(format!("{flag} {shown}: not a regular file"));
+        return Err(fail(FileProblem::NotRegular));
     }
     let mode = meta.permissions().mode();
     if secret && mode & 0o044 != 0 {
-        return Err(format!(
-            "{flag} {shown}: refused: the file is readable by group or others (mode {:04o}); chmod 600 it",
-            mode & 0o7777
-        ));
+        return Err(fail(FileProblem::Loose { mode }));
     }
     let mut bytes = Vec::new();
-    file.take(FILE_LIMIT)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{flag} {shown}: {e}"))?;
+    file.take(FILE_LIMIT).read_to_end(&mut bytes).map_err(io)?;
     Ok(bytes)
 }
 
-fn read_certs(flag: &str, path: &Path) -> Result<Vec<Certificate<'static>>, String> {
+fn read_certs(flag: &'static str, path: &Path) -> Result<Vec<Certificate<'static>>, TrustError> {
     let bytes = read_file(flag, path, false)?;
     let certs = parse_certs(&bytes);
     if certs.is_empty() {
-        return Err(format!(
-            "{flag} {}: no PEM certificate in the file",
-            path.display()
-        ));
+        return Err(file_error(flag, path)(FileProblem::NoCertificate));
     }
     Ok(certs)
 }
@@ -248,26 +302,23 @@ fn parse_certs(bytes: &[u8]) -> Vec<Certificate<'static>> {
         .collect()
 }
 
-fn read_key(flag: &str, path: &Path) -> Result<PrivateKey<'static>, String> {
+fn read_key(flag: &'static str, path: &Path) -> Result<PrivateKey<'static>, TrustError> {
     let bytes = read_file(flag, path, true)?;
     ureq::tls::parse_pem(&bytes)
         .find_map(|item| match item {
             Ok(PemItem::PrivateKey(k)) => Some(k),
             _ => None,
         })
-        .ok_or_else(|| format!("{flag} {}: no PEM private key in the file", path.display()))
+        .ok_or_else(|| file_error(flag, path)(FileProblem::NoKey))
 }
 
-fn read_first_line(flag: &str, path: &Path) -> Result<Secret, String> {
+fn read_first_line(flag: &'static str, path: &Path) -> Result<Secret, TrustError> {
+    let fail = file_error(flag, path);
     let bytes = read_file(flag, path, true)?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| format!("{flag} {}: not UTF-8 text", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| fail(FileProblem::NotUtf8(e.utf8_error())))?;
     let line = text.lines().next().unwrap_or("").trim();
     if line.is_empty() {
-        return Err(format!(
-            "{flag} {}: the first line is empty",
-            path.display()
-        ));
+        return Err(fail(FileProblem::EmptyFirstLine));
     }
     Ok(Secret(line.to_string()))
 }
@@ -337,15 +388,18 @@ mod tests {
             client_cert: Some("c".into()),
             ..Default::default()
         };
-        assert!(f.check_usage().unwrap_err().contains("--client-key"));
+        assert_eq!(f.check_usage(), Err(TrustPairError::CertWithoutKey));
+        assert_eq!(
+            TrustPairError::CertWithoutKey.to_string(),
+            "--client-cert needs --client-key"
+        );
         let f = TrustFiles {
             etcd_user: Some("u".into()),
             ..Default::default()
         };
-        assert!(
-            f.check_usage()
-                .unwrap_err()
-                .contains("--etcd-password-file")
+        assert_eq!(
+            f.check_usage().unwrap_err().to_string(),
+            "--etcd-user needs --etcd-password-file"
         );
     }
 
@@ -361,8 +415,14 @@ mod tests {
             ..Default::default()
         };
         let e = ClientTrust::load(&files, false).unwrap_err();
-        assert!(e.contains("--auth-token-file") && e.contains(&p.display().to_string()));
-        assert!(!e.contains("s3cret"));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--auth-token-file {}: refused: the file is readable by group or others (mode 0640); chmod 600 it",
+                p.display()
+            )
+        );
+        assert!(!format!("{e:?}").contains("s3cret"));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let t = ClientTrust::load(&files, false).unwrap();
         assert_eq!(t.bearer_header().as_deref(), Some("Bearer s3cret"));

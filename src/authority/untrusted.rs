@@ -40,29 +40,37 @@ pub fn token_ok(token: u64) -> bool {
     (1..=MAX_TOKEN).contains(&token)
 }
 
+/// A part of an answer the agent does not believe.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("authority sent token {0}, outside 1..={MAX_TOKEN}")]
+    Token(u64),
+    /// Holds the id as sent; the message shows it escaped.
+    #[error(
+        "authority sent a malformed lease id \"{}\" (1 to {MAX_LEASE_ID} characters of A-Z a-z 0-9 . _ : / @ + = -)",
+        escape(.0)
+    )]
+    LeaseId(String),
+}
+
 /// Checks a token; the error names what was wrong.
-pub fn check_token(token: u64) -> Result<u64, String> {
+pub fn check_token(token: u64) -> Result<u64, Malformed> {
     if token_ok(token) {
         Ok(token)
     } else {
-        Err(format!(
-            "authority sent token {token}, outside 1..={MAX_TOKEN}"
-        ))
+        Err(Malformed::Token(token))
     }
 }
 
 /// Checks a lease id's length and characters; the error shows it escaped.
-pub fn check_lease_id(id: &str) -> Result<(), String> {
+pub fn check_lease_id(id: &str) -> Result<(), Malformed> {
     let chars_ok = id
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"._:/@+=-".contains(&b));
     if !id.is_empty() && id.len() <= MAX_LEASE_ID && chars_ok {
         Ok(())
     } else {
-        Err(format!(
-            "authority sent a malformed lease id \"{}\" (1 to {MAX_LEASE_ID} characters of A-Z a-z 0-9 . _ : / @ + = -)",
-            escape(id)
-        ))
+        Err(Malformed::LeaseId(id.to_string()))
     }
 }
 
@@ -86,7 +94,7 @@ impl Checked {
 /// A grant as the agent may believe it: token and lease id in range, ttl
 /// capped at the ask.
 fn check_grant(g: Grant, asked: Duration) -> Result<Grant, AcquireError> {
-    let malformed = |m: String| AcquireError::Transient(format!("malformed grant: {m}"));
+    let malformed = |m: Malformed| AcquireError::Transient(format!("malformed grant: {m}"));
     check_token(g.token).map_err(malformed)?;
     check_lease_id(&g.lease_id).map_err(malformed)?;
     Ok(Grant {
@@ -239,7 +247,10 @@ mod tests {
 
     #[test]
     fn tokens_out_of_range_are_refused() {
-        assert!(check_token(0).is_err());
+        assert_eq!(
+            check_token(0).unwrap_err().to_string(),
+            format!("authority sent token 0, outside 1..={MAX_TOKEN}")
+        );
         assert!(check_token(u64::MAX).is_err());
         assert!(check_token(MAX_TOKEN + 1).is_err());
         assert_eq!(check_token(1), Ok(1));
@@ -254,7 +265,10 @@ mod tests {
         assert!(check_lease_id("7c81baa3.1.etl/a.b_c:d@e").is_ok());
         assert!(check_lease_id("x\ny").is_err());
         assert!(check_lease_id("x y").is_err());
-        let msg = check_lease_id("\u{1b}[2J").unwrap_err();
-        assert!(!msg.contains('\u{1b}'));
+        let msg = check_lease_id("\u{1b}[2J").unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "authority sent a malformed lease id \"\\u{1b}[2J\" (1 to 256 characters of A-Z a-z 0-9 . _ : / @ + = -)"
+        );
     }
 }

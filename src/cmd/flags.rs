@@ -58,7 +58,6 @@
 //! line of its own, and `-h`/`-V` at the end of the last group.
 
 use std::ffi::OsString;
-use std::fmt;
 
 /// Help is wrapped to this many columns (the width clap used when the
 /// output is not a terminal).
@@ -268,12 +267,30 @@ impl CommandDef {
 }
 
 /// Wrong usage: the message names the flag (or argument) at fault.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    /// What was typed does not fit the command's table (unknown or repeated
+    /// flag, missing value or argument, stray argument, not UTF-8) or its
+    /// cross-flag rules. Kept as the finished message: each is built once,
+    /// where the fault is found, from the table's own names, and nothing
+    /// but the reader ever looks at it, so variants would only restate the
+    /// text.
+    #[error("{0}")]
+    Words(String),
+    /// A flag's value did not parse (a duration, a number, ...).
+    #[error("--{flag}: {source}")]
+    Value {
+        flag: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The run path's flags parsed but do not make a valid run.
+    #[error(transparent)]
+    Run(#[from] crate::agent::config::ConfigError),
+}
 
 fn usage_error(msg: impl Into<String>) -> UsageError {
-    UsageError(msg.into())
+    UsageError::Words(msg.into())
 }
 
 /// The low stage's answer.
@@ -531,10 +548,10 @@ impl Matches {
 
     /// A required flag's or a defaulted flag's value through `f` (always
     /// there once parsed; absent reads as "required").
-    pub fn get<T>(
+    pub fn get<T, E: Into<BoxError>>(
         &self,
         long: &str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, E>,
     ) -> Result<T, UsageError> {
         self.parse(long, f)?
             .ok_or_else(|| usage_error(format!("--{long} is required")))
@@ -547,24 +564,25 @@ impl Matches {
     }
 
     /// The flag's value through `f`; an error is prefixed with the flag.
-    pub fn parse<T>(
+    pub fn parse<T, E: Into<BoxError>>(
         &self,
         long: &str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, E>,
     ) -> Result<Option<T>, UsageError> {
         match self.string(long)? {
-            Some(s) => f(&s)
-                .map(Some)
-                .map_err(|e| usage_error(format!("--{long}: {e}"))),
+            Some(s) => f(&s).map(Some).map_err(|e| UsageError::Value {
+                flag: long.to_string(),
+                source: e.into(),
+            }),
             None => Ok(None),
         }
     }
 
     /// An optional-value flag: `None` absent, `Some(None)` without a value.
-    pub fn parse_optional<T>(
+    pub fn parse_optional<T, E: Into<BoxError>>(
         &self,
         long: &str,
-        f: impl Fn(&str) -> Result<T, String>,
+        f: impl Fn(&str) -> Result<T, E>,
     ) -> Result<Option<Option<T>>, UsageError> {
         match self.raw(long) {
             None => Ok(None),
@@ -604,18 +622,32 @@ fn utf8(long: &str, v: OsString) -> Result<String, UsageError> {
     })
 }
 
-/// The value as text, for [`Matches::get`].
-pub fn text(s: &str) -> Result<String, String> {
+/// What a value parser passed to [`Matches::parse`] may fail with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The value as text, for [`Matches::get`]: cannot fail.
+pub fn text(s: &str) -> Result<String, std::convert::Infallible> {
     Ok(s.to_string())
 }
 
+/// A value that is not a whole number of the flag's type.
+#[derive(Debug, thiserror::Error)]
+#[error("`{value}` is not a whole number: {source}")]
+pub struct NotANumber<E: std::error::Error + 'static> {
+    pub value: String,
+    #[source]
+    pub source: E,
+}
+
 /// A whole number, for [`Matches::parse`].
-pub fn number<T: std::str::FromStr>(s: &str) -> Result<T, String>
+pub fn number<T: std::str::FromStr>(s: &str) -> Result<T, NotANumber<T::Err>>
 where
-    T::Err: fmt::Display,
+    T::Err: std::error::Error + 'static,
 {
-    s.parse::<T>()
-        .map_err(|e| format!("`{s}` is not a whole number: {e}"))
+    s.parse::<T>().map_err(|source| NotANumber {
+        value: s.to_string(),
+        source,
+    })
 }
 
 /// `--help` of `def`, exactly as printed (ends with a newline). `env`
@@ -800,16 +832,20 @@ mod tests {
         None
     }
 
-    fn parse_t(args: &[&str]) -> Result<Matches, String> {
+    fn parse_t(args: &[&str]) -> Result<Matches, UsageError> {
         parse_env_t(args, &no_env)
     }
 
-    fn parse_env_t(args: &[&str], env: Env) -> Result<Matches, String> {
-        match parse(&T, &os(args), env) {
-            Ok(Parsed::Args(m)) => Ok(m),
-            Ok(other) => Err(format!("{other:?}")),
-            Err(e) => Err(e.0),
+    fn parse_env_t(args: &[&str], env: Env) -> Result<Matches, UsageError> {
+        match parse(&T, &os(args), env)? {
+            Parsed::Args(m) => Ok(m),
+            other => panic!("not arguments: {other:?}"),
         }
+    }
+
+    /// The message of a usage error, as printed.
+    fn msg(r: Result<Matches, UsageError>) -> String {
+        r.unwrap_err().to_string()
     }
 
     #[test]
@@ -836,34 +872,41 @@ mod tests {
 
     #[test]
     fn errors_name_the_flag() {
-        let e = parse_t(&["--listen", "a", "--bogus", "x"]).unwrap_err();
+        let e = msg(parse_t(&["--listen", "a", "--bogus", "x"]));
         assert_eq!(e, "unknown option --bogus (see leaseagent t --help)");
-        let e = parse_t(&["-x", "--listen", "a", "x"]).unwrap_err();
+        let e = msg(parse_t(&["-x", "--listen", "a", "x"]));
         assert_eq!(e, "unknown option -x (see leaseagent t --help)");
-        let e = parse_t(&["x", "--listen"]).unwrap_err();
+        let e = msg(parse_t(&["x", "--listen"]));
         assert_eq!(e, "--listen needs a value");
-        let e = parse_t(&["--listen", "a"]).unwrap_err();
+        let e = msg(parse_t(&["--listen", "a"]));
         assert_eq!(
             e,
             "<TASK> is required: usage is leaseagent t [OPTIONS] --listen <ADDR> <TASK>"
         );
-        let e = parse_t(&[]).unwrap_err();
+        let e = msg(parse_t(&[]));
         assert!(
             e.starts_with("--listen <ADDR> and <TASK> are required"),
             "{e}"
         );
-        let e = parse_t(&["--listen", "a", "x", "y"]).unwrap_err();
+        let e = msg(parse_t(&["--listen", "a", "x", "y"]));
         assert!(e.starts_with("unexpected argument `y`: usage is"), "{e}");
-        let e = parse_t(&["--listen", "a", "--json=1", "x"]).unwrap_err();
+        let e = msg(parse_t(&["--listen", "a", "--json=1", "x"]));
         assert_eq!(e, "--json takes no value (given `1`)");
-        let e = parse_t(&["--listen", "a", "--listen", "b", "x"]).unwrap_err();
+        let e = msg(parse_t(&["--listen", "a", "--listen", "b", "x"]));
         assert_eq!(e, "--listen given more than once (see leaseagent t --help)");
         let m = parse_t(&["--listen", "a", "--ttl", "5x", "x"]).unwrap();
         let e = m.parse("ttl", crate::time::duration::parse).unwrap_err();
-        assert!(e.0.starts_with("--ttl: `5x`"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "--ttl: `5x` has an unknown unit `x`: use ms, s, m or h"
+        );
+        assert!(matches!(e, UsageError::Value { .. }));
         let m = parse_t(&["--listen", "a", "--ttl", "q", "x"]).unwrap();
-        let e = m.parse::<u64>("ttl", number).unwrap_err();
-        assert!(e.0.starts_with("--ttl: `q` is not a whole number"), "{e}");
+        let e = m.parse::<u64, _>("ttl", number).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--ttl: `q` is not a whole number: invalid digit found in string"
+        );
     }
 
     #[test]
@@ -969,14 +1012,16 @@ mod tests {
             panic!("no args")
         };
         assert_eq!(m.string("task").unwrap().as_deref(), Some("b"));
-        let e = parse(&R, &os(&["--task", "t", "x"]), &no_env).unwrap_err();
+        let e = parse(&R, &os(&["--task", "t", "x"]), &no_env)
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.0.starts_with("unexpected argument `x`: the COMMAND goes after `--`"),
+            e.starts_with("unexpected argument `x`: the COMMAND goes after `--`"),
             "{e}"
         );
         let e = parse(&R, &os(&["--task", "t"]), &no_env).unwrap_err();
         assert_eq!(
-            e.0,
+            e.to_string(),
             "no COMMAND given: usage is leaseagent [OPTIONS] -- COMMAND"
         );
     }

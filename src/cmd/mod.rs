@@ -101,7 +101,7 @@ fn print(s: &str) -> Command {
 /// The run path: flags into [`RawRun`], then validated.
 fn run(m: &mut Matches) -> Result<Command, UsageError> {
     let raw = raw_run(m)?;
-    raw.validate().map(Command::Run).map_err(UsageError)
+    Ok(Command::Run(raw.validate()?))
 }
 
 /// What was typed on the run path, defaults and environment applied.
@@ -136,10 +136,21 @@ fn trust(m: &Matches) -> crate::authority::trust::TrustFiles {
     }
 }
 
+/// A `--clock-drift` value that is not a whole number of parts per million.
+#[derive(Debug, thiserror::Error)]
+#[error("`{value}` is not a whole number of parts per million")]
+struct NotPpm {
+    value: String,
+    #[source]
+    source: std::num::ParseIntError,
+}
+
 /// `--clock-drift`: a whole number of parts per million.
-fn ppm(s: &str) -> Result<u32, String> {
-    s.parse()
-        .map_err(|_| format!("`{s}` is not a whole number of parts per million"))
+fn ppm(s: &str) -> Result<u32, NotPpm> {
+    s.parse().map_err(|source| NotPpm {
+        value: s.to_string(),
+        source,
+    })
 }
 
 fn serve(m: &mut Matches) -> Result<Command, UsageError> {
@@ -157,12 +168,12 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         max_leases: m.parse("max-leases", number)?,
     };
     if args.tls_cert.is_some() != args.tls_key.is_some() {
-        return Err(UsageError(
+        return Err(UsageError::Words(
             "--tls-cert and --tls-key go together: give both or neither".into(),
         ));
     }
     if args.client_ca.is_some() && args.tls_cert.is_none() {
-        return Err(UsageError(
+        return Err(UsageError::Words(
             "--client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)".into(),
         ));
     }

@@ -50,10 +50,20 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Exit status when there is nothing to act on (no such lease, not held).
 pub const NOTHING_TO_DO: u8 = 1;
 
+/// Why an operator command has no authority to talk to.
+#[derive(Debug, thiserror::Error)]
+enum TargetError {
+    #[error(transparent)]
+    Flag(#[from] crate::authority::AuthorityFlagError),
+    #[error(transparent)]
+    Open(#[from] crate::authority::OpenError),
+}
+
 /// The authority an operator command talks to (any kind: each implements
 /// the operator methods of [`Authority`] or says it cannot).
-fn open_target(a: &AuthorityArg) -> Result<Box<dyn Authority>, String> {
-    crate::authority::open(&AuthoritySpec::from_flag(a.authority.as_deref())?, &a.trust)
+fn open_target(a: &AuthorityArg) -> Result<Box<dyn Authority>, TargetError> {
+    let spec = AuthoritySpec::from_flag(a.authority.as_deref())?;
+    Ok(crate::authority::open(&spec, &a.trust)?)
 }
 
 fn failed(cmd: &str, e: &OperatorError) -> ExitCode {

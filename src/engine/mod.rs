@@ -38,7 +38,7 @@ pub mod store;
 use std::error::Error;
 use std::sync::Arc;
 
-use crate::lease::{ExpiryPolicy, RefusalReason};
+use crate::lease::{ExpiryPolicy, NameError, RefusalReason};
 
 pub use crate::lease::{MAX_GRACE_MS, MAX_TTL_MS, MIN_TTL_MS};
 
@@ -103,7 +103,7 @@ pub enum EngineError {
     NotFound(String),
     /// The request is malformed (names the field).
     #[error("{0}")]
-    BadRequest(String),
+    BadRequest(#[from] RequestError),
     /// The next token of the sequence is not above a task's last token: the
     /// stored data is inconsistent, and granting could reuse a token.
     #[error("token sequence at {next} is not above task `{task}`'s last token {last}")]
@@ -138,32 +138,44 @@ pub fn chain(e: &dyn Error) -> String {
     s
 }
 
+/// A request field the protocol does not accept; the message names the
+/// field as it is spelled on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("`task` {0}")]
+    Task(#[source] NameError),
+    #[error("`holder` {0}")]
+    Holder(#[source] NameError),
+    #[error("`ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS} (got {0})")]
+    Ttl(u64),
+    #[error("`grace_ms` must be from 0 to {MAX_GRACE_MS} (got {0})")]
+    Grace(u64),
+    #[error("`on_expiry` must be one of redispatch, grace, hold (got {0:?})")]
+    Policy(String),
+}
+
 /// Checks a task name (the protocol's rule, [`crate::lease::check_task`]).
-pub fn validate_task(task: &str) -> Result<(), String> {
-    crate::lease::check_task(task).map_err(|e| format!("`task` {e}"))
+pub fn validate_task(task: &str) -> Result<(), RequestError> {
+    crate::lease::check_task(task).map_err(RequestError::Task)
 }
 
 /// Checks a holder (the protocol's rule, [`crate::lease::check_holder`]).
-pub fn validate_holder(holder: &str) -> Result<(), String> {
-    crate::lease::check_holder(holder).map_err(|e| format!("`holder` {e}"))
+pub fn validate_holder(holder: &str) -> Result<(), RequestError> {
+    crate::lease::check_holder(holder).map_err(RequestError::Holder)
 }
 
 /// Checks `ttl_ms` against the reference bounds.
-pub fn validate_ttl(ttl_ms: u64) -> Result<(), String> {
+pub fn validate_ttl(ttl_ms: u64) -> Result<(), RequestError> {
     if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
-        return Err(format!(
-            "`ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS} (got {ttl_ms})"
-        ));
+        return Err(RequestError::Ttl(ttl_ms));
     }
     Ok(())
 }
 
 /// Checks `grace_ms`.
-pub fn validate_grace(grace_ms: u64) -> Result<(), String> {
+pub fn validate_grace(grace_ms: u64) -> Result<(), RequestError> {
     if grace_ms > MAX_GRACE_MS {
-        return Err(format!(
-            "`grace_ms` must be from 0 to {MAX_GRACE_MS} (got {grace_ms})"
-        ));
+        return Err(RequestError::Grace(grace_ms));
     }
     Ok(())
 }
@@ -188,7 +200,39 @@ pub fn now_ms() -> u64 {
 }
 
 /// The expiry policy's wire name, or an error naming the field.
-pub fn parse_policy(s: &str) -> Result<ExpiryPolicy, String> {
-    ExpiryPolicy::parse(s)
-        .ok_or_else(|| format!("`on_expiry` must be one of redispatch, grace, hold (got {s:?})"))
+pub fn parse_policy(s: &str) -> Result<ExpiryPolicy, RequestError> {
+    ExpiryPolicy::parse(s).ok_or_else(|| RequestError::Policy(s.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_errors_name_the_wire_field() {
+        let msg = |r: Result<(), RequestError>| r.unwrap_err().to_string();
+        assert_eq!(
+            msg(validate_task("a b")),
+            "`task` contains ' '; task names use only A-Z a-z 0-9 . _ - : / @"
+        );
+        assert_eq!(
+            msg(validate_holder("")),
+            "`holder` must be 1 to 200 bytes long (it is 0)"
+        );
+        assert_eq!(
+            msg(validate_ttl(0)),
+            format!("`ttl_ms` must be from {MIN_TTL_MS} to {MAX_TTL_MS} (got 0)")
+        );
+        assert_eq!(
+            msg(validate_grace(MAX_GRACE_MS + 1)),
+            format!(
+                "`grace_ms` must be from 0 to {MAX_GRACE_MS} (got {})",
+                MAX_GRACE_MS + 1
+            )
+        );
+        assert_eq!(
+            parse_policy("never").unwrap_err().to_string(),
+            "`on_expiry` must be one of redispatch, grace, hold (got \"never\")"
+        );
+    }
 }

@@ -22,18 +22,52 @@ pub struct JobCgroup {
     parent: PathBuf,
 }
 
+/// Why the job gets no cgroup of its own (the tree walk is used instead).
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// `/proc/self/cgroup` or `/proc/self/mountinfo` could not be read.
+    #[error("{0}")]
+    Read(#[source] std::io::Error),
+    #[error("no cgroup v2 hierarchy")]
+    NoV2,
+    #[error("the keeper is in the root cgroup")]
+    InRoot,
+    #[error("cgroup v2 is not mounted")]
+    NotMounted,
+    /// Linux before 5.14.
+    #[error("{} has no cgroup.kill", dir.display())]
+    NoKill { dir: PathBuf },
+    #[error("cannot create {}: {source}", dir.display())]
+    Create {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The probe (in and back out) failed: not delegated to us.
+    #[error("cannot move into {}: {source}", dir.display())]
+    Move {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn read(file: &str) -> Result<String, CgroupError> {
+    std::fs::read_to_string(file).map_err(CgroupError::Read)
+}
+
 /// The keeper's own cgroup v2 directory, if cgroup v2 is mounted and we
 /// are in a non-root cgroup of it.
-fn own_dir() -> Result<PathBuf, String> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+fn own_dir() -> Result<PathBuf, CgroupError> {
+    let cg = read("/proc/self/cgroup")?;
     let path = cg
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("no cgroup v2 hierarchy")?;
+        .ok_or(CgroupError::NoV2)?;
     if path == "/" {
-        return Err("the keeper is in the root cgroup".into());
+        return Err(CgroupError::InRoot);
     }
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let info = read("/proc/self/mountinfo")?;
     for line in info.lines() {
         // id parent maj:min root mountpoint opts ... - fstype source opts
         let Some((left, right)) = line.split_once(" - ") else {
@@ -51,7 +85,7 @@ fn own_dir() -> Result<PathBuf, String> {
         };
         return Ok(Path::new(mount).join(rel.trim_start_matches('/')));
     }
-    Err("cgroup v2 is not mounted".into())
+    Err(CgroupError::NotMounted)
 }
 
 fn move_self(dir: &Path) -> std::io::Result<()> {
@@ -61,19 +95,24 @@ fn move_self(dir: &Path) -> std::io::Result<()> {
 impl JobCgroup {
     /// Makes the job's cgroup and checks the keeper can move in and out.
     /// `Err` says why there is none (the tree walk is used instead).
-    pub fn create() -> Result<Self, String> {
+    pub fn create() -> Result<Self, CgroupError> {
         let parent = own_dir()?;
         if !parent.join("cgroup.kill").exists() {
-            return Err(format!("{} has no cgroup.kill", parent.display()));
+            return Err(CgroupError::NoKill { dir: parent });
         }
         let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
-        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        if let Err(source) = std::fs::create_dir(&dir) {
+            return Err(CgroupError::Create { dir, source });
+        }
         let cg = JobCgroup { dir, parent };
-        if let Err(e) = cg.enter().and_then(|()| cg.leave()) {
+        if let Err(source) = cg.enter().and_then(|()| cg.leave()) {
             // Back where we were, or nowhere to kill ourselves from.
             let _ = cg.leave();
             cg.remove();
-            return Err(format!("cannot move into {}: {e}", cg.dir.display()));
+            return Err(CgroupError::Move {
+                dir: cg.dir.clone(),
+                source,
+            });
         }
         Ok(cg)
     }

@@ -12,7 +12,7 @@ use super::http::{Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::engine::batched::ServeEngine;
 use crate::engine::rules::AcquireSpec;
-use crate::engine::{CapScope, EngineError, parse_policy};
+use crate::engine::{CapScope, EngineError, RequestError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
 use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
 
@@ -33,6 +33,11 @@ fn error(code: ErrorCode, m: &str) -> Response {
 
 fn bad(m: impl Into<String>) -> Response {
     error(ErrorCode::BadRequest, &m.into())
+}
+
+/// A field the engine's rules refuse: 400, the message names the field.
+fn invalid(e: RequestError) -> Response {
+    bad(e.to_string())
 }
 
 fn object(body: &[u8]) -> Result<Obj, Response> {
@@ -81,7 +86,7 @@ fn opt_bool(o: &Obj, name: &str) -> Result<bool, Response> {
 
 fn task(o: &Obj) -> Result<String, Response> {
     let t = req_str(o, "task")?;
-    crate::engine::validate_task(t).map_err(bad)?;
+    crate::engine::validate_task(t).map_err(invalid)?;
     Ok(t.to_string())
 }
 
@@ -126,7 +131,7 @@ fn engine_error(e: EngineError) -> Response {
         }),
         EngineError::Refused(r) => refusal(r),
         EngineError::NotFound(m) => error(ErrorCode::NotFound, &m),
-        EngineError::BadRequest(m) => bad(m),
+        EngineError::BadRequest(e) => invalid(e),
         EngineError::NotOwner { .. } => forbidden(),
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
@@ -151,16 +156,16 @@ impl Api {
             return Err(forbidden());
         }
         let holder = req_str(&o, "holder")?.to_string();
-        crate::engine::validate_holder(&holder).map_err(bad)?;
+        crate::engine::validate_holder(&holder).map_err(invalid)?;
         let ttl_ms = req_u64(&o, "ttl_ms")?;
-        crate::engine::validate_ttl(ttl_ms).map_err(bad)?;
+        crate::engine::validate_ttl(ttl_ms).map_err(invalid)?;
         let policy = match field(&o, "on_expiry") {
             None => crate::lease::ExpiryPolicy::Redispatch,
-            Some(Value::String(s)) => parse_policy(s).map_err(bad)?,
+            Some(Value::String(s)) => parse_policy(s).map_err(invalid)?,
             Some(_) => return Err(bad("`on_expiry` must be a string")),
         };
         let grace_ms = opt_u64(&o, "grace_ms")?.unwrap_or(0);
-        crate::engine::validate_grace(grace_ms).map_err(bad)?;
+        crate::engine::validate_grace(grace_ms).map_err(invalid)?;
         let spec = AcquireSpec {
             task,
             principal: who.name.clone(),

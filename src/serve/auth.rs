@@ -147,6 +147,63 @@ pub fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// Why the auth file's text is not a list of principals.
+#[derive(Debug, thiserror::Error)]
+pub enum PrincipalsError {
+    /// Not TOML, or not the file's shape (unknown field, bad role, ...).
+    #[error("{0}")]
+    Toml(#[source] toml::de::Error),
+    /// The `n`th `[[principal]]` (from 1) is wrong.
+    #[error("principal {n} (`{name}`): {problem}")]
+    Principal {
+        n: usize,
+        name: String,
+        #[source]
+        problem: PrincipalProblem,
+    },
+}
+
+/// What is wrong with one principal of the auth file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PrincipalProblem {
+    #[error("`name` must be 1 to 128 printable characters")]
+    BadName,
+    #[error("the name is used twice")]
+    NameTwice,
+    #[error("`token_sha256` must be 64 hex digits")]
+    BadHash,
+    #[error("needs `token_sha256` or `cert_name`")]
+    NoCredential,
+    #[error("`cert_name` is empty")]
+    EmptyCertName,
+    #[error("`tasks` is empty (use [\"*\"] for all)")]
+    NoTasks,
+}
+
+/// Why the auth file could not be loaded; the message starts with its path.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFileError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Whoever can write the file can grant themselves any role.
+    #[error(
+        "{}: writable by group or others (mode {:o}); chmod go-w it",
+        path.display(),
+        mode & 0o7777
+    )]
+    Loose { path: PathBuf, mode: u32 },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: PrincipalsError,
+    },
+}
+
 /// The principals of one version of the auth file.
 #[derive(Debug, Default)]
 pub struct Principals {
@@ -155,37 +212,34 @@ pub struct Principals {
 
 impl Principals {
     /// Parses the file's text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, PrincipalsError> {
+        let raw: RawFile = toml::from_str(text).map_err(PrincipalsError::Toml)?;
         let mut list = Vec::new();
         for (n, p) in raw.principal.into_iter().enumerate() {
-            let at = format!("principal {} (`{}`)", n + 1, p.name);
+            let refuse = |problem| PrincipalsError::Principal {
+                n: n + 1,
+                name: p.name.clone(),
+                problem,
+            };
             if p.name.is_empty() || p.name.len() > 128 || p.name.chars().any(char::is_control) {
-                return Err(format!(
-                    "{at}: `name` must be 1 to 128 printable characters"
-                ));
+                return Err(refuse(PrincipalProblem::BadName));
             }
             if list.iter().any(|q: &Arc<Principal>| q.name == p.name) {
-                return Err(format!("{at}: the name is used twice"));
+                return Err(refuse(PrincipalProblem::NameTwice));
             }
             let token_sha256 = match &p.token_sha256 {
                 None => None,
-                Some(h) => Some(
-                    unhex32(h)
-                        .ok_or_else(|| format!("{at}: `token_sha256` must be 64 hex digits"))?,
-                ),
+                Some(h) => Some(unhex32(h).ok_or_else(|| refuse(PrincipalProblem::BadHash))?),
             };
             match (&token_sha256, &p.cert_name) {
-                (None, None) => {
-                    return Err(format!("{at}: needs `token_sha256` or `cert_name`"));
-                }
+                (None, None) => return Err(refuse(PrincipalProblem::NoCredential)),
                 (_, Some(c)) if c.is_empty() => {
-                    return Err(format!("{at}: `cert_name` is empty"));
+                    return Err(refuse(PrincipalProblem::EmptyCertName));
                 }
                 _ => {}
             }
             if p.tasks.is_empty() {
-                return Err(format!("{at}: `tasks` is empty (use [\"*\"] for all)"));
+                return Err(refuse(PrincipalProblem::NoTasks));
             }
             list.push(Arc::new(Principal {
                 name: p.name,
@@ -200,18 +254,24 @@ impl Principals {
     }
 
     /// Reads and parses the file, refusing one that others may write.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, AuthFileError> {
         use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let read = |source| AuthFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read)?;
         if meta.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{}: writable by group or others (mode {:o}); chmod go-w it",
-                path.display(),
-                meta.mode() & 0o7777
-            ));
+            return Err(AuthFileError::Loose {
+                path: path.to_path_buf(),
+                mode: meta.mode(),
+            });
         }
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Principals::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        Principals::parse(&text).map_err(|source| AuthFileError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// The principal a request speaks for: by its bearer token if it sends
@@ -250,7 +310,7 @@ pub struct Auth {
 }
 
 impl Auth {
-    pub fn open(path: Option<PathBuf>) -> Result<Self, String> {
+    pub fn open(path: Option<PathBuf>) -> Result<Self, AuthFileError> {
         let current = match &path {
             Some(p) => Principals::load(p)?,
             None => Principals::default(),
@@ -345,9 +405,18 @@ mod tests {
         let names = vec!["w1.example.org".to_string()];
         assert_eq!(p.identify(None, &names).unwrap().name, "w");
         assert!(p.identify(None, &[]).is_none());
-        assert!(
-            Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
-                .is_err()
+        let e = Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "principal 1 (`x`): needs `token_sha256` or `cert_name`"
+        );
+        let two = format!(
+            "{text}[[principal]]\nname = \"a\"\nrole = \"agent\"\ncert_name = \"c\"\ntasks = []\n"
+        );
+        assert_eq!(
+            Principals::parse(&two).unwrap_err().to_string(),
+            "principal 3 (`a`): the name is used twice"
         );
         assert!(
             Principals::parse(

@@ -50,9 +50,90 @@ pub struct ServeArgs {
 /// followed by `http://ADDR` or `https://ADDR`.
 pub const LISTENING: &str = "leaseagent serve: listening on ";
 
+/// Why `serve` could not start (or stopped listening): exit 125 with one
+/// line that names the flag or file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--tls-key {}: {source}", path.display())]
+    KeyMeta {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// As ssh refuses such keys; group-readable is allowed.
+    #[error(
+        "--tls-key {}: readable by others (mode {:o}); chmod o-r it",
+        path.display(),
+        mode & 0o7777
+    )]
+    KeyLoose { path: PathBuf, mode: u32 },
+    /// A PEM file (`--tls-cert`, `--tls-key`, `--client-ca`) unreadable or
+    /// malformed.
+    #[error("{flag} {}: {source}", path.display())]
+    Pem {
+        flag: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{flag} {}: no certificate in the file", path.display())]
+    NoCertificate { flag: &'static str, path: PathBuf },
+    #[error("TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    #[error("--client-ca {}: {source}", path.display())]
+    ClientCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("--client-ca {}: {source}", path.display())]
+    ClientVerifier {
+        path: PathBuf,
+        #[source]
+        source: rustls::server::VerifierBuilderError,
+    },
+    /// The certificate and the key do not go together (or are unusable).
+    #[error("--tls-cert/--tls-key: {0}")]
+    CertKey(#[source] rustls::Error),
+    #[error("--auth-file {0}")]
+    AuthFile(#[source] auth::AuthFileError),
+    #[error("--listen {listen}: {source}")]
+    Resolve {
+        listen: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--listen {listen}: no address")]
+    NoAddress { listen: String },
+    #[error(
+        "--listen {listen}: not a loopback address; serving a network needs --tls-cert, --tls-key and \
+         --auth-file (or --insecure-listen to accept the risk)"
+    )]
+    NotLoopback { listen: String },
+    #[error("{}: {source}", path.display())]
+    Database {
+        path: PathBuf,
+        #[source]
+        source: crate::engine::EngineError,
+    },
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("installing signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("starting the signal thread: {0}")]
+    SignalThread(#[source] std::io::Error),
+    /// Binding or accepting on the listen address failed.
+    #[error("--listen {listen}: {source}")]
+    Listen {
+        listen: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A configuration error: exit 125 with one line.
-fn usage(m: String) -> ExitCode {
-    eprintln!("leaseagent serve: error: {m}");
+fn usage(e: &ServeError) -> ExitCode {
+    eprintln!("leaseagent serve: error: {e}");
     ExitCode::from(crate::exit::AGENT_FAILED)
 }
 
@@ -69,73 +150,92 @@ fn raise_nofile() {
     }
 }
 
-fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
+    use rustls_pki_types::PrivateKeyDer;
     use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
     key_file_mode(key)?;
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
-    if chain.is_empty() {
-        return Err(format!(
-            "--tls-cert {}: no certificate in the file",
-            cert.display()
-        ));
-    }
-    let pkey = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let chain = read_certs("--tls-cert", cert)?;
+    let pkey = PrivateKeyDer::from_pem_file(key).map_err(pem_error("--tls-key", key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(ServeError::Tls)?;
     let builder = match &args.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
-            let certs = CertificateDer::pem_file_iter(ca)
-                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
-            for c in certs {
-                roots
-                    .add(c)
-                    .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
-            }
-            if roots.is_empty() {
-                return Err(format!(
-                    "--client-ca {}: no certificate in the file",
-                    ca.display()
-                ));
+            for c in read_certs("--client-ca", ca)? {
+                roots.add(c).map_err(|source| ServeError::ClientCa {
+                    path: ca.clone(),
+                    source,
+                })?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots),
                 provider,
             )
             .build()
-            .map_err(|e| format!("--client-ca {}: {e}", ca.display()))?;
+            .map_err(|source| ServeError::ClientVerifier {
+                path: ca.clone(),
+                source,
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config = builder
         .with_single_cert(chain, pkey)
-        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+        .map_err(ServeError::CertKey)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
+/// A [`ServeError::Pem`] for the file `flag` names.
+fn pem_error(
+    flag: &'static str,
+    path: &Path,
+) -> impl FnOnce(rustls_pki_types::pem::Error) -> ServeError {
+    move |source| ServeError::Pem {
+        flag,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Every certificate of the PEM file `flag` names; none is an error.
+fn read_certs(
+    flag: &'static str,
+    path: &Path,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, ServeError> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(pem_error(flag, path))?;
+    if certs.is_empty() {
+        return Err(ServeError::NoCertificate {
+            flag,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
 /// A private key readable by others is refused (as ssh refuses such keys);
 /// group-readable is allowed, for the common `root:ssl-cert 0640` setup.
-fn key_file_mode(path: &Path) -> Result<(), String> {
+fn key_file_mode(path: &Path) -> Result<(), ServeError> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|e| format!("--tls-key {}: {e}", path.display()))?;
+    let meta = std::fs::metadata(path).map_err(|source| ServeError::KeyMeta {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if meta.mode() & 0o004 != 0 {
-        return Err(format!(
-            "--tls-key {}: readable by others (mode {:o}); chmod o-r it",
-            path.display(),
-            meta.mode() & 0o7777
-        ));
+        return Err(ServeError::KeyLoose {
+            path: path.to_path_buf(),
+            mode: meta.mode(),
+        });
     }
     Ok(())
 }
@@ -148,12 +248,12 @@ pub fn main(args: ServeArgs) -> ExitCode {
             eprintln!("leaseagent serve: stopped");
             ExitCode::SUCCESS
         }
-        Err(m) => usage(m),
+        Err(e) => usage(&e),
     }
 }
 
 /// The server's lifecycle, one named step each.
-fn serve(args: &ServeArgs) -> Result<(), String> {
+fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let tls = tls_config(args)?;
     let auth = load_auth(args)?;
     let addr = listen_address(args, tls.is_some(), &auth)?;
@@ -164,44 +264,51 @@ fn serve(args: &ServeArgs) -> Result<(), String> {
     run(args, addr, tls, auth, engine, rt, stop_rx)
 }
 
-fn load_auth(args: &ServeArgs) -> Result<Arc<auth::Auth>, String> {
+fn load_auth(args: &ServeArgs) -> Result<Arc<auth::Auth>, ServeError> {
     auth::Auth::open(args.auth_file.clone())
         .map(Arc::new)
-        .map_err(|e| format!("--auth-file {e}"))
+        .map_err(ServeError::AuthFile)
 }
 
 /// Resolves `--listen` and applies the listen rule: anything but loopback
 /// needs TLS and an auth file, or `--insecure-listen`.
-fn listen_address(args: &ServeArgs, tls: bool, auth: &auth::Auth) -> Result<SocketAddr, String> {
+fn listen_address(
+    args: &ServeArgs,
+    tls: bool,
+    auth: &auth::Auth,
+) -> Result<SocketAddr, ServeError> {
+    let listen = || args.listen.clone();
     let addrs: Vec<SocketAddr> = args
         .listen
         .to_socket_addrs()
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?
+        .map_err(|source| ServeError::Resolve {
+            listen: listen(),
+            source,
+        })?
         .collect();
     let Some(addr) = addrs.first().copied() else {
-        return Err(format!("--listen {}: no address", args.listen));
+        return Err(ServeError::NoAddress { listen: listen() });
     };
     let secured = tls && auth.enabled();
     if !args.insecure_listen && !secured && addrs.iter().any(|a| !is_loopback(a.ip())) {
-        return Err(format!(
-            "--listen {}: not a loopback address; serving a network needs --tls-cert, --tls-key and \
-             --auth-file (or --insecure-listen to accept the risk)",
-            args.listen
-        ));
+        return Err(ServeError::NotLoopback { listen: listen() });
     }
     Ok(addr)
 }
 
-fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, String> {
+fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
     };
     ServeEngine::open_with(&args.db, limits)
         .map(Arc::new)
-        .map_err(|e| format!("{}: {e}", args.db.display()))
+        .map_err(|source| ServeError::Database {
+            path: args.db.clone(),
+            source,
+        })
 }
 
-fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
+fn build_runtime() -> Result<tokio::runtime::Runtime, ServeError> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -210,19 +317,19 @@ fn build_runtime() -> Result<tokio::runtime::Runtime, String> {
         .enable_io()
         .enable_time()
         .build()
-        .map_err(|e| format!("starting the runtime: {e}"))
+        .map_err(ServeError::Runtime)
 }
 
 /// A thread for SIGTERM/SIGINT (stop: the returned channel turns true) and
 /// SIGHUP (re-read the auth file).
-fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<bool>, String> {
+fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<bool>, ServeError> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGHUP,
     ])
-    .map_err(|e| format!("installing signal handlers: {e}"))?;
+    .map_err(ServeError::Signals)?;
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
@@ -236,7 +343,7 @@ fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<b
                 break;
             }
         })
-        .map_err(|e| format!("starting the signal thread: {e}"))?;
+        .map_err(ServeError::SignalThread)?;
     Ok(stop_rx)
 }
 
@@ -250,7 +357,7 @@ fn run(
     engine: Arc<ServeEngine>,
     rt: tokio::runtime::Runtime,
     stop_rx: tokio::sync::watch::Receiver<bool>,
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     let limits = http::Limits {
         max_connections: args.max_connections.max(1),
         max_per_peer: args.max_connections_per_peer.max(1),
@@ -275,7 +382,10 @@ fn run(
     });
     rt.shutdown_timeout(Duration::from_secs(1));
     engine.shutdown();
-    served.map_err(|e| format!("--listen {}: {e}", args.listen))
+    served.map_err(|source| ServeError::Listen {
+        listen: args.listen.clone(),
+        source,
+    })
 }
 
 fn is_loopback(ip: IpAddr) -> bool {
@@ -297,4 +407,43 @@ fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     sock.set_reuseaddr(true)?;
     sock.bind(addr)?;
     sock.listen(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn errors_name_the_flag_and_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let key = d.path().join("key.pem");
+        std::fs::write(&key, "").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            key_file_mode(&key).unwrap_err().to_string(),
+            format!(
+                "--tls-key {}: readable by others (mode 644); chmod o-r it",
+                key.display()
+            )
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(key_file_mode(&key).is_ok());
+        let e = read_certs("--client-ca", &key).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("--client-ca {}: no certificate in the file", key.display())
+        );
+        let auth = d.path().join("auth.toml");
+        std::fs::write(&auth, "").unwrap();
+        std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o664)).unwrap();
+        let e = ServeError::AuthFile(auth::Auth::open(Some(auth.clone())).err().unwrap());
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--auth-file {}: writable by group or others (mode 664); chmod go-w it",
+                auth.display()
+            )
+        );
+    }
 }

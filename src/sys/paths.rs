@@ -13,8 +13,14 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 
+/// Neither `LEASEAGENT_STATE_DIR` nor anything to derive a state directory
+/// from is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no state directory: set LEASEAGENT_STATE_DIR (or HOME)")]
+pub struct NoStateDir;
+
 /// The state directory (not created).
-pub fn state_dir() -> Result<PathBuf, String> {
+pub fn state_dir() -> Result<PathBuf, NoStateDir> {
     if let Some(d) = std::env::var_os("LEASEAGENT_STATE_DIR").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
     }
@@ -27,7 +33,7 @@ pub fn state_dir() -> Result<PathBuf, String> {
     if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(h).join(".local/state/leaseagent"));
     }
-    Err("no state directory: set LEASEAGENT_STATE_DIR (or HOME)".into())
+    Err(NoStateDir)
 }
 
 // ------------------------------------------------------------ files that cannot be fooled
@@ -46,19 +52,64 @@ pub fn state_dir() -> Result<PathBuf, String> {
 //   and there is no window between a check and a use.
 
 /// Why a private directory was refused.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("refusing directory {}: {why}", dir.display())]
 pub struct DirRefused {
     pub dir: PathBuf,
-    pub why: String,
+    #[source]
+    pub why: DirProblem,
 }
 
-impl std::fmt::Display for DirRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "refusing directory {}: {}", self.dir.display(), self.why)
-    }
+/// What is wrong with a directory [`open_private_dir`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DirProblem {
+    #[error("cannot create it: {0}")]
+    Create(#[source] std::io::Error),
+    /// `O_NOFOLLOW | O_DIRECTORY` failed: a planted link, or a file.
+    #[error("it is a symlink or not a directory")]
+    Symlink,
+    #[error("cannot open it: {0}")]
+    Open(#[source] rustix::io::Errno),
+    #[error("cannot stat it: {0}")]
+    Stat(#[source] rustix::io::Errno),
+    #[error("owned by uid {uid}, not by this user (uid {me})")]
+    NotOwned { uid: u32, me: u32 },
+    #[error("mode {mode:04o} lets other users write to it (chmod go-w)")]
+    Loose { mode: u32 },
+    /// The rule is [`DirRule::Exactly0700`].
+    #[error("mode {mode:04o}, expected 0700")]
+    NotPrivate { mode: u32 },
 }
 
-impl std::error::Error for DirRefused {}
+/// Why a path under a private directory cannot be used (see
+/// [`runtime_dir`] and [`prepare_db_file`]). A file's messages name it.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    #[error(transparent)]
+    NoStateDir(#[from] NoStateDir),
+    #[error(transparent)]
+    Dir(#[from] DirRefused),
+    #[error("{}: not a file name", path.display())]
+    NotAFile { path: PathBuf },
+    #[error("refusing {}: it is a symlink", path.display())]
+    Symlink { path: PathBuf },
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rustix::io::Errno,
+    },
+    #[error("{}: {source}", path.display())]
+    Stat {
+        path: PathBuf,
+        #[source]
+        source: rustix::io::Errno,
+    },
+    #[error("refusing {}: not a regular file", path.display())]
+    NotRegular { path: PathBuf },
+    #[error("refusing {}: owned by uid {uid}, not by this user (uid {me})", path.display())]
+    NotOwned { path: PathBuf, uid: u32, me: u32 },
+}
 
 /// How strict [`open_private_dir`] is about the mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +125,7 @@ pub enum DirRule {
 /// directory that was checked: use it (`*at` calls), not the path.
 pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused> {
     use std::os::unix::fs::DirBuilderExt;
-    let refused = |why: String| DirRefused {
+    let refused = |why: DirProblem| DirRefused {
         dir: dir.to_path_buf(),
         why,
     };
@@ -83,7 +134,7 @@ pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| refused(format!("cannot create it: {e}")))?;
+            .map_err(|e| refused(DirProblem::Create(e)))?;
     }
     let fd = rustix::fs::open(
         dir,
@@ -91,26 +142,21 @@ pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused
         Mode::empty(),
     )
     .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
-            refused("it is a symlink or not a directory".into())
-        }
-        e => refused(format!("cannot open it: {e}")),
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => refused(DirProblem::Symlink),
+        e => refused(DirProblem::Open(e)),
     })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| refused(format!("cannot stat it: {e}")))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| refused(DirProblem::Stat(e)))?;
     let me = rustix::process::geteuid().as_raw();
     if st.st_uid != me {
-        return Err(refused(format!(
-            "owned by uid {}, not by this user (uid {me})",
-            st.st_uid
-        )));
+        return Err(refused(DirProblem::NotOwned { uid: st.st_uid, me }));
     }
     let mode = st.st_mode & 0o7777;
     match rule {
-        DirRule::NotWritableByOthers if mode & 0o022 != 0 => Err(refused(format!(
-            "mode {mode:04o} lets other users write to it (chmod go-w)"
-        ))),
+        DirRule::NotWritableByOthers if mode & 0o022 != 0 => {
+            Err(refused(DirProblem::Loose { mode }))
+        }
         DirRule::Exactly0700 if mode & 0o777 != 0o700 => {
-            Err(refused(format!("mode {mode:04o}, expected 0700")))
+            Err(refused(DirProblem::NotPrivate { mode }))
         }
         _ => Ok(fd),
     }
@@ -145,12 +191,12 @@ pub fn create_temp(dir: &OwnedFd, prefix: &str, mode: u32) -> std::io::Result<(F
 /// The directory for lease state files (`leaseagent check`):
 /// `$XDG_RUNTIME_DIR/leaseagent` (the runtime dir is the user's own), else
 /// `STATE_DIR/run`. Both must be this user's, 0700.
-pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), String> {
+pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
     let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d).join("leaseagent"),
         None => state_dir()?.join("run"),
     };
-    let fd = open_private_dir(&dir, DirRule::Exactly0700).map_err(|e| e.to_string())?;
+    let fd = open_private_dir(&dir, DirRule::Exactly0700)?;
     Ok((dir, fd))
 }
 
@@ -158,15 +204,15 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), String> {
 /// this user, not writable by others; made 0700 if missing), and the file
 /// and its WAL/SHM companions are created 0600 without following symlinks
 /// if missing; an existing one must be a regular file owned by this user.
-pub fn prepare_db_file(path: &Path) -> Result<(), String> {
+pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
     let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(d) => d.to_path_buf(),
         None => PathBuf::from("."),
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| format!("{}: not a file name", path.display()))?;
-    let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers).map_err(|e| e.to_string())?;
+    let name = path.file_name().ok_or_else(|| PathError::NotAFile {
+        path: path.to_path_buf(),
+    })?;
+    let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers)?;
     let me = rustix::process::geteuid().as_raw();
     // The database is created here; SQLite makes its WAL and SHM files with
     // the database's mode, so those are only checked if they exist.
@@ -187,21 +233,32 @@ pub fn prepare_db_file(path: &Path) -> Result<(), String> {
         ) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) if !suffix.is_empty() => continue,
-            Err(rustix::io::Errno::LOOP) => {
-                return Err(format!("refusing {}: it is a symlink", shown.display()));
+            Err(rustix::io::Errno::LOOP) => return Err(PathError::Symlink { path: shown }),
+            Err(source) => {
+                return Err(PathError::Open {
+                    path: shown,
+                    source,
+                });
             }
-            Err(e) => return Err(format!("cannot open {}: {e}", shown.display())),
         };
-        let st = rustix::fs::fstat(&fd).map_err(|e| format!("{}: {e}", shown.display()))?;
+        let st = match rustix::fs::fstat(&fd) {
+            Ok(st) => st,
+            Err(source) => {
+                return Err(PathError::Stat {
+                    path: shown,
+                    source,
+                });
+            }
+        };
         if st.st_mode & 0o170000 != 0o100000 {
-            return Err(format!("refusing {}: not a regular file", shown.display()));
+            return Err(PathError::NotRegular { path: shown });
         }
         if st.st_uid != me {
-            return Err(format!(
-                "refusing {}: owned by uid {}, not by this user (uid {me})",
-                shown.display(),
-                st.st_uid
-            ));
+            return Err(PathError::NotOwned {
+                path: shown,
+                uid: st.st_uid,
+                me,
+            });
         }
     }
     Ok(())
@@ -221,12 +278,21 @@ mod tests {
         assert_eq!(mode, 0o700);
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = open_private_dir(&d, DirRule::NotWritableByOthers).unwrap_err();
-        assert!(e.to_string().contains("b"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "refusing directory {}: mode 0777 lets other users write to it (chmod go-w)",
+                d.display()
+            )
+        );
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&d, &link).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
         let e = open_private_dir(&link, DirRule::Exactly0700).unwrap_err();
-        assert!(e.why.contains("symlink"), "{e}");
+        assert!(matches!(e.why, DirProblem::Symlink), "{e}");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let e = open_private_dir(&d, DirRule::Exactly0700).unwrap_err();
+        assert_eq!(e.why.to_string(), "mode 0750, expected 0700");
     }
 
     #[test]
@@ -257,7 +323,10 @@ mod tests {
         let db2 = t.path().join("s/other.sqlite3");
         std::os::unix::fs::symlink(&victim, &db2).unwrap();
         let e = prepare_db_file(&db2).unwrap_err();
-        assert!(e.contains("symlink"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!("refusing {}: it is a symlink", db2.display())
+        );
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
     }
 }

@@ -2,41 +2,69 @@
 //! `2s`, `5m`, `1h`). No unit, an unknown unit, a fraction or an overflow is an
 //! error, so a typo can never silently become a different duration.
 
+use std::num::ParseIntError;
 use std::time::Duration;
 
-/// Parses a `DUR`. The error says what is wrong, without the flag name (the
-/// caller adds it).
-pub fn parse(s: &str) -> Result<Duration, String> {
+/// Why a `DUR` was refused. Each message quotes what was typed and says
+/// what a duration looks like, without the flag name (the caller adds it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// No digits first (empty, a bare unit, a sign).
+    #[error(
+        "`{0}` is not a duration: expected a whole number with a unit, like 250ms, 2s, 5m or 1h"
+    )]
+    NoNumber(String),
+    /// The digits do not fit a `u64`.
+    #[error("`{input}`: the number is too large")]
+    BadNumber {
+        input: String,
+        #[source]
+        source: ParseIntError,
+    },
+    /// A number alone: which unit was meant is a guess we do not make.
+    #[error("`{input}` has no unit: write {n}ms, {n}s, {n}m or {n}h")]
+    NoUnit { input: String, n: u64 },
+    /// Not one of `ms`, `s`, `m`, `h` (a fraction lands here too: `.5s`).
+    #[error("`{input}` has an unknown unit `{unit}`: use ms, s, m or h")]
+    UnknownUnit { input: String, unit: String },
+    /// The number fits, but not once in milliseconds.
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+}
+
+/// Parses a `DUR`.
+pub fn parse(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
-        return Err(format!(
-            "`{s}` is not a duration: expected a whole number with a unit, like 250ms, 2s, 5m or 1h"
-        ));
+        return Err(DurationError::NoNumber(s.to_string()));
     }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: the number is too large"))?;
+    let n: u64 = num.parse().map_err(|source| DurationError::BadNumber {
+        input: s.to_string(),
+        source,
+    })?;
     let ms_per_unit: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "" => {
-            return Err(format!(
-                "`{s}` has no unit: write {n}ms, {n}s, {n}m or {n}h"
-            ));
+            return Err(DurationError::NoUnit {
+                input: s.to_string(),
+                n,
+            });
         }
         other => {
-            return Err(format!(
-                "`{s}` has an unknown unit `{other}`: use ms, s, m or h"
-            ));
+            return Err(DurationError::UnknownUnit {
+                input: s.to_string(),
+                unit: other.to_string(),
+            });
         }
     };
     let ms = n
         .checked_mul(ms_per_unit)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
+        .ok_or_else(|| DurationError::TooLarge(s.to_string()))?;
     Ok(Duration::from_millis(ms))
 }
 
@@ -84,14 +112,49 @@ mod tests {
 
     #[test]
     fn refuses_bad_input() {
-        assert!(parse("10").unwrap_err().contains("no unit"));
-        assert!(parse("10d").unwrap_err().contains("unknown unit `d`"));
-        assert!(parse("1.5s").unwrap_err().contains("unknown unit"));
-        assert!(parse("s").is_err());
-        assert!(parse("").is_err());
-        assert!(parse("-1s").is_err());
-        assert!(parse("99999999999999999999s").is_err());
-        assert!(parse("18446744073709551615h").is_err());
+        assert!(matches!(
+            parse("10"),
+            Err(DurationError::NoUnit { n: 10, .. })
+        ));
+        assert!(matches!(
+            parse("1.5s"),
+            Err(DurationError::UnknownUnit { .. })
+        ));
+        assert!(matches!(parse("s"), Err(DurationError::NoNumber(_))));
+        assert!(matches!(parse(""), Err(DurationError::NoNumber(_))));
+        assert!(matches!(parse("-1s"), Err(DurationError::NoNumber(_))));
+        assert!(matches!(
+            parse("99999999999999999999s"),
+            Err(DurationError::BadNumber { .. })
+        ));
+        assert!(matches!(
+            parse("18446744073709551615h"),
+            Err(DurationError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn messages_quote_the_input_and_say_what_fits() {
+        let msg = |s: &str| parse(s).unwrap_err().to_string();
+        assert_eq!(msg("10"), "`10` has no unit: write 10ms, 10s, 10m or 10h");
+        assert_eq!(
+            msg(" 10d "),
+            "`10d` has an unknown unit `d`: use ms, s, m or h"
+        );
+        assert_eq!(
+            msg("s"),
+            "`s` is not a duration: expected a whole number with a unit, like 250ms, 2s, 5m or 1h"
+        );
+        assert_eq!(
+            msg("99999999999999999999s"),
+            "`99999999999999999999s`: the number is too large"
+        );
+        assert_eq!(
+            msg("18446744073709551615h"),
+            "`18446744073709551615h` is too large"
+        );
+        let e = parse("99999999999999999999s").unwrap_err();
+        assert!(std::error::Error::source(&e).is_some());
     }
 
     #[test]

@@ -129,16 +129,24 @@ struct Enqueued {
 }
 
 /// Why a keepalive did not extend the lease.
+#[derive(Debug, thiserror::Error)]
 enum KeepAliveError {
+    /// The lease is gone for good: a refusal.
+    #[error("{1}")]
     Gone(RefusalReason, String),
-    Transient(String),
+    /// The call failed; the lease may still be there.
+    #[error("etcd keepalive: {0}")]
+    Call(#[source] CallError),
+    /// etcd answered without a result: its error message, if any.
+    #[error("etcd keepalive: {}", .0.as_deref().unwrap_or("empty answer"))]
+    NoResult(Option<String>),
 }
 
 impl EtcdAuthority {
     /// Keeps the lease of the queued place (see `acquire_wait`) alive.
     /// `Ok(true)`: refreshed; `Ok(false)`: the place is gone and forgotten
     /// (the caller queues again); `Err`: transient, the place is kept.
-    fn refresh_queued(&mut self, lease: i64, deadline: Instant) -> Result<bool, String> {
+    fn refresh_queued(&mut self, lease: i64, deadline: Instant) -> Result<bool, KeepAliveError> {
         match self.keepalive(lease, deadline) {
             Ok(_) => {
                 if let Some(q) = self.queued.as_mut() {
@@ -151,7 +159,7 @@ impl EtcdAuthority {
                 self.queued = None;
                 Ok(false)
             }
-            Err(KeepAliveError::Transient(m)) => Err(m),
+            Err(e) => Err(e),
         }
     }
 
@@ -323,12 +331,9 @@ impl EtcdAuthority {
                     format!("etcd: {}", e.message),
                 ))
             }
-            Ok(KeepAliveStreamItem { error, .. }) => Err(KeepAliveError::Transient(format!(
-                "etcd keepalive: {}",
-                error
-                    .map(|e| e.message)
-                    .unwrap_or_else(|| "empty answer".into())
-            ))),
+            Ok(KeepAliveStreamItem { error, .. }) => {
+                Err(KeepAliveError::NoResult(error.map(|e| e.message)))
+            }
             Err(CallError::Status { status, .. }) if status.code == wire::GRPC_NOT_FOUND => {
                 Err(KeepAliveError::Gone(
                     RefusalReason::UnknownLease,
@@ -341,7 +346,7 @@ impl EtcdAuthority {
                         "etcd keepalive of lease {lease:x}: {e} (retried until the local deadline)"
                     );
                 }
-                Err(KeepAliveError::Transient(format!("etcd keepalive: {e}")))
+                Err(KeepAliveError::Call(e))
             }
         }
     }
@@ -511,7 +516,7 @@ impl EtcdAuthority {
         }
         if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
             self.refresh_queued(lease, Instant::now() + timeout)
-                .map_err(AcquireError::Transient)?;
+                .map_err(|e| AcquireError::Transient(e.to_string()))?;
         }
         Ok(())
     }
@@ -807,7 +812,7 @@ impl Authority for EtcdAuthority {
             Err(KeepAliveError::Gone(reason, message)) => {
                 return Err(RenewError::Refused { reason, message });
             }
-            Err(KeepAliveError::Transient(m)) => return Err(RenewError::Transient(m)),
+            Err(e) => return Err(RenewError::Transient(e.to_string())),
         };
         let renewed = Renewed {
             ttl: Duration::from_secs(ttl.unsigned_abs()),
