@@ -87,37 +87,11 @@ fn denied(status: u16) -> Option<&'static str> {
     ErrorCode::from_status(status).map(ErrorCode::as_str)
 }
 
-/// A call failure at acquire: trust problems are final. A call that failed
-/// without a named cause and without timing out may have reached a port of
-/// the other scheme (plain HTTP to a TLS port, or the reverse): probed once
-/// (at most a second) so the cause is named.
+/// A call failure at acquire: trust problems are final, including those
+/// only a probe can name (`transport::trust_failure`).
 fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
-    match f.trust {
-        Some(cause) => AcquireError::Trust(format!("{cause}: {}", f.message)),
-        None if !f.message.ends_with("timed out")
-            && super::transport::client_certificate_required(
-                base,
-                timeout.min(Duration::from_secs(1)),
-            ) =>
-        {
-            AcquireError::Trust(format!(
-                "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
-                f.message
-            ))
-        }
-        None if !f.message.ends_with("timed out")
-            && super::transport::other_scheme_answers(
-                base,
-                timeout.min(Duration::from_secs(1)),
-            ) =>
-        {
-            let hint = if base.starts_with("https://") {
-                "the port speaks plain HTTP, not TLS: use http://"
-            } else {
-                "the port speaks TLS: use https://"
-            };
-            AcquireError::Trust(format!("TLS: {} ({hint})", f.message))
-        }
+    match super::transport::trust_failure(base, &f, timeout) {
+        Some(named) => AcquireError::Trust(named),
         None => AcquireError::Transient(f.message),
     }
 }

@@ -30,9 +30,10 @@ fn call(
         timeout,
         limit,
     )
-    .map_err(|f| match f.trust {
-        Some(cause) => OperatorError::Failed(format!("{cause}: {}", f.message)),
-        None => OperatorError::Failed(f.message),
+    .map_err(|f| {
+        OperatorError::Failed(
+            super::transport::trust_failure(base, &f, timeout).unwrap_or(f.message),
+        )
     })?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }

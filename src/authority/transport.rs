@@ -131,6 +131,40 @@ pub fn call(
     Ok((status, body))
 }
 
+/// The trust cause of a call that gave no answer, worded for the user:
+/// the one the transport named, or, for a failure without a named cause
+/// that did not time out, the one a probe finds (at most a second): a
+/// server that asks for a client certificate we did not give (the
+/// handshake then fails as a reset or a broken pipe), or a port of the
+/// other scheme (plain HTTP to a TLS port, or the reverse). `None`: not a
+/// trust problem as far as can be told.
+pub fn trust_failure(base: &str, f: &Failure, timeout: Duration) -> Option<String> {
+    if let Some(cause) = f.trust {
+        return Some(format!("{cause}: {}", f.message));
+    }
+    if !matches!(f.kind, FailureKind::Connect | FailureKind::Other)
+        || f.message.ends_with("timed out")
+    {
+        return None;
+    }
+    let probe = timeout.min(Duration::from_secs(1));
+    if client_certificate_required(base, probe) {
+        return Some(format!(
+            "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
+            f.message
+        ));
+    }
+    if other_scheme_answers(base, probe) {
+        let hint = if base.starts_with("https://") {
+            "the port speaks plain HTTP, not TLS: use http://"
+        } else {
+            "the port speaks TLS: use https://"
+        };
+        return Some(format!("TLS: {} ({hint})", f.message));
+    }
+    None
+}
+
 /// Whether the server of `url` answers in the other scheme: for an
 /// `http://` URL, a TLS handshake (certificate not checked) and any HTTP
 /// answer; for an `https://` URL, any plain HTTP answer. Asked only after a
@@ -294,6 +328,11 @@ fn describe(url: &str, e: ureq::Error) -> Failure {
         Some("TLS") => format!(
             "{url}: {detail} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
         ),
+        // An alert the server sent is about our side: no client
+        // certificate, or one it does not accept.
+        Some(_) if detail.contains("received fatal alert") => format!(
+            "{url}: {detail} (the authority requires a client certificate it accepts: see --client-cert, --client-key)"
+        ),
         Some(_) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
         None => format!("{url}: {detail}"),
     };
@@ -357,6 +396,96 @@ mod tests {
 
     fn plain() -> ureq::Agent {
         agent(&ClientTrust::none())
+    }
+
+    /// A TLS server on loopback that requires a client certificate and
+    /// ends every handshake without one; it serves `conns` connections.
+    fn mtls_server(conns: usize) -> u16 {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+        let cert = CertificateDer::from(ck.cert.der().to_vec());
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.key_pair.serialize_der()));
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            std::sync::Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let config = std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(vec![cert], key)
+                .unwrap(),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for sock in listener.incoming().take(conns) {
+                let mut sock = sock.unwrap();
+                sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut conn = rustls::ServerConnection::new(config.clone()).unwrap();
+                while conn.is_handshaking() {
+                    if conn.complete_io(&mut sock).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        port
+    }
+
+    #[test]
+    fn an_unnamed_failure_against_a_server_wanting_a_client_certificate_is_named() {
+        // Under TLS 1.3 a server's refusal of a missing client certificate
+        // often reaches the client as a broken pipe or a reset: the probe
+        // names it, for the agent and the operator commands alike.
+        let port = mtls_server(1);
+        let url = format!("https://127.0.0.1:{port}");
+        let f = Failure {
+            kind: FailureKind::Connect,
+            trust: None,
+            message: format!("{url}/v1/leases: Broken pipe (os error 32)"),
+        };
+        let named = trust_failure(&url, &f, Duration::from_secs(5)).expect("named");
+        assert!(named.starts_with("certificate: "), "{named}");
+        assert!(named.contains("--client-cert"), "{named}");
+        // A timeout is not probed (it would only wait again), and a cause
+        // the transport named is kept as it is.
+        let timeout = Failure {
+            kind: FailureKind::Timeout,
+            ..f.clone()
+        };
+        assert_eq!(trust_failure(&url, &timeout, Duration::from_secs(5)), None);
+        let known = Failure {
+            kind: FailureKind::Trust,
+            trust: Some("certificate"),
+            message: "m".into(),
+        };
+        assert_eq!(
+            trust_failure(&url, &known, Duration::from_secs(5)).as_deref(),
+            Some("certificate: m")
+        );
+    }
+
+    #[test]
+    fn an_unnamed_failure_against_a_closed_port_stays_unnamed() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("https://127.0.0.1:{port}");
+        let f = Failure {
+            kind: FailureKind::Connect,
+            trust: None,
+            message: format!("{url}/v1/leases: Connection refused (os error 111)"),
+        };
+        assert_eq!(trust_failure(&url, &f, Duration::from_secs(2)), None);
     }
 
     #[test]

@@ -305,6 +305,19 @@ fn mutual_tls_agent_acquires_as_its_certificate_name() {
         let e = refused(c, &marker);
         assert!(e.contains("certificate"), "{e}");
     }
+    // The operator commands name the same cause (not a bare broken pipe or
+    // reset), and exit 125.
+    for _ in 0..3 {
+        let out = Command::new(bin())
+            .args(["leases", "--authority", &s.https(), "--ca-file"])
+            .arg(pki.path("ca.pem"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{e}");
+        assert!(e.contains("certificate"), "{e}");
+        assert!(e.contains("--client-cert"), "{e}");
+    }
 }
 
 #[test]
