@@ -227,13 +227,6 @@ pub fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
 }
 
 /// Polls `f` until it returns Some, or panics at the deadline.
-pub fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
+pub fn poll<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    super::poll_every(what, timeout, Duration::from_millis(25), f)
 }
