@@ -103,6 +103,18 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, then waits (up to 10 s) for serve to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        poll("serve to exit", Duration::from_secs(10), || {
+            self.child.try_wait().unwrap()
+        })
+    }
+
     /// kill -9, then start again on the same database (new port).
     pub fn crash_restart(&mut self) {
         self.kill9();
