@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use leaseagent::fence::sqlite::SqliteStore;
 use leaseagent::fence::{FenceError, FencedStore};
+use leaseagent_testkit::alive;
 
 const TTL_S: u64 = 3;
 
@@ -525,19 +526,6 @@ impl Report {
 fn signal(pid: u32, sig: rustix::process::Signal) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(p, sig);
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
     }
 }
 

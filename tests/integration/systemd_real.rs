@@ -4,7 +4,7 @@
 //! namespace's loopback, and runs `leaseagent@TASK.service` instances with
 //! a drop-in for short timings, the way a user would shorten them.
 
-use crate::support::sysns;
+use crate::support::{alive, sysns};
 
 use std::time::Duration;
 
@@ -52,19 +52,6 @@ fn boot(stage: &Stage) -> Systemd {
         std::thread::sleep(Duration::from_millis(50));
     }
     sd
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
-    }
 }
 
 fn cmdline(pid: i32) -> String {
