@@ -63,6 +63,22 @@ impl Dir {
     }
 }
 
+/// The job (clock-job.sh, recording to OUT) was gone before the authority
+/// could expire the lease: before its last renewal's receipt + the 2 s ttl.
+fn assert_job_gone_before_expiry(fake: &FakeAuthority, dir: &Dir) {
+    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
+    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
+    eprintln!(
+        "job gone {} ms before the authority could expire the lease",
+        (last_renewal + 2000) as i128 - (last_job) as i128
+    );
+    assert!(
+        last_job < last_renewal + 2000,
+        "job ran {} ms after the last renewal (ttl 2000 ms)",
+        last_job - last_renewal
+    );
+}
+
 #[test]
 fn a_stalled_stderr_does_not_delay_the_kill() {
     let fake = FakeAuthority::start();
@@ -95,17 +111,7 @@ fn a_stalled_stderr_does_not_delay_the_kill() {
         all_dead(&pids, T),
         "the job must die while stderr is still stalled"
     );
-    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
-    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
-    eprintln!(
-        "job gone {} ms before the authority could expire the lease",
-        (last_renewal + 2000) as i128 - (last_job) as i128
-    );
-    assert!(
-        last_job < last_renewal + 2000,
-        "job ran {} ms after the last renewal (ttl 2000 ms)",
-        last_job - last_renewal
-    );
+    assert_job_gone_before_expiry(&fake, &dir);
     // Now drain: the agent finishes and says what it could not write.
     let reader = std::thread::spawn(move || {
         let mut s = Vec::new();
@@ -262,17 +268,7 @@ fn a_stopped_keeper_does_not_keep_the_job_alive_nor_the_agent_spinning() {
     let err = stderr_of(&mut child);
     assert_eq!(status.and_then(|s| s.code()), Some(124), "{err}");
     assert!(all_dead(&pids, Duration::from_secs(1)), "{err}");
-    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
-    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
-    eprintln!(
-        "job gone {} ms before the authority could expire the lease",
-        (last_renewal + 2000) as i128 - (last_job) as i128
-    );
-    assert!(
-        last_job < last_renewal + 2000,
-        "job ran {} ms after the last renewal (ttl 2000 ms)",
-        last_job - last_renewal
-    );
+    assert_job_gone_before_expiry(&fake, &dir);
     assert!(err.contains("was not reported gone"), "{err}");
     // The group still holds the stopped keeper's unreaped children: not
     // provably empty, so the lease is left to expire.
