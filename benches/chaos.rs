@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use leaseagent::fence::sqlite::SqliteStore;
 use leaseagent::fence::{FenceError, FencedStore};
+use leaseagent_testkit::alive;
 
 const TTL_S: u64 = 3;
 
@@ -520,24 +521,27 @@ impl Report {
             println!("  VIOLATION {v}");
         }
     }
+
+    /// Drops the jobs of reaped attempts that are gone; one still there at
+    /// its deadline (attempt, pid file, deadline) is a violation.
+    fn check_jobs(&mut self, pending: &mut Vec<(String, PathBuf, Instant)>, now: Instant) {
+        pending.retain(|(attempt, pidfile, deadline)| {
+            if job_gone(pidfile) {
+                return false;
+            }
+            if now >= *deadline {
+                self.violations
+                    .push(format!("job of attempt {attempt} outlived its agent"));
+                return false;
+            }
+            true
+        });
+    }
 }
 
 fn signal(pid: u32, sig: rustix::process::Signal) {
     if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
         let _ = rustix::process::kill_process(p, sig);
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
     }
 }
 
@@ -750,18 +754,7 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
             }
         }
         // Jobs of reaped attempts must be gone by their deadline.
-        pending.retain(|(attempt, pidfile, deadline)| {
-            if job_gone(pidfile) {
-                return false;
-            }
-            if now >= *deadline {
-                report
-                    .violations
-                    .push(format!("job of attempt {attempt} outlived its agent"));
-                return false;
-            }
-            true
-        });
+        report.check_jobs(&mut pending, now);
         // The authority comes back; one that ended by itself is restarted.
         if let Some((i, t)) = auth_down_until {
             if now >= t {
@@ -870,18 +863,7 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
     let until = Instant::now() + Duration::from_secs(10);
     while !pending.is_empty() {
         let now = Instant::now();
-        pending.retain(|(attempt, pidfile, deadline)| {
-            if job_gone(pidfile) {
-                return false;
-            }
-            if now >= *deadline {
-                report
-                    .violations
-                    .push(format!("job of attempt {attempt} outlived its agent"));
-                return false;
-            }
-            true
-        });
+        report.check_jobs(&mut pending, now);
         if now >= until {
             break;
         }

@@ -133,18 +133,7 @@ pub fn revoke(
         task: task.to_string(),
         force,
     };
-    let (status, text) = call(
-        base,
-        trust,
-        "/v1/revoke",
-        Some(json(&body)?),
-        timeout,
-        BODY_LIMIT,
-    )?;
-    if status != 200 {
-        return Err(failure(status, &text));
-    }
-    Ok(())
+    post_expecting_200(base, trust, "/v1/revoke", &body, timeout)
 }
 
 pub fn clear(
@@ -156,14 +145,18 @@ pub fn clear(
     let body = ClearBody {
         task: task.to_string(),
     };
-    let (status, text) = call(
-        base,
-        trust,
-        "/v1/clear",
-        Some(json(&body)?),
-        timeout,
-        BODY_LIMIT,
-    )?;
+    post_expecting_200(base, trust, "/v1/clear", &body, timeout)
+}
+
+/// POSTs `body` to `path`: any answer but 200 is the authority's error.
+fn post_expecting_200(
+    base: &str,
+    trust: &ClientTrust,
+    path: &str,
+    body: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<(), OperatorError> {
+    let (status, text) = call(base, trust, path, Some(json(body)?), timeout, BODY_LIMIT)?;
     if status != 200 {
         return Err(failure(status, &text));
     }

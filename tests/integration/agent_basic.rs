@@ -238,9 +238,7 @@ fn sigterm_while_waiting_gives_up_without_starting_the_command() {
     let marker = dir.path().join("ran");
     let mut c = agent(&fake.url(), "wait-cancel");
     c.args(["--wait", "--", "touch"]).arg(&marker);
-    c.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    let mut child = c.spawn().unwrap();
+    let mut child = spawn(c);
     wait_for(T, || {
         (fake.requests_to("/v1/acquire").len() >= 2).then_some(())
     })

@@ -7,25 +7,12 @@ use crate::support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use support::*;
 
 const T: Duration = Duration::from_secs(60);
-
-fn spawn(mut c: Command) -> Child {
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
 
 /// Direct children of `pid` (from /proc).
 fn children_of(pid: i32) -> Vec<i32> {
@@ -76,6 +63,22 @@ impl Dir {
     }
 }
 
+/// The job (clock-job.sh, recording to OUT) was gone before the authority
+/// could expire the lease: before its last renewal's receipt + the 2 s ttl.
+fn assert_job_gone_before_expiry(fake: &FakeAuthority, dir: &Dir) {
+    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
+    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
+    eprintln!(
+        "job gone {} ms before the authority could expire the lease",
+        (last_renewal + 2000) as i128 - (last_job) as i128
+    );
+    assert!(
+        last_job < last_renewal + 2000,
+        "job ran {} ms after the last renewal (ttl 2000 ms)",
+        last_job - last_renewal
+    );
+}
+
 #[test]
 fn a_stalled_stderr_does_not_delay_the_kill() {
     let fake = FakeAuthority::start();
@@ -108,17 +111,7 @@ fn a_stalled_stderr_does_not_delay_the_kill() {
         all_dead(&pids, T),
         "the job must die while stderr is still stalled"
     );
-    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
-    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
-    eprintln!(
-        "job gone {} ms before the authority could expire the lease",
-        (last_renewal + 2000) as i128 - (last_job) as i128
-    );
-    assert!(
-        last_job < last_renewal + 2000,
-        "job ran {} ms after the last renewal (ttl 2000 ms)",
-        last_job - last_renewal
-    );
+    assert_job_gone_before_expiry(&fake, &dir);
     // Now drain: the agent finishes and says what it could not write.
     let reader = std::thread::spawn(move || {
         let mut s = Vec::new();
@@ -165,8 +158,7 @@ fn a_renewal_that_lowers_the_ttl_moves_the_deadline_down_and_republishes_it() {
         let d = v["deadline_boot_ms"].as_u64()? as u128;
         (d <= renewed_ms + 1000).then_some(d)
     });
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert!(
         published.is_some(),
         "state file kept the old deadline: {err}"
@@ -218,8 +210,8 @@ fn paused_across_the_deadline(i: usize) -> (Option<i32>, String) {
     );
     wait_for(T, || (boot_ms() >= granted + 3300).then_some(())).unwrap();
     kill(agent_pid, 18); // SIGCONT
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    (status.code(), stderr_of(&mut child))
+    let (status, err) = wait_agent(&mut child, T);
+    (status.code(), err)
 }
 
 #[test]
@@ -276,17 +268,7 @@ fn a_stopped_keeper_does_not_keep_the_job_alive_nor_the_agent_spinning() {
     let err = stderr_of(&mut child);
     assert_eq!(status.and_then(|s| s.code()), Some(124), "{err}");
     assert!(all_dead(&pids, Duration::from_secs(1)), "{err}");
-    let last_job = last_clock_record_ms(&dir.path("out")).expect("job recorded the clock");
-    let last_renewal = mono_to_boot_ms(fake.requests_to("/v1/renew").last().unwrap().mono_ns);
-    eprintln!(
-        "job gone {} ms before the authority could expire the lease",
-        (last_renewal + 2000) as i128 - (last_job) as i128
-    );
-    assert!(
-        last_job < last_renewal + 2000,
-        "job ran {} ms after the last renewal (ttl 2000 ms)",
-        last_job - last_renewal
-    );
+    assert_job_gone_before_expiry(&fake, &dir);
     assert!(err.contains("was not reported gone"), "{err}");
     // The group still holds the stopped keeper's unreaped children: not
     // provably empty, so the lease is left to expire.
@@ -309,8 +291,7 @@ fn a_killed_keeper_gets_the_group_killed_and_releases_only_an_empty_group() {
         all_dead(&pids, Duration::from_secs(5)),
         "the agent kills the group when its keeper dies"
     );
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(125), "{err}");
     assert!(err.contains("the keeper process died"), "{err}");
     let released = fake.requests_to("/v1/release");
@@ -325,26 +306,44 @@ fn a_killed_keeper_gets_the_group_killed_and_releases_only_an_empty_group() {
     }
 }
 
-#[test]
-fn a_sighup_during_acquire_does_not_reach_the_job_started_afterwards() {
-    let fake = FakeAuthority::start();
+/// An agent on `task` whose acquire the authority answers only after 1.5 s,
+/// running `script` (with OUT set) once granted, sent `sig` while the grant
+/// is on its way. Returns the agent's exit status and stderr.
+fn signalled_during_acquire(
+    fake: &FakeAuthority,
+    dir: &Dir,
+    task: &str,
+    script: &str,
+    sig: i32,
+) -> (std::process::ExitStatus, String) {
     fake.script(
         "/v1/acquire",
         vec![Reply::Delay(Duration::from_millis(1500))],
     );
-    let dir = Dir::new();
-    let mut c = agent(&fake.url(), "hup-acquire");
+    let mut c = agent(&fake.url(), task);
     c.env("OUT", dir.path("out"));
-    c.args(["--ttl", "30s", "--", "sh", "-c"])
-        .arg("echo started >> \"$OUT\"; sleep 1; echo done >> \"$OUT\"");
+    c.args(["--ttl", "30s", "--", "sh", "-c"]).arg(script);
     let mut child = spawn(c);
     wait_for(T, || {
         (!fake.requests_to("/v1/acquire").is_empty()).then_some(())
     })
     .expect("acquire sent");
-    kill(child.id() as i32, 1); // SIGHUP, while the grant is on its way
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    kill(child.id() as i32, sig);
+    wait_agent(&mut child, T)
+}
+
+#[test]
+fn a_sighup_during_acquire_does_not_reach_the_job_started_afterwards() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    // SIGHUP, while the grant is on its way.
+    let (status, err) = signalled_during_acquire(
+        &fake,
+        &dir,
+        "hup-acquire",
+        "echo started >> \"$OUT\"; sleep 1; echo done >> \"$OUT\"",
+        1,
+    );
     assert_eq!(status.code(), Some(0), "{err}");
     let out = std::fs::read_to_string(dir.path("out")).unwrap_or_default();
     assert!(out.contains("started") && out.contains("done"), "{out}");
@@ -353,23 +352,9 @@ fn a_sighup_during_acquire_does_not_reach_the_job_started_afterwards() {
 #[test]
 fn a_sigterm_during_acquire_releases_without_starting_the_command() {
     let fake = FakeAuthority::start();
-    fake.script(
-        "/v1/acquire",
-        vec![Reply::Delay(Duration::from_millis(1500))],
-    );
     let dir = Dir::new();
-    let mut c = agent(&fake.url(), "term-acquire");
-    c.env("OUT", dir.path("out"));
-    c.args(["--ttl", "30s", "--", "sh", "-c"])
-        .arg("echo started >> \"$OUT\"");
-    let mut child = spawn(c);
-    wait_for(T, || {
-        (!fake.requests_to("/v1/acquire").is_empty()).then_some(())
-    })
-    .expect("acquire sent");
-    kill(child.id() as i32, 15);
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) =
+        signalled_during_acquire(&fake, &dir, "term-acquire", "echo started >> \"$OUT\"", 15);
     assert_eq!(status.code(), Some(128 + 15), "{err}");
     assert!(
         !dir.path("out").exists(),

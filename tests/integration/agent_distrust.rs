@@ -10,6 +10,9 @@ use support::*;
 
 const T: Duration = Duration::from_secs(60);
 
+/// A 3 s lease renewed every second, with 500 ms of grace.
+const SHORT_LEASE: [&str; 6] = ["--ttl", "3s", "--heartbeat", "1s", "--grace", "500ms"];
+
 fn grant_body(token: &str, lease_id: &str, ttl_ms: u64) -> String {
     format!(
         r#"{{"lease_id": {}, "task": "{}", "token": {token}, "ttl_ms": {ttl_ms}}}"#,
@@ -29,17 +32,7 @@ fn a_ttl_above_the_ask_is_capped_at_the_ask() {
     );
     fake.set_renew(Reply::Blackhole);
     let mut c = agent(&fake.url(), "distrust");
-    c.args([
-        "--ttl",
-        "3s",
-        "--heartbeat",
-        "1s",
-        "--grace",
-        "500ms",
-        "--",
-        "sleep",
-        "1000",
-    ]);
+    c.args(SHORT_LEASE).args(["--", "sleep", "1000"]);
     let started = Instant::now();
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(124), "{}", out.stderr);
@@ -129,31 +122,16 @@ fn a_lease_lost_to_silence_ends_the_agent_without_waiting_on_a_release() {
     let dir = tempfile::tempdir().unwrap();
     let pids = dir.path().join("pids");
     let mut c = agent(&fake.url(), "distrust-silence");
-    c.args([
-        "--ttl",
-        "3s",
-        "--heartbeat",
-        "1s",
-        "--grace",
-        "500ms",
-        "--",
-        "sh",
-        "-c",
-    ])
-    .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
-    c.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    let mut child = c.spawn().unwrap();
+    c.args(SHORT_LEASE)
+        .args(["--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
+    let mut child = spawn(c);
     let job = wait_for(T, || read_pids(&pids).first().copied()).expect("job started");
     wait_for(T, || (!alive(job)).then_some(())).expect("job killed at the deadline");
     let died = Instant::now();
     let status = wait_exit(&mut child, T).expect("agent exits");
     let lingered = died.elapsed();
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        use std::io::Read;
-        let _ = e.read_to_string(&mut err);
-    }
+    let err = stderr_of(&mut child);
     assert_eq!(status.code(), Some(124), "{err}");
     // A release can only matter before the deadline: the agent waits on
     // one no longer than that (a blackholed release used to hold it for

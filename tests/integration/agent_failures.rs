@@ -5,7 +5,6 @@
 use crate::support;
 
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -56,20 +55,6 @@ impl Job {
     }
 }
 
-fn spawn(mut c: std::process::Command) -> Child {
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
-
 fn assert_all_gone(pids: &[i32], within: Duration) {
     let gone = wait_for(within, || pids.iter().all(|p| !exists(*p)).then_some(()));
     assert!(
@@ -91,8 +76,7 @@ fn refusal_stops_a_job_that_traps_sigterm_with_its_grandchildren() {
         "trap-term.sh",
     ));
     let pids = job.wait_ready();
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(124), "{err}");
     assert!(
         job.out_text().contains("got TERM"),
@@ -151,8 +135,7 @@ fn partition_run(task: &str, ignore_term: bool) -> (u128, u128, Option<i32>, Str
     })
     .expect("renewals flow");
     proxy.set(ProxyMode::Blackhole);
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     let pids = job.pids();
     assert_all_gone(&pids, Duration::from_secs(5));
     let last_job = last_clock_record_ms(&job.out()).expect("job recorded the clock");
@@ -218,8 +201,7 @@ fn refused_connections_for_less_than_ttl_minus_grace_do_not_stop_the_job() {
     assert!(pids.iter().all(|p| alive(*p)), "job must still run");
     assert!(!job.out_text().contains("got TERM"));
     kill(child.id() as i32, 15);
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(0), "{err}");
     assert!(
         err.contains("renewal failing") && err.contains("recovered"),
@@ -288,8 +270,7 @@ fn malformed_renewal_answers_are_not_renewals() {
         &["--ttl", "2s", "--heartbeat", "200ms", "--grace", "500ms"],
         "clock-job.sh",
     ));
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(124), "{err}");
     assert_all_gone(&job.pids(), Duration::from_secs(5));
     // No answer counted as a renewal: the job was gone by grant + ttl.
@@ -325,8 +306,7 @@ fn agent_paused_past_its_deadline_stops_the_job_right_after_sigcont() {
     fake.set_renew(Reply::Blackhole);
     kill(agent_pid, 18); // SIGCONT
     assert_all_gone(&pids, Duration::from_secs(2));
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(124), "{err}");
 }
 

@@ -17,15 +17,12 @@ const T: Duration = Duration::from_secs(60);
 
 /// Runs `args` as the user `nobody`; the test fails if that is impossible.
 fn as_nobody(args: &[&str]) {
-    let out = Command::new("runuser")
-        .args(["-u", "nobody", "--"])
-        .args(args)
-        .output()
-        .expect("runuser (util-linux) is needed: tests run as root with a user `nobody`");
-    assert!(
-        out.status.success(),
-        "as nobody: {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .args(args),
+        "runuser (util-linux) is needed: tests run as root with a user `nobody`",
+        format_args!("as nobody: {args:?}"),
     );
 }
 

@@ -85,20 +85,6 @@ fn assert_gone(pids: &[i32], within: Duration) {
     }
 }
 
-fn spawn(mut c: std::process::Command) -> Child {
-    c.stdout(Stdio::null()).stderr(Stdio::piped());
-    c.spawn().unwrap()
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
-
 #[test]
 fn escapees_die_when_the_command_ends_and_before_the_release() {
     let fake = FakeAuthority::start();
@@ -114,8 +100,7 @@ fn escapees_die_when_the_command_ends_and_before_the_release() {
         (groups.len() == 3).then_some(())
     });
     assert!(distinct.is_some(), "three different process groups");
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(0), "{err}");
     // Gone by the time the agent exited (it released after TreeGone).
     for &p in &pids {
@@ -138,8 +123,7 @@ fn escapees_die_when_the_lease_is_lost() {
         1000,
     ));
     let pids = e.escapees();
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(124), "{err}");
     for &p in &pids {
         assert!(!alive(p), "escapee {p} outlived the agent; {err}");
@@ -164,8 +148,7 @@ fn escapees_die_on_cancel() {
     let mut child = spawn(e.command(&fake.url(), "tree-cancel", &["--grace", "1s"], 1000));
     let pids = e.escapees();
     kill(child.id() as i32, 15);
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(143), "{err}");
     for &p in &pids {
         assert!(!alive(p), "escapee {p} outlived the agent; {err}");
@@ -290,8 +273,7 @@ fn a_lost_keeper_still_gets_the_group_killed_by_the_agent() {
     let (leader, pids) = e.leader_and_escapees();
     let keeper = keeper_of(child.id() as i32);
     kill(keeper, 9);
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     // Processes that left the group were re-parented to init, out of
     // anyone's reach (a documented limit): cleaned up here.
     for &p in &pids {
@@ -351,8 +333,7 @@ fn in_a_writable_cgroup_the_job_gets_its_own_and_cgroup_kill_takes_the_tree() {
     c.stdin(Stdio::null());
     let mut child = spawn(c);
     let pids = e.escapees();
-    let status = wait_exit(&mut child, T).expect("agent exits");
-    let err = stderr_of(&mut child);
+    let (status, err) = wait_agent(&mut child, T);
     let leftovers: Vec<_> = std::fs::read_dir(&cg)
         .unwrap()
         .flatten()

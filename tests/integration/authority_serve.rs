@@ -514,14 +514,7 @@ fn sigterm_shuts_down_cleanly() {
     let (_d, p) = db();
     let mut s = Server::start(&p);
     let (_, g) = s.acquire("t", "h", 30000);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let status = poll("serve to exit", Duration::from_secs(10), || {
-        s.child.try_wait().unwrap()
-    });
+    let status = s.terminate();
     assert!(status.success(), "{status:?}");
     // The grant survived: the next one is higher.
     let s2 = Server::start(&p);

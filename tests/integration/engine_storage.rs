@@ -216,14 +216,7 @@ fn serve_compacts_released_tasks_and_tokens_keep_rising_across_restarts() {
             assert_eq!(st, 200, "{body}");
         }
         // Releases are written without waiting: SIGTERM commits the queue.
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(s.child.id() as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = poll("serve to exit", Duration::from_secs(10), || {
-            s.child.try_wait().unwrap()
-        });
+        let status = s.terminate();
         assert!(status.success(), "{status:?}");
         let c = rusqlite::Connection::open(&s.db).unwrap();
         let rows: i64 = c

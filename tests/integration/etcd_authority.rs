@@ -3,7 +3,6 @@
 
 use crate::support;
 
-use std::io::Read;
 use std::time::{Duration, Instant};
 
 use leaseagent::testing::EtcdAuthority;
@@ -11,6 +10,7 @@ use leaseagent::testing::{
     AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
 };
 use support::etcd::{Etcd, etcdctl_lock, poll, read_rev};
+use support::stderr_of;
 
 const T: Duration = Duration::from_secs(3);
 
@@ -284,10 +284,7 @@ fn excludes_and_is_excluded_by_etcdctl_lock() {
     assert!(rev2 > g.token, "ETCD_LOCK_REV {rev2} !> token {}", g.token);
     std::fs::write(tmp2.path().join("release"), b"").unwrap();
     let status = lock.wait().unwrap();
-    let mut err = String::new();
-    if let Some(mut e) = lock.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
+    let err = stderr_of(&mut lock);
     assert!(status.success(), "etcdctl lock: {err}");
 }
 

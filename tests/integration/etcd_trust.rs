@@ -14,6 +14,7 @@ use leaseagent::testing::{
 };
 
 use crate::support::etcd::{Etcd, Secure, Tls, poll};
+use crate::support::stderr_of;
 use crate::support::tls::Pki;
 
 const USER: &str = "agent";
@@ -293,10 +294,7 @@ fn failover_across_a_tls_cluster_keeps_the_lease() {
     let status = poll(Duration::from_secs(40), "the agent", || {
         child.try_wait().ok().flatten()
     });
-    let mut e = String::new();
-    if let Some(mut err) = child.stderr.take() {
-        let _ = std::io::Read::read_to_string(&mut err, &mut e);
-    }
+    let e = stderr_of(&mut child);
     assert_eq!(status.code(), Some(0), "{e}");
     assert!(s.etcd.keys("jobs-f/").is_empty(), "key left");
 }

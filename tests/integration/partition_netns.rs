@@ -4,7 +4,7 @@
 //! expiry, a standby on another host takes over with a higher token, and the
 //! cut agent's late write is refused at the fenced sink once the link heals.
 
-use crate::support::netns;
+use crate::support::{alive, netns};
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -131,19 +131,6 @@ impl Scene {
             .unwrap()
             .code()
             .unwrap_or(-1)
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
     }
 }
 

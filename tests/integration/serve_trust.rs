@@ -40,6 +40,16 @@ impl Serve {
         }
     }
 
+    /// A serve on loopback that takes its principals from `auth`.
+    fn with_auth_file(auth: &Path) -> Serve {
+        Serve::start(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--auth-file",
+            auth.to_str().unwrap(),
+        ])
+    }
+
     /// Waits for a stderr line containing `needle`.
     fn stderr_line(&self, needle: &str) -> String {
         let deadline = Instant::now() + T;
@@ -348,17 +358,22 @@ fn roles_file(dir: &Path, extra: &str) -> PathBuf {
     write_file(dir, "auth.toml", &text, 0o600)
 }
 
+/// One more principal for `roles_file`: an agent for every task, by token.
+fn agent_principal(name: &str, token: &str) -> String {
+    format!(
+        "[[principal]]\nname = \"{name}\"\nrole = \"agent\"\ntoken_sha256 = \"{}\"\ntasks = [\"*\"]\n",
+        sha(token)
+    )
+}
+
 #[test]
 fn auth_file_roles_answer_401_and_403_as_specified() {
     let dir = tempfile::tempdir().unwrap();
     let auth = roles_file(dir.path(), "");
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::with_auth_file(&auth);
     let acq = |task: &str| format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
+    let acquire =
+        |tok: &str, task: &str| call(&s.addr, "POST", "/v1/acquire", Some(tok), &acq(task));
 
     // No credential, or an unknown one: 401 with WWW-Authenticate: Bearer.
     for tok in [None, Some("wrong")] {
@@ -375,29 +390,11 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
     assert_eq!(call(&s.addr, "GET", "/healthz", None, "").status, 200);
 
     // agent: acquire in scope; not out of scope; no revoke, no listing.
-    let a = call(
-        &s.addr,
-        "POST",
-        "/v1/acquire",
-        Some("agent-token"),
-        &acq("nightly-a"),
-    );
+    let a = acquire("agent-token", "nightly-a");
     assert_eq!(a.status, 200, "{a:?}");
-    let a = call(
-        &s.addr,
-        "POST",
-        "/v1/acquire",
-        Some("agent-token"),
-        &acq("etl/x/y"),
-    );
+    let a = acquire("agent-token", "etl/x/y");
     assert_eq!(a.status, 200, "{a:?}");
-    let a = call(
-        &s.addr,
-        "POST",
-        "/v1/acquire",
-        Some("agent-token"),
-        &acq("weekly"),
-    );
+    let a = acquire("agent-token", "weekly");
     assert_eq!(
         (a.status, a.body.clone()),
         (403, json!({"error": "forbidden"}))
@@ -429,13 +426,7 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
         call(&s.addr, "GET", "/metrics", Some("reader-token"), "").status,
         200
     );
-    let a = call(
-        &s.addr,
-        "POST",
-        "/v1/acquire",
-        Some("reader-token"),
-        &acq("etl/z"),
-    );
+    let a = acquire("reader-token", "etl/z");
     assert_eq!(a.status, 403);
 
     // operator: everything, and sees every lease (without lease ids).
@@ -456,12 +447,7 @@ fn auth_file_roles_answer_401_and_403_as_specified() {
 fn sighup_rereads_the_auth_file_and_keeps_the_old_one_if_bad() {
     let dir = tempfile::tempdir().unwrap();
     let auth = roles_file(dir.path(), "");
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::with_auth_file(&auth);
     // A keep-alive connection opened before the reload.
     let mut ka = TcpStream::connect(&s.addr).unwrap();
     ka.set_read_timeout(Some(T)).unwrap();
@@ -527,11 +513,16 @@ fn sighup_rereads_the_auth_file_and_keeps_the_old_one_if_bad() {
 fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
-    let out = Command::new(bin())
-        .args(["serve", "--listen", "0.0.0.0:0", "--db"])
-        .arg(&db)
-        .output()
-        .unwrap();
+    // `serve` on `listen` with `flags`, run to its end.
+    let serve = |listen: &str, flags: &[&str]| {
+        Command::new(bin())
+            .args(["serve", "--listen", listen, "--db"])
+            .arg(&db)
+            .args(flags)
+            .output()
+            .unwrap()
+    };
+    let out = serve("0.0.0.0:0", &[]);
     assert_eq!(out.status.code(), Some(125));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--listen"), "{err}");
@@ -539,17 +530,13 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
     // TLS without an auth file is not enough.
     let pki = Pki::new("ca");
     let (cert, key) = pki.leaf("server", &["localhost"], "localhost", true);
-    let out = Command::new(bin())
-        .args(["serve", "--listen", "0.0.0.0:0", "--db"])
-        .arg(&db)
-        .args([
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let tls = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let out = serve("0.0.0.0:0", &tls);
     assert_eq!(out.status.code(), Some(125));
     // With --insecure-listen, or TLS and an auth file, it serves.
     let s = Serve::start(&["--listen", "0.0.0.0:0", "--insecure-listen"]);
@@ -559,36 +546,15 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
         200
     );
     let auth = roles_file(dir.path(), "");
-    let _s = Serve::start(&[
-        "--listen",
-        "0.0.0.0:0",
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let mut flags = vec!["--listen", "0.0.0.0:0"];
+    flags.extend(tls);
+    flags.extend(["--auth-file", auth.to_str().unwrap()]);
+    let _s = Serve::start(&flags);
     // --tls-cert without --tls-key, and a key readable by others: 125.
-    let out = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(&db)
-        .args(["--tls-cert", cert.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = serve("127.0.0.1:0", &tls[..2]);
     assert_eq!(out.status.code(), Some(125));
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
-        .arg(&db)
-        .args([
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = serve("127.0.0.1:0", &tls);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key"));
 }
@@ -620,12 +586,7 @@ fn token_new_prints_a_random_token_and_its_sha256_line() {
         ),
         0o600,
     );
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::with_auth_file(&auth);
     let body = r#"{"task":"t","holder":"h","ttl_ms":5000}"#;
     assert_eq!(
         call(&s.addr, "POST", "/v1/acquire", Some(&tok), body).status,
@@ -939,17 +900,8 @@ fn a_dribbling_request_is_cut_off_but_an_idle_keep_alive_connection_stays() {
 #[test]
 fn a_lease_is_renewed_and_released_only_by_the_principal_that_acquired_it() {
     let dir = tempfile::tempdir().unwrap();
-    let extra = format!(
-        "[[principal]]\nname = \"batch-2\"\nrole = \"agent\"\ntoken_sha256 = \"{}\"\ntasks = [\"*\"]\n",
-        sha("agent-2")
-    );
-    let auth = roles_file(dir.path(), &extra);
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let auth = roles_file(dir.path(), &agent_principal("batch-2", "agent-2"));
+    let s = Serve::with_auth_file(&auth);
     let g = call(
         &s.addr,
         "POST",
@@ -1032,16 +984,11 @@ fn the_listing_is_paged_with_limit_and_after() {
 fn max_leases_in_the_auth_file_caps_a_principal_at_429() {
     let dir = tempfile::tempdir().unwrap();
     let extra = format!(
-        "[[principal]]\nname = \"small\"\nrole = \"agent\"\ntoken_sha256 = \"{}\"\ntasks = [\"*\"]\nmax_leases = 2\n",
-        sha("small-token")
+        "{}max_leases = 2\n",
+        agent_principal("small", "small-token")
     );
     let auth = roles_file(dir.path(), &extra);
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::with_auth_file(&auth);
     let acq = |task: &str, tok: &str| {
         let body = format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
         call(&s.addr, "POST", "/v1/acquire", Some(tok), &body)

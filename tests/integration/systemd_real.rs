@@ -4,7 +4,7 @@
 //! namespace's loopback, and runs `leaseagent@TASK.service` instances with
 //! a drop-in for short timings, the way a user would shorten them.
 
-use crate::support::sysns;
+use crate::support::{alive, sysns};
 
 use std::time::Duration;
 
@@ -54,19 +54,6 @@ fn boot(stage: &Stage) -> Systemd {
     sd
 }
 
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().next());
-            state != Some("Z") && state != Some("X")
-        }
-        Err(_) => false,
-    }
-}
-
 fn cmdline(pid: i32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
@@ -109,6 +96,30 @@ fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Starts `unit` (an instance of leaseagent@) and waits until its job wrote
+/// "ready" to /srv/out/INSTANCE.out.
+fn start_until_ready(sd: &Systemd, unit: &str) {
+    let instance = unit
+        .trim_start_matches("leaseagent@")
+        .trim_end_matches(".service");
+    sd.systemctl(&["start", unit]);
+    wait_until(LONG, "job ready", || {
+        sd.read(&format!("/srv/out/{instance}.out"))
+            .contains("ready")
+    });
+}
+
+/// `leaseagent leases --json` against the staged serve.
+fn leases_json(sd: &Systemd) -> String {
+    sd.text(&[
+        "leaseagent",
+        "leases",
+        "--json",
+        "--authority",
+        "http://127.0.0.1:7878",
+    ])
+}
+
 #[test]
 fn start_returns_once_the_job_runs_with_the_token_in_the_status() {
     let sd = boot(&stage());
@@ -133,13 +144,7 @@ fn start_returns_once_the_job_runs_with_the_token_in_the_status() {
         environ(job)
     );
     // The authority agrees.
-    let leases = sd.text(&[
-        "leaseagent",
-        "leases",
-        "--json",
-        "--authority",
-        "http://127.0.0.1:7878",
-    ]);
+    let leases = leases_json(&sd);
     assert!(leases.contains("\"demo\""), "{leases}");
     assert!(leases.contains(&format!("{token}")), "{leases}");
     // `systemctl status` shows it too.
@@ -151,10 +156,7 @@ fn start_returns_once_the_job_runs_with_the_token_in_the_status() {
 fn stop_gives_the_job_sigterm_and_ends_inactive_success() {
     let sd = boot(&stage());
     let unit = "leaseagent@demo.service";
-    sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || {
-        sd.read("/srv/out/demo.out").contains("ready")
-    });
+    start_until_ready(&sd, unit);
     let before = sd.cgroup_pids(unit);
     assert!(before.len() >= 3, "agent, keeper, job: {before:?}");
     sd.systemctl(&["stop", unit]);
@@ -176,13 +178,7 @@ fn stop_gives_the_job_sigterm_and_ends_inactive_success() {
         assert!(!alive(p), "{p} ({}) outlived the stop", cmdline(p));
     }
     // The lease was released: the task is free for anyone at once.
-    let leases = sd.text(&[
-        "leaseagent",
-        "leases",
-        "--json",
-        "--authority",
-        "http://127.0.0.1:7878",
-    ]);
+    let leases = leases_json(&sd);
     assert!(!leases.contains("\"demo\""), "lease left behind: {leases}");
 }
 
@@ -232,10 +228,7 @@ fn exit_75_is_not_restarted_but_a_lost_lease_is() {
 fn a_stopped_agent_is_killed_by_the_watchdog_with_its_job() {
     let sd = boot(&stage());
     let unit = "leaseagent@demo.service";
-    sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || {
-        sd.read("/srv/out/demo.out").contains("ready")
-    });
+    start_until_ready(&sd, unit);
     let agent = sd.main_pid(unit);
     let old = sd.cgroup_pids(unit);
     let job = job_pid(&sd, unit).unwrap();
@@ -262,10 +255,7 @@ fn sigkill_of_the_agent_leaves_nothing_in_the_cgroup() {
         "[Service]\nRestartSec=10min\n",
     ));
     let unit = "leaseagent@demo.service";
-    sd.systemctl(&["start", unit]);
-    wait_until(LONG, "job ready", || {
-        sd.read("/srv/out/demo.out").contains("ready")
-    });
+    start_until_ready(&sd, unit);
     let agent = sd.main_pid(unit);
     let old = sd.cgroup_pids(unit);
     assert!(old.len() >= 4, "agent, keeper, job, grandchild: {old:?}");

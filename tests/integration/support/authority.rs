@@ -103,6 +103,18 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, then waits (up to 10 s) for serve to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(self.child.id() as i32).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        poll("serve to exit", Duration::from_secs(10), || {
+            self.child.try_wait().unwrap()
+        })
+    }
+
     /// kill -9, then start again on the same database (new port).
     pub fn crash_restart(&mut self) {
         self.kill9();
@@ -227,13 +239,6 @@ pub fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
 }
 
 /// Polls `f` until it returns Some, or panics at the deadline.
-pub fn poll<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
+pub fn poll<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    super::poll_every(what, timeout, Duration::from_millis(25), f)
 }

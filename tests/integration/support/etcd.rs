@@ -395,15 +395,8 @@ impl Drop for Etcd {
 }
 
 /// Polls `f` until it gives `Some`, or panics with `what` after `timeout`.
-pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+pub fn poll<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    super::poll_every(what, timeout, Duration::from_millis(50), f)
 }
 
 /// Starts `etcdctl lock NAME sh -c ...` that writes ETCD_LOCK_REV to a file

@@ -72,15 +72,8 @@ pub fn read_tree_at_once(path: &Path, files: usize) -> Option<Vec<String>> {
 }
 
 /// Polls `f` until it returns `Some`, failing the test after `limit`.
-pub fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+pub fn poll<T>(what: &str, limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    super::poll_every(what, limit, Duration::from_millis(5), f)
 }
 
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T` stopped, `Z`...).

@@ -10,8 +10,10 @@ pub mod sysns;
 pub mod systemd;
 pub mod tls;
 
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 pub use leaseagent_testkit::*;
 
@@ -30,4 +32,55 @@ pub fn agent(authority: &str, task: &str) -> Command {
     c.env("RUST_LOG", "leaseagent=debug");
     c.stdin(Stdio::null());
     c
+}
+
+/// Starts `c` with stdout discarded and stderr piped, for `stderr_of`.
+pub fn spawn(mut c: Command) -> Child {
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    c.spawn().unwrap()
+}
+
+/// All that `child` wrote to its piped stderr (read to the end).
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
+}
+
+/// Waits for the agent `child` to exit (it must, within `within`), then
+/// reads its piped stderr: (exit status, stderr).
+pub fn wait_agent(child: &mut Child, within: Duration) -> (ExitStatus, String) {
+    let status = wait_exit(child, within).expect("agent exits");
+    (status, stderr_of(child))
+}
+
+/// Polls `f` every `every` until it returns `Some`, or panics with `what`
+/// after `timeout`.
+pub fn poll_every<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(every);
+    }
+}
+
+/// Runs `c` to its end: the test fails with `missing` if it cannot be
+/// started, and with `what` and its stderr if it does not succeed.
+pub fn run_ok(c: &mut Command, missing: &str, what: impl std::fmt::Display) {
+    let out = c.output().expect(missing);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -20,14 +20,10 @@ use std::time::{Duration, Instant};
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("`ip` (iproute2) must be installed: apt-get install iproute2");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::run_ok(
+        Command::new("ip").args(args),
+        "`ip` (iproute2) must be installed: apt-get install iproute2",
+        format_args!("ip {args:?}"),
     );
 }
 

@@ -25,15 +25,10 @@ pub struct Pki {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run openssl (apt-get install openssl)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::run_ok(
+        Command::new("openssl").current_dir(dir).args(args),
+        "run openssl (apt-get install openssl)",
+        format_args!("openssl {args:?}"),
     );
 }
 
