@@ -27,9 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
+use rustix::event::{PollFd, PollFlags};
 use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
-use rustix::process::{Pid, kill_process_group, test_kill_process_group};
+use rustix::process::{Pid, PidfdFlags, kill_process_group, test_kill_process_group};
 
 use crate::keeper::KEEPER_ARG;
 use crate::keeper::protocol::{Command as Ctl, Report};
@@ -225,19 +226,42 @@ impl Keeper {
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally
-    /// nothing, then exits), and reaps it (bounded).
+    /// nothing, then exits), and reaps it (bounded). Waits on the keeper's
+    /// pidfd, which becomes readable when it exits, so the agent ends the
+    /// moment the keeper does (a sleep-and-retry loop cost up to its period
+    /// on every run).
     pub fn finish(mut self, within: Duration) {
         if let Some(mut ctl) = self.ctl.take() {
             let _ = ctl.write_all(&[Ctl::Done.to_byte()]);
         }
         let until = Instant::now() + within;
+        let pidfd = i32::try_from(self.child.id())
+            .ok()
+            .and_then(Pid::from_raw)
+            .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) | Err(_) => return,
+                Ok(None) => {}
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 // Left running: it keeps killing what is left of the tree
                 // and exits when it is gone.
-                Ok(None) if Instant::now() >= until => return,
-                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                return;
+            }
+            match &pidfd {
+                Some(fd) => {
+                    let timeout = rustix::event::Timespec {
+                        tv_sec: left.as_secs() as i64,
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    };
+                    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                    // Ready, timed out or interrupted: `try_wait` decides.
+                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
+                }
+                // No pidfd (a kernel before 5.3): bounded retries.
+                None => std::thread::sleep(left.min(Duration::from_millis(2))),
             }
         }
     }
