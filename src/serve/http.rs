@@ -430,13 +430,17 @@ impl Server {
 
 /// Accepts connections until `shutdown` turns true, then asks open
 /// connections to finish their current request and waits up to `drain`.
+/// Connections are dealt out to the event `loops` in turn (see
+/// `super::loops`); each is registered with its loop's own reactor.
 pub async fn run(
     listener: TcpListener,
     server: Arc<Server>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
+    loops: &[tokio::runtime::Handle],
 ) {
     let tasks = tokio_util_lite::TaskCount::default();
+    let mut turn = 0usize;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -452,12 +456,28 @@ pub async fn run(
             }
         };
         let slot = server.peers.admit(peer.ip(), &server.limits);
+        // Off the accepting reactor, onto the serving loop's.
+        let tcp = match tcp.into_std() {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("accept: {e}");
+                continue;
+            }
+        };
         let guard = tasks.enter();
         let (srv, sd) = (server.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            connection(tcp, peer, slot, srv, sd).await;
+        let serve = async move {
+            match TcpStream::from_std(tcp) {
+                Ok(tcp) => connection(tcp, peer, slot, srv, sd).await,
+                Err(e) => log::warn!("registering a connection from {peer}: {e}"),
+            }
             drop(guard);
-        });
+        };
+        turn = turn.wrapping_add(1);
+        match loops.get(turn % loops.len().max(1)) {
+            Some(l) => drop(l.spawn(serve)),
+            None => drop(tokio::spawn(serve)),
+        }
     }
     drop(listener);
     let _ = tokio::time::timeout(drain, tasks.idle()).await;
