@@ -8,8 +8,10 @@
 //!   to the writer thread, so the queue order is the order of the changes.
 //!   The writer commits everything queued in one transaction (WAL,
 //!   `synchronous=FULL`: the commit fsyncs) and only then acknowledges each
-//!   change; the request thread answers after the acknowledgement. While one
-//!   commit is fsyncing the next batch queues up: group commit.
+//!   change. Such a change comes back as a [`Queued`] value that the caller
+//!   may answer only once [`ServeEngine::committed`] (a future, see
+//!   [`super::ack`]) returned it. While one commit is fsyncing the next batch
+//!   queues up: group commit.
 //! - A grant that is in memory but not yet acknowledged is visible to other
 //!   acquirers as `held`, which is safe; its id has not been given out, so
 //!   nobody can renew it. If a commit fails, the engine stops granting
@@ -45,12 +47,14 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::lease::RefusalReason;
 
+use super::ack::{self, Ack, Acked, Pending};
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
 use super::{CapScope, EngineError, Granted, MAX_PAGE, Page, now_ms, validate_acquire};
 
-/// How long a request waits for its commit before answering 503.
-const COMMIT_WAIT: Duration = Duration::from_secs(30);
+/// How long a request waits for its commit before answering 503 (and the
+/// engine stops granting: [`ServeEngine::commit_timed_out`]).
+pub const COMMIT_WAIT: Duration = Duration::from_secs(30);
 /// Most changes committed in one transaction.
 const MAX_BATCH: usize = 4096;
 /// At most this many rows are looked at per listed lease (plus a little):
@@ -110,11 +114,21 @@ struct MemRow {
     expiry_counted: bool,
 }
 
-type Ack = Sender<Result<(), Arc<StoreError>>>;
-
 enum Job {
     Write(TaskRow, Option<Ack>),
     Stop,
+}
+
+/// A change made in memory whose durable write is queued to the writer.
+/// Its outcome may be answered only once [`ServeEngine::committed`]
+/// returned it.
+#[must_use = "a queued change is answered only once it is committed"]
+pub struct Queued<T> {
+    value: T,
+    /// `None`: nothing to wait for (the change needed no write).
+    ack: Option<Pending>,
+    /// A grant: counted once committed.
+    grant: bool,
 }
 
 /// Everything under the engine's one lock.
@@ -295,23 +309,44 @@ impl ServeEngine {
         observe(m, now, &self.jobs, &self.failed, &self.counters);
     }
 
-    /// Queues a durable write of `row`; the receiver yields once it is committed.
-    fn queue(&self, row: &TaskRow, wait: bool) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
+    /// Queues a durable write of `row`; the acknowledgement comes once it is committed.
+    fn queue(&self, row: &TaskRow, wait: bool) -> Option<Pending> {
         queue(&self.jobs, &self.failed, row, wait)
     }
 
-    fn wait(&self, rx: Option<Receiver<Result<(), Arc<StoreError>>>>) -> Result<(), EngineError> {
-        let Some(rx) = rx else { return Ok(()) };
-        match rx.recv_timeout(COMMIT_WAIT) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(EngineError::Commit(e)),
-            Err(_) => {
+    /// Waits for `q`'s change to be committed, without a thread: the
+    /// caller bounds the wait (by [`COMMIT_WAIT`]; past it, answer
+    /// [`ServeEngine::commit_timed_out`]).
+    pub async fn committed<T>(&self, q: Queued<T>) -> Result<T, EngineError> {
+        let acked = match q.ack {
+            None => None,
+            Some(p) => Some(p.await),
+        };
+        self.settled(q.value, q.grant, acked)
+    }
+
+    /// A commit that took longer than [`COMMIT_WAIT`]: the disk is not
+    /// keeping up, so the engine stops granting (as after a failed commit).
+    pub fn commit_timed_out(&self) -> EngineError {
+        self.failed.store(true, Ordering::Relaxed);
+        EngineError::Unavailable("the lease database did not commit in time")
+    }
+
+    fn settled<T>(&self, value: T, grant: bool, acked: Option<Acked>) -> Result<T, EngineError> {
+        match acked {
+            None | Some(Acked::Done(Ok(()))) => {}
+            Some(Acked::Done(Err(e))) => return Err(EngineError::Commit(e)),
+            Some(Acked::Lost) => {
                 self.failed.store(true, Ordering::Relaxed);
-                Err(EngineError::Unavailable(
-                    "the lease database did not commit in time",
-                ))
+                return Err(EngineError::Unavailable(
+                    "the lease writer stopped before committing",
+                ));
             }
         }
+        if grant {
+            self.counters.grants.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(value)
     }
 
     /// Drops leases that expired and are free (they still count against
@@ -402,8 +437,17 @@ impl ServeEngine {
         }
     }
 
-    /// Grants the task if free; answers only once the grant is on disk.
+    /// Grants the task if free; returns once the grant is on disk.
+    #[cfg(test)]
     pub fn acquire(&self, spec: &AcquireSpec) -> Result<Granted, EngineError> {
+        let q = self.acquire_queued(spec)?;
+        ack::block_on(self.committed(q))
+    }
+
+    /// Grants the task if free, in memory, and queues the grant's write:
+    /// the grant may be answered only once [`ServeEngine::committed`] said
+    /// it is on disk.
+    pub fn acquire_queued(&self, spec: &AcquireSpec) -> Result<Queued<Granted>, EngineError> {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
@@ -464,12 +508,14 @@ impl ServeEngine {
                 None => return Err(EngineError::Unavailable("task row vanished")),
             }
         };
-        self.wait(rx)?;
-        self.counters.grants.fetch_add(1, Ordering::Relaxed);
-        Ok(Granted {
-            lease_id: lease_id(&key, &spec.task),
-            token,
-            ttl_ms: spec.ttl_ms,
+        Ok(Queued {
+            value: Granted {
+                lease_id: lease_id(&key, &spec.task),
+                token,
+                ttl_ms: spec.ttl_ms,
+            },
+            ack: rx,
+            grant: true,
         })
     }
 
@@ -534,7 +580,7 @@ impl ServeEngine {
         &self,
         task: &str,
         f: impl FnOnce(&mut TaskRow, u64) -> Result<u64, EngineError>,
-    ) -> Result<u64, EngineError> {
+    ) -> Result<Queued<u64>, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
         let (token, rx) = {
@@ -549,17 +595,22 @@ impl ServeEngine {
             })
             .unwrap_or_else(|| Err(EngineError::NotFound(format!("task `{task}` has no lease"))))?
         };
-        self.wait(rx)?;
-        Ok(token)
+        Ok(Queued {
+            value: token,
+            ack: rx,
+            grant: false,
+        })
     }
 
-    /// Operator revoke; durable before it is answered.
-    pub fn revoke(&self, task: &str, force: bool) -> Result<u64, EngineError> {
+    /// Operator revoke, in memory, its write queued: durable (and answered)
+    /// once [`ServeEngine::committed`] returned it.
+    pub fn revoke_queued(&self, task: &str, force: bool) -> Result<Queued<u64>, EngineError> {
         self.operator(task, |row, now| row.revoke(force, now))
     }
 
-    /// Operator clear of a held task; durable before it is answered.
-    pub fn clear(&self, task: &str) -> Result<u64, EngineError> {
+    /// Operator clear of a held task, in memory, its write queued: durable
+    /// (and answered) once [`ServeEngine::committed`] returned it.
+    pub fn clear_queued(&self, task: &str) -> Result<Queued<u64>, EngineError> {
         self.operator(task, |row, now| row.clear(now))
     }
 
@@ -670,15 +721,10 @@ fn observe(m: &mut MemRow, now: u64, jobs: &Sender<Job>, failed: &AtomicBool, co
     }
 }
 
-/// Queues a durable write of `row`; the receiver yields once it is committed.
-fn queue(
-    jobs: &Sender<Job>,
-    failed: &AtomicBool,
-    row: &TaskRow,
-    wait: bool,
-) -> Option<Receiver<Result<(), Arc<StoreError>>>> {
+/// Queues a durable write of `row`; the acknowledgement comes once it is committed.
+fn queue(jobs: &Sender<Job>, failed: &AtomicBool, row: &TaskRow, wait: bool) -> Option<Pending> {
     let (ack, rx) = if wait {
-        let (t, r) = crossbeam_channel::bounded(1);
+        let (t, r) = ack::channel();
         (Some(t), Some(r))
     } else {
         (None, None)
@@ -822,9 +868,7 @@ fn writer_loop(
         let mut stop = false;
         for j in batch.drain(..) {
             match j {
-                Job::Write(_, Some(ack)) => {
-                    let _ = ack.send(res.clone());
-                }
+                Job::Write(_, Some(ack)) => ack.send(res.clone()),
                 Job::Write(_, None) => {}
                 Job::Stop => stop = true,
             }

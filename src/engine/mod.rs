@@ -29,6 +29,7 @@
 //! renewed or released only by the principal that acquired it, with an id
 //! carrying 128 random bits.
 
+pub mod ack;
 pub mod batched;
 pub mod file;
 pub mod gate;

@@ -8,9 +8,10 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use super::auth::{Action, Auth, Principal};
-use super::http::{Handler, Request, Response};
+use super::http::{Answer, Handler, Request, Response};
 use super::metrics::{self, Latency};
-use crate::engine::batched::ServeEngine;
+use crate::engine::Granted;
+use crate::engine::batched::{COMMIT_WAIT, Queued, ServeEngine};
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, RequestError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
@@ -149,7 +150,7 @@ fn engine_error(e: EngineError) -> Response {
 }
 
 impl Api {
-    fn acquire(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
+    fn acquire(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
@@ -175,12 +176,8 @@ impl Api {
             policy,
             grace_ms,
         };
-        let g = self.engine.acquire(&spec).map_err(engine_error)?;
-        Ok(Response::json(
-            200,
-            json!({"lease_id": g.lease_id, "task": spec.task, "token": g.token, "ttl_ms": g.ttl_ms})
-                .to_string(),
-        ))
+        let q = self.engine.acquire_queued(&spec).map_err(engine_error)?;
+        Ok(Commit::Grant(q, spec.task))
     }
 
     fn lease_ref(o: &Obj) -> Result<(String, u64), Response> {
@@ -221,31 +218,56 @@ impl Api {
         Ok(Response::json(200, "{}"))
     }
 
-    fn revoke(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
+    fn revoke(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
             return Err(forbidden());
         }
         let force = opt_bool(&o, "force")?;
-        let token = self.engine.revoke(&task, force).map_err(engine_error)?;
-        Ok(Response::json(
-            200,
-            json!({"task": task, "token": token, "force": force}).to_string(),
-        ))
+        let q = self
+            .engine
+            .revoke_queued(&task, force)
+            .map_err(engine_error)?;
+        Ok(Commit::Revoke(q, task, force))
     }
 
-    fn clear(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
+    fn clear(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
             return Err(forbidden());
         }
-        let token = self.engine.clear(&task).map_err(engine_error)?;
-        Ok(Response::json(
-            200,
-            json!({"task": task, "token": token}).to_string(),
-        ))
+        let q = self.engine.clear_queued(&task).map_err(engine_error)?;
+        Ok(Commit::Clear(q, task))
+    }
+
+    /// Waits for a change's commit, at most [`COMMIT_WAIT`].
+    async fn durable<T>(&self, q: Queued<T>) -> Result<T, EngineError> {
+        tokio::time::timeout(COMMIT_WAIT, self.engine.committed(q))
+            .await
+            .unwrap_or_else(|_| Err(self.engine.commit_timed_out()))
+    }
+
+    /// Answers a change once it is committed.
+    async fn committed(&self, c: Commit) -> Response {
+        let r = match c {
+            Commit::Grant(q, task) => self.durable(q).await.map(|g| {
+                json!({"lease_id": g.lease_id, "task": task, "token": g.token, "ttl_ms": g.ttl_ms})
+            }),
+            Commit::Revoke(q, task, force) => self
+                .durable(q)
+                .await
+                .map(|token| json!({"task": task, "token": token, "force": force})),
+            Commit::Clear(q, task) => self
+                .durable(q)
+                .await
+                .map(|token| json!({"task": task, "token": token})),
+        };
+        match r {
+            Ok(v) => Response::json(200, v.to_string()),
+            Err(e) => engine_error(e),
+        }
     }
 
     /// The principal the request speaks for, or the 401 to answer.
@@ -299,61 +321,56 @@ impl Api {
         }
     }
 
-    /// Routes a request; `blocking` says whether this call may wait
-    /// (`None`: this request must go to a blocking thread).
-    fn route(&self, req: &Request, blocking: bool) -> Option<Response> {
+    /// Routes a request. Nothing here waits: a change to commit comes back
+    /// as [`Routed::Commit`], work that takes a while (a listing, the
+    /// metrics) as [`Routed::Blocking`].
+    fn route(&self, req: &Request) -> Routed {
         if req.path == "/healthz" {
-            return Some(match Self::endpoint(req) {
+            return Routed::Now(match Self::endpoint(req) {
                 Ok(_) => self.health(),
                 Err(r) => r,
             });
         }
         let who = match self.principal(req) {
             Ok(p) => p,
-            Err(r) => return Some(r),
+            Err(r) => return Routed::Now(r),
         };
         let (ep, action) = match Self::endpoint(req) {
             Ok(x) => x,
-            Err(r) => return Some(r),
+            Err(r) => return Routed::Now(r),
         };
         if !who.role.may(action) {
-            return Some(forbidden());
-        }
-        let quick = matches!(ep, Endpoint::Renew | Endpoint::Release);
-        if !quick && !blocking {
-            return None;
+            return Routed::Now(forbidden());
         }
         let body = &req.body[..];
-        let r = match ep {
-            Endpoint::Renew => self.renew(body, &who),
-            Endpoint::Release => self.release(body, &who),
-            Endpoint::Acquire => self.acquire(body, &who),
-            Endpoint::Revoke => self.revoke(body, &who),
-            Endpoint::Clear => self.clear(body, &who),
-            Endpoint::Leases => Ok(self.list(req, &who)),
-            Endpoint::Metrics => Ok(Response {
+        let commit = |c: Result<Commit, Response>| c.map_or_else(Routed::Now, Routed::Commit);
+        let now = |r: Result<Response, Response>| Routed::Now(r.unwrap_or_else(|r| r));
+        match ep {
+            Endpoint::Renew => now(self.renew(body, &who)),
+            Endpoint::Release => now(self.release(body, &who)),
+            Endpoint::Health => Routed::Now(self.health()),
+            Endpoint::Acquire => commit(self.acquire(body, &who)),
+            Endpoint::Revoke => commit(self.revoke(body, &who)),
+            Endpoint::Clear => commit(self.clear(body, &who)),
+            Endpoint::Leases => {
+                let query = req.query.clone();
+                Routed::Blocking(Box::new(move |api| api.list(query.as_deref(), &who)))
+            }
+            Endpoint::Metrics => Routed::Blocking(Box::new(|api| Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
                 headers: Vec::new(),
-                body: metrics::render(&self.engine, &self.latency, &self.conns).into_bytes(),
-            }),
-            Endpoint::Health => Ok(self.health()),
-        };
-        Some(r.unwrap_or_else(|r| r))
+                body: metrics::render(&api.engine, &api.latency, &api.conns).into_bytes(),
+            })),
+        }
     }
 
     /// `GET /v1/leases[?limit=N&after=TASK]`: the leases in the caller's
     /// scope, sorted by task, without lease ids.
-    fn list(&self, req: &Request, who: &Principal) -> Response {
+    fn list(&self, query: Option<&str>, who: &Principal) -> Response {
         let mut limit: usize = 1000;
         let mut after: Option<String> = None;
-        for pair in req
-            .query
-            .as_deref()
-            .unwrap_or("")
-            .split('&')
-            .filter(|p| !p.is_empty())
-        {
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {
@@ -392,6 +409,22 @@ impl Api {
             ),
         }
     }
+}
+
+/// A change made in memory whose write is queued, and what its answer says.
+enum Commit {
+    Grant(Queued<Granted>, String),
+    Revoke(Queued<u64>, String, bool),
+    Clear(Queued<u64>, String),
+}
+
+/// Where [`Api::route`] sent a request.
+enum Routed {
+    Now(Response),
+    /// Answered once committed ([`Api::committed`]).
+    Commit(Commit),
+    /// Answered on a blocking thread, by this.
+    Blocking(Box<dyn FnOnce(&Api) -> Response + Send>),
 }
 
 #[derive(Clone, Copy)]
@@ -443,19 +476,23 @@ fn not_allowed(method: &str, path: &str) -> Response {
 }
 
 impl Handler for Api {
-    fn quick(&self, req: &Request) -> Option<Response> {
+    fn answer(self: Arc<Self>, req: &Request) -> Answer {
         let start = Instant::now();
-        let resp = self.route(req, false)?;
-        self.latency.observe(start.elapsed());
-        Some(resp)
-    }
-
-    fn handle(&self, req: &Request) -> Response {
-        let start = Instant::now();
-        let resp = self
-            .route(req, true)
-            .unwrap_or_else(|| Response::error(500, "internal", "unrouted request"));
-        self.latency.observe(start.elapsed());
-        resp
+        match self.route(req) {
+            Routed::Now(r) => {
+                self.latency.observe(start.elapsed());
+                Answer::Now(r)
+            }
+            Routed::Commit(c) => Answer::Later(Box::pin(async move {
+                let r = self.committed(c).await;
+                self.latency.observe(start.elapsed());
+                r
+            })),
+            Routed::Blocking(f) => Answer::Blocking(Box::new(move || {
+                let r = f(&self);
+                self.latency.observe(start.elapsed());
+                r
+            })),
+        }
     }
 }

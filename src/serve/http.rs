@@ -6,10 +6,11 @@
 //! - **A connection costs a task, not a thread.** Every agent keeps one
 //!   keep-alive connection open between heartbeats, so a fleet of 10,000
 //!   agents is 10,000 idle sockets; each is a few KiB here.
-//! - **Answers from memory stay on the reactor, waits go elsewhere.**
-//!   [`Handler::quick`] answers what needs no waiting (renewals, health,
-//!   metrics, refusals); anything that may wait for the database's fsync
-//!   (a grant) runs on tokio's blocking pool, so the reactor never blocks.
+//! - **Nothing blocks the event loop.** [`Handler::answer`] answers what
+//!   needs no waiting at once (renewals, health, refusals); a grant waits
+//!   for its fsync as a future ([`Answer::Later`]: no thread, no hand-off),
+//!   and only work that takes a while (a listing) goes to tokio's blocking
+//!   pool.
 //! - **Per-peer and global connection limits.** A peer (IP address) past
 //!   `max_per_peer` open connections, or any connection past
 //!   `max_connections`, is still read and answered, once (it has 2 s to
@@ -125,13 +126,21 @@ impl Default for Limits {
     }
 }
 
+/// How a request is answered.
+pub enum Answer {
+    /// At once: it needed no waiting (a renewal, `/healthz`, a refusal).
+    Now(Response),
+    /// When this completes: it waits (for a commit) without blocking, so
+    /// it runs on the event loop and holds no thread meanwhile.
+    Later(Pin<Box<dyn Future<Output = Response> + Send>>),
+    /// By this, on a blocking thread: work that takes a while (a listing).
+    Blocking(Box<dyn FnOnce() -> Response + Send>),
+}
+
 /// Answers requests.
 pub trait Handler: Send + Sync + 'static {
-    /// Answers at once if that needs no waiting (called on the reactor);
-    /// `None` sends the request to [`Handler::handle`] on a blocking thread.
-    fn quick(&self, req: &Request) -> Option<Response>;
-    /// Answers a request that may block (e.g. on a commit).
-    fn handle(&self, req: &Request) -> Response;
+    /// Called on the event loop: must not block.
+    fn answer(self: Arc<Self>, req: &Request) -> Answer;
 }
 
 /// Milliseconds since the server started (never 0, so 0 can mean "none").
@@ -421,13 +430,17 @@ impl Server {
 
 /// Accepts connections until `shutdown` turns true, then asks open
 /// connections to finish their current request and waits up to `drain`.
+/// Connections are dealt out to the event `loops` in turn (see
+/// `super::loops`); each is registered with its loop's own reactor.
 pub async fn run(
     listener: TcpListener,
     server: Arc<Server>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
+    loops: &[tokio::runtime::Handle],
 ) {
     let tasks = tokio_util_lite::TaskCount::default();
+    let mut turn = 0usize;
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -443,12 +456,28 @@ pub async fn run(
             }
         };
         let slot = server.peers.admit(peer.ip(), &server.limits);
+        // Off the accepting reactor, onto the serving loop's.
+        let tcp = match tcp.into_std() {
+            Ok(t) => t,
+            Err(e) => {
+                log::warn!("accept: {e}");
+                continue;
+            }
+        };
         let guard = tasks.enter();
         let (srv, sd) = (server.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            connection(tcp, peer, slot, srv, sd).await;
+        let serve = async move {
+            match TcpStream::from_std(tcp) {
+                Ok(tcp) => connection(tcp, peer, slot, srv, sd).await,
+                Err(e) => log::warn!("registering a connection from {peer}: {e}"),
+            }
             drop(guard);
-        });
+        };
+        turn = turn.wrapping_add(1);
+        match loops.get(turn % loops.len().max(1)) {
+            Some(l) => drop(l.spawn(serve)),
+            None => drop(tokio::spawn(serve)),
+        }
     }
     drop(listener);
     let _ = tokio::time::timeout(drain, tasks.idle()).await;
@@ -685,13 +714,14 @@ async fn serve_request(
             code.as_str(),
             "too many open connections from this address or in all",
         )
-    } else if let Some(r) = server.handler.quick(&request) {
-        r
     } else {
-        let h = server.handler.clone();
-        match tokio::task::spawn_blocking(move || h.handle(&request)).await {
-            Ok(r) => r,
-            Err(_) => Response::error(500, "internal", "the request handler failed"),
+        match server.handler.clone().answer(&request) {
+            Answer::Now(r) => r,
+            Answer::Later(f) => f.await,
+            Answer::Blocking(f) => match tokio::task::spawn_blocking(f).await {
+                Ok(r) => r,
+                Err(_) => Response::error(500, "internal", "the request handler failed"),
+            },
         }
     };
     state.answered();

@@ -1,9 +1,10 @@
 //! `leaseagent serve`: the reference lease authority over HTTP(S).
 //!
 //! Wiring only: the engine (`engine::batched`) holds the rules and the
-//! durability, [`http`] the connections (hyper on tokio, rustls), [`api`]
-//! the protocol, [`auth`] the principals. The tokio runtime is built here
-//! and nowhere else: the agent's path never starts it.
+//! durability, [`http`] the connections (hyper on tokio, rustls), [`loops`]
+//! the threads they run on, [`api`] the protocol, [`auth`] the principals.
+//! The tokio runtimes are built here and in [`loops`], nowhere else: the
+//! agent's path never starts one.
 //! SIGTERM and SIGINT stop accepting, let open requests finish (bounded),
 //! commit whatever the writer has queued, and exit 0. SIGHUP re-reads the
 //! auth file.
@@ -11,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod http;
+pub mod loops;
 pub mod metrics;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -118,6 +120,8 @@ pub enum ServeError {
     },
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error("starting the event loops: {0}")]
+    Loops(#[source] std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(#[source] std::io::Error),
     #[error("starting the signal thread: {0}")]
@@ -308,12 +312,10 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
         })
 }
 
+/// The accepting runtime (this thread); connections are served on the
+/// [`loops`].
 fn build_runtime() -> Result<tokio::runtime::Runtime, ServeError> {
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(8));
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .max_blocking_threads(256)
-        .thread_name("serve")
+    tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
@@ -372,14 +374,17 @@ fn run(
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let db = args.db.display().to_string();
+    let loops = loops::Loops::start(loops::count()).map_err(ServeError::Loops)?;
+    let handles = loops.handles().to_vec();
     let served = rt.block_on(async move {
         let listener = listen(addr)?;
         let local = listener.local_addr()?;
         eprintln!("{LISTENING}{scheme}://{local} (db {db})");
         let server = Arc::new(http::Server::new(limits, api, tls, conns));
-        http::run(listener, server, stop_rx, Duration::from_secs(3)).await;
+        http::run(listener, server, stop_rx, Duration::from_secs(3), &handles).await;
         Ok::<(), std::io::Error>(())
     });
+    loops.stop();
     rt.shutdown_timeout(Duration::from_secs(1));
     engine.shutdown();
     served.map_err(|source| ServeError::Listen {
