@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Renewal tail latency of two `serve` builds side by side: for each round,
+# each build in turn gets a fresh server and database, one lease, and
+# `wrk -t2 -c16 -d5s` renewing it (benches/wrk/renew.lua); prints the rate
+# and p99 of every run, so a noisy round shows as such.
+#
+#   bash benches/wrk-renew-ab.sh BIN_A BIN_B [ROUNDS]   # ROUNDS default 5
+#
+# BIN_A/BIN_B: `leaseagent` binaries (`serve` is run through each).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+rounds=${3:-5}
+command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; exit 1; }
+
+one() { # bin -> "rate p99"
+  local bin=$1 dir pid addr grant id tok out
+  dir=$(mktemp -d)
+  "$bin" serve --listen 127.0.0.1:0 --db "$dir/db" 2> "$dir/log" &
+  pid=$!
+  for _ in $(seq 200); do
+    addr=$(sed -n 's|.*listening on http://\([^ ]*\).*|\1|p' "$dir/log")
+    [ -n "$addr" ] && break
+    sleep 0.05
+  done
+  [ -n "$addr" ] || { echo "serve did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
+  grant=$(curl -s "http://$addr/v1/acquire" -d '{"task":"bench","holder":"wrk","ttl_ms":600000}')
+  id=$(echo "$grant" | sed 's/.*"lease_id":"\([^"]*\)".*/\1/')
+  tok=$(echo "$grant" | sed 's/.*"token":\([0-9]*\).*/\1/')
+  out=$(BODY="{\"lease_id\":\"$id\",\"token\":$tok}" wrk -t2 -c16 -d5s --latency \
+    -s "$here/wrk/renew.lua" "http://$addr/v1/renew")
+  echo "$(echo "$out" | awk '/Requests\/sec/{printf "%.0f/s", $2}') p99 $(echo "$out" | awk '$1=="99%"{print $2}')"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  rm -rf "$dir"
+}
+
+for r in $(seq "$rounds"); do
+  echo "round $r (load $(cut -d' ' -f1 /proc/loadavg)): A $(one "$1") | B $(one "$2")"
+done
