@@ -10,6 +10,9 @@
 //! Python process waiting in signal.pause) records CLOCK_MONOTONIC when its
 //! SIGTERM handler runs; latency = that instant - the instant the authority
 //! read the renewal it refused.
+//!
+//! `LEASEAGENT_BIN=PATH` runs another build of the agent (e.g. an older
+//! release build, to compare two builds on equal terms).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -18,7 +21,9 @@ use std::time::Duration;
 use leaseagent_testkit::*;
 
 fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
+    std::env::var_os("LEASEAGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
 }
 
 fn helper(name: &str) -> String {

@@ -280,7 +280,7 @@ fn spawn_job(
         if let Err(e) = cg.leave() {
             // We are inside the job's cgroup: cgroup.kill would kill us too.
             if spawned.is_ok() {
-                tree::kill_all(rustix::process::getpid().as_raw_nonzero().get());
+                tree::kill_all(rustix::process::getpid().as_raw_nonzero().get(), None);
             }
             return Err(spawn_failed(format!(
                 "keeper: cannot leave the job's cgroup: {e}"
@@ -470,6 +470,12 @@ impl Keeper {
         }
     }
 
+    /// The job's leader while it is ours to signal without a check: not
+    /// yet reaped, so its pid cannot have been reused.
+    fn leader(&self) -> Option<i32> {
+        (!self.leader_reaped).then_some(self.job_pid)
+    }
+
     /// EOF on the ctl pipe: the agent died. Kill the whole tree at once.
     fn agent_gone(&mut self) {
         self.finishing = true;
@@ -479,12 +485,12 @@ impl Keeper {
     /// A relayed signal: to the members of the job's process group, found
     /// in the tree (never `kill(-pgid)`, which could hit a recycled group).
     fn relay(&mut self, sig: Sig) {
-        tree::signal_all(self.me, sig.to_rustix(), Some(self.job_pid));
+        tree::signal_all(self.me, sig.to_rustix(), Some(self.job_pid), self.leader());
     }
 
     /// SIGTERM to every descendant, and to everything in the job's cgroup.
     fn term(&mut self) {
-        let done: HashSet<i32> = tree::signal_all(self.me, Signal::TERM, None)
+        let done: HashSet<i32> = tree::signal_all(self.me, Signal::TERM, None, self.leader())
             .into_iter()
             .collect();
         if let Some(cg) = &self.cgroup {
@@ -533,7 +539,7 @@ impl Keeper {
                 )));
             }
         }
-        let killed = tree::kill_all(self.me);
+        let killed = tree::kill_all(self.me, self.leader());
         if report_now {
             let mut pids: Vec<i32> = killed.into_iter().collect();
             if let Some(cg) = &self.cgroup {

@@ -120,15 +120,35 @@ fn signal_checked(p: &Proc, parents: &HashSet<i32>, sig: Signal) -> bool {
     }
 }
 
+/// Signals `leader`, a child of the caller that the caller has not reaped,
+/// at once: until it is reaped its pid cannot be reused, so no check (and
+/// no walk of `/proc`, which takes about a millisecond) stands between
+/// the decision and the job's own process getting the signal.
+pub fn signal_leader(leader: i32, sig: Signal) -> bool {
+    Pid::from_raw(leader).is_some_and(|pid| rustix::process::kill_process(pid, sig).is_ok())
+}
+
 /// Signals every descendant of `root` once (one walk); returns the pids
 /// signalled. `only_group`: only members of that process group.
-pub fn signal_all(root: i32, sig: Signal, only_group: Option<i32>) -> Vec<i32> {
+/// `leader`: an unreaped child of `root`, signalled first and directly
+/// ([`signal_leader`]), then left out of the walk.
+pub fn signal_all(
+    root: i32,
+    sig: Signal,
+    only_group: Option<i32>,
+    leader: Option<i32>,
+) -> Vec<i32> {
+    let mut done = Vec::new();
+    if let Some(l) = leader {
+        if signal_leader(l, sig) {
+            done.push(l);
+        }
+    }
     let tree = descendants(root);
     let mut parents: HashSet<i32> = tree.iter().map(|p| p.pid).collect();
     parents.insert(root);
-    let mut done = Vec::new();
     for p in &tree {
-        if only_group.is_some_and(|g| g != p.pgrp) {
+        if only_group.is_some_and(|g| g != p.pgrp) || leader == Some(p.pid) {
             continue;
         }
         if signal_checked(p, &parents, sig) {
@@ -141,9 +161,15 @@ pub fn signal_all(root: i32, sig: Signal, only_group: Option<i32>) -> Vec<i32> {
 /// SIGKILLs every descendant of `root`, walking again until a walk finds
 /// no process it has not already killed (a process may fork while we walk;
 /// once killed it cannot fork again). Bounded: at most 64 walks.
+/// `leader`: an unreaped child of `root`, killed first ([`signal_leader`]).
 /// Returns the pids killed.
-pub fn kill_all(root: i32) -> HashSet<i32> {
+pub fn kill_all(root: i32, leader: Option<i32>) -> HashSet<i32> {
     let mut killed = HashSet::new();
+    if let Some(l) = leader {
+        if signal_leader(l, Signal::KILL) {
+            killed.insert(l);
+        }
+    }
     for _ in 0..64 {
         let tree = descendants(root);
         let mut parents: HashSet<i32> = tree.iter().map(|p| p.pid).collect();
@@ -225,7 +251,7 @@ mod tests {
             }
             sleeper.copied()
         });
-        let killed = kill_all(direct.id() as i32);
+        let killed = kill_all(direct.id() as i32, None);
         let _ = direct.kill();
         let _ = direct.wait();
         let sleeper = found.expect("grandchild in its own session not found");
