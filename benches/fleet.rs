@@ -167,9 +167,9 @@ fn cpu_secs(pid: u32) -> f64 {
 }
 
 /// CPU seconds the hypervisor took from this VM so far (`steal` in
-/// /proc/stat, all CPUs); 0 on bare metal. A host that throttles a busy VM
-/// freezes a vCPU for up to its quota period (100 ms seen here), which
-/// stalls whatever thread was running there, client or server.
+/// /proc/stat, all CPUs); 0 on bare metal. On the development VM the host
+/// took a busy vCPU away for about 100 ms at a time, which stalls whatever
+/// thread was running there, client or server.
 fn steal_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     stat.lines()

@@ -5,9 +5,9 @@
 # and p99 of every run, so a noisy round shows as such.
 #
 # Also printed per run: wrk's maximum latency and the CPU time the host took
-# from this VM meanwhile (steal, /proc/stat). On a VM that the host throttles
-# when it is busy, a vCPU freezes for up to the quota period (100 ms seen on
-# the development VM); wrk's two threads are always busy, so one of them is
+# from this VM meanwhile (steal, /proc/stat). On the development VM the host
+# took a busy vCPU away for about 100 ms at a time; wrk's two threads are
+# always busy, so one of them is
 # usually what freezes, and all its connections' requests count the freeze
 # as latency. A round whose max is ~100 ms measured the host, not the server
 # (cross-check: the closed-loop mode of benches/fleet.rs).
@@ -20,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 rounds=${3:-5}
 command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; exit 1; }
 
-one() { # bin -> "rate p99"
+one() { # bin -> "rate p99 max steal"
   local bin=$1 dir pid addr grant id tok out
   dir=$(mktemp -d)
   "$bin" serve --listen 127.0.0.1:0 --db "$dir/db" 2> "$dir/log" &
