@@ -32,7 +32,8 @@
 //! - **The exit status is decided by timestamps**, not by the order events
 //!   reach the loop: the job counts as lost only if the keeper's stamp of its
 //!   end is at or after the moment the lease was lost (the moment the agent
-//!   acted on the loss, or the deadline, whichever is earlier). A job that
+//!   acted on the loss, or for a deadline the SIGTERM time, which the
+//!   keeper's own timer keeps even when the agent is late). A job that
 //!   ended during a pause, before the deadline, keeps its own status even if
 //!   the loop sees the clock before it sees the exit.
 //! - The job is finished only when its whole process tree is gone (the
@@ -415,7 +416,12 @@ impl Machine {
             Event::SpawnFailed { not_found, message } => {
                 self.on_spawn_failed(not_found, message, &mut out)
             }
-            Event::ChildExited { status, at } => self.on_exited(status, at, now, &mut out),
+            Event::ChildExited { status, at } => {
+                // The clock first: the keeper's timer acted on the deadline
+                // at its time, whatever order the loop sees things in.
+                self.check_time(now, &mut out);
+                self.on_exited(status, at, now, &mut out)
+            }
             Event::TreeGone => self.on_tree_gone(&mut out),
             Event::KeeperLost => self.on_keeper_lost(now, &mut out),
         }
@@ -429,7 +435,9 @@ impl Machine {
             return;
         }
         if now >= self.kill_time() && !self.killed() {
-            if !self.lease_lost() && self.lose(Lease::Expired, now) {
+            // The keeper's own timer sent SIGTERM at the term time even if
+            // this loop was late: the lease was given up then.
+            if !self.lease_lost() && self.lose(Lease::Expired, now.min(self.term_time())) {
                 out.push(Action::Report(Notice::LeaseLost(LostWhy::DeadlinePassed)));
                 out.push(Action::Publish(
                     LeaseView::Lost,
@@ -449,7 +457,7 @@ impl Machine {
             return;
         }
         if self.stop.is_none() && now >= self.term_time() {
-            self.lose(Lease::Expired, now);
+            self.lose(Lease::Expired, now.min(self.term_time()));
             out.push(Action::Report(Notice::LeaseLost(LostWhy::NoRenewal {
                 kill_in: now.until(self.kill_time()),
             })));
@@ -1425,7 +1433,9 @@ mod tests {
             if !m.is_finished() {
                 actions.extend(m.step(Event::TreeGone, resume + ms(1)));
             }
-            let expected = if at(end) >= floor_ms(m.deadline()) { exit::LEASE_LOST } else { code as u8 };
+            // The keeper's timer stops the job at the term time even while
+            // the agent is paused: an end from then on counts as lost.
+            let expected = if at(end) >= floor_ms(m.term_time()) { exit::LEASE_LOST } else { code as u8 };
             prop_assert_eq!(exit_of(&actions), Some(expected));
         }
     }
