@@ -524,14 +524,14 @@ impl Machine {
         }
     }
 
+    /// SIGKILL, even before the keeper reported the job started: a keeper
+    /// stopped before its first report still gets SIGCONT, and the agent
+    /// walks the tree itself.
     fn kill(&mut self, now: BootInstant, out: &mut Vec<Action>) {
-        let known = self.group_known();
         if let Some(stop) = self.stop.as_mut() {
             if stop.killed_at.is_none() {
                 stop.killed_at = Some(now);
-                if known {
-                    out.push(Action::SignalGroup(Sig::Kill));
-                }
+                out.push(Action::SignalGroup(Sig::Kill));
             }
         }
     }
@@ -800,21 +800,19 @@ impl Machine {
         }
         self.keeper_lost = true;
         out.push(Action::Report(Notice::KeeperLost));
-        if !self.group_known() {
-            // No tree known to kill: the lease is left to expire.
-            self.finish(true, out);
-            return;
-        }
         // SIGKILL now (the agent walks the tree itself: the keeper's orphans
-        // are its own children); nobody will report the tree gone, so the run
-        // ends TREE_GONE_TIMEOUT later without a release.
+        // are its own children), again if it went out before; nobody will
+        // report the tree gone, so the run ends TREE_GONE_TIMEOUT later
+        // without a release.
         if self.stop.is_none() {
             out.push(Action::Stopping(format!(
                 "stopping the command (token {})",
                 self.token
             )));
         }
-        if !self.killed() {
+        if self.killed() {
+            out.push(Action::SignalGroup(Sig::Kill));
+        } else {
             self.stop = Some(Stop {
                 reason: StopReason::KeeperLost,
                 kill_at: now,
@@ -1173,9 +1171,23 @@ mod tests {
         let a = m.step(Event::Tick, at(100) + TREE_GONE_TIMEOUT);
         assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
         assert!(!released(&a));
-        // Keeper lost before the group was known: nothing is released.
+        // Keeper lost before its start report: the agent still kills what
+        // it can reach, and nothing is released.
         let mut m = machine(30_000, 1000);
         let a = m.step(Event::KeeperLost, at(5));
+        assert_eq!(signals(&a), vec![SIGKILL]);
+        let a = m.step(Event::Tick, at(5) + TREE_GONE_TIMEOUT);
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(!released(&a));
+    }
+
+    #[test]
+    fn sigkill_goes_out_at_the_kill_time_even_without_a_start_report() {
+        // The job stopped its keeper before the keeper reported it started.
+        let mut m = machine(3000, 500);
+        m.step(Event::Tick, at(2499));
+        assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
+        let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
         assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
         assert!(!released(&a));
     }

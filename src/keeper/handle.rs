@@ -241,6 +241,8 @@ impl Keeper {
         if let Some(mut ctl) = self.ctl.take() {
             let _ = ctl.write_all(&Ctl::Done.encode());
         }
+        // A stopped keeper could neither finish nor kill what is left.
+        self.wake();
         let until = Instant::now() + within;
         let pidfd = i32::try_from(self.child.id())
             .ok()

@@ -506,7 +506,7 @@ fn a_setuid_root_helper_under_a_non_root_agent_is_125_and_never_released() {
     let src = dir.path("helper.c");
     std::fs::write(
         &src,
-        "#include <signal.h>\n#include <unistd.h>\n\
+        "#define _GNU_SOURCE\n#include <signal.h>\n#include <unistd.h>\n\
          int main(void){ if (setresuid(0,0,0)) return 1; signal(SIGTERM, SIG_IGN); setsid(); for(;;) pause(); }\n",
     )
     .unwrap();
