@@ -317,7 +317,11 @@ fn a_refusal_is_acted_on_while_the_state_files_filesystem_is_frozen() {
     wait_renewals(&fake, 2);
     assert!(state.exists(), "the state file is on the loop filesystem");
     fs.freeze();
-    // Every write to the state file now blocks in D state.
+    // Every write to the state file now blocks in D state: one more
+    // successful renewal makes the agent publish (and, written on the
+    // decision loop, block), then the authority refuses.
+    let n = fake.requests_to("/v1/renew").len();
+    wait_renewals(&fake, n + 1);
     let ok = fake.requests_to("/v1/renew").len();
     fake.set_renew(Reply::Refuse("superseded"));
     let gone = wait_for(Duration::from_secs(10), || (!alive(pids[0])).then_some(()));
