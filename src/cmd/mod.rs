@@ -175,6 +175,11 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         status_listen: m.string("status-listen")?,
         status_held_alert: m.get("status-held-alert", dur)?,
     };
+    if args.history.max_rows == 0 {
+        return Err(UsageError::Words(
+            "--history-max-rows must be at least 1".into(),
+        ));
+    }
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return Err(UsageError::Words(
             "--tls-cert and --tls-key go together: give both or neither".into(),

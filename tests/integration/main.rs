@@ -26,6 +26,7 @@ mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
 mod fence_zombie;
+mod history;
 mod layout;
 mod partition_netns;
 mod serve_trust;
