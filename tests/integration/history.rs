@@ -240,7 +240,10 @@ fn history_is_bounded_by_count_and_by_age() {
     poll("old attempts to be pruned", T, || {
         let g = grant(&s2, "aging", "h", 30_000, "redispatch");
         release_with(&s2, &g, "succeeded", json!(0));
-        let kept = history(&s2, "?limit=1000")["attempts"].as_array().unwrap().clone();
+        let kept = history(&s2, "?limit=1000")["attempts"]
+            .as_array()
+            .unwrap()
+            .clone();
         (!kept.iter().any(|a| old.contains(&a["token"]))).then_some(())
     });
     // Bad bounds are usage errors naming the flag.

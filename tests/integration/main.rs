@@ -12,6 +12,7 @@ mod agent_distrust;
 mod agent_failures;
 mod agent_files;
 mod agent_tree;
+mod alerts;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
