@@ -103,7 +103,9 @@ impl Status {
         if q.len() < 64 {
             q.push_back(now);
         }
-        let span = now.at.duration_since(base.at).as_secs_f64().max(1.0);
+        // Over less than a minute of samples, the count so far (never
+        // extrapolated from a few seconds).
+        let span = now.at.duration_since(base.at).as_secs_f64().max(60.0);
         let per_min = |a: u64, b: u64| a.saturating_sub(b) as f64 * 60.0 / span;
         (
             per_min(now.grants, base.grants),

@@ -31,6 +31,7 @@ mod history;
 mod layout;
 mod partition_netns;
 mod serve_trust;
+mod status_page;
 mod systemd_help;
 mod systemd_notify;
 mod systemd_real;
