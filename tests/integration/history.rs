@@ -335,6 +335,74 @@ fn history_is_scoped_like_the_listing() {
     assert_eq!(st, 401);
     let (st, v) = get_as(&s.addr, "/v1/history", "agent-token");
     assert_eq!(st, 403, "an agent is not a reader: {v}");
+    // The status page on the main listener: the reader role, the same scope.
+    let page = |token: &str| {
+        let raw = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        );
+        let (st, body) = raw_request(&s.addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
+        (st, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (st, html) = page("reader-token");
+    assert_eq!(st, 200, "{html}");
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    assert!(html.contains("etl/a") && html.contains("etl/c"), "{html}");
+    assert!(!html.contains("billing/b"), "out of scope: {html}");
+    assert_eq!(page("agent-token").0, 403);
+    assert_eq!(page("wrong-token").0, 401);
+}
+
+#[test]
+fn the_status_listener_is_loopback_only_and_serves_only_the_page() {
+    let d = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--status-listen",
+            "0.0.0.0:0",
+            "--db",
+        ])
+        .arg(d.path().join("l.db"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--status-listen 0.0.0.0:0: must be a loopback address"),
+        "{err}"
+    );
+    let served = support::authority::spawn_serve(
+        &d.path().join("l.db"),
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--status-listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+    );
+    let mut child = served.child;
+    let status = loop {
+        let line = served.stderr.recv_timeout(T).expect("the status line");
+        if let Some(u) = line.strip_prefix("leaseagent serve: status page on http://") {
+            break u.trim().to_string();
+        }
+    };
+    let get = |path: &str, method: &str| {
+        let raw = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        raw_request(&status, raw.as_bytes(), Duration::from_secs(10)).unwrap()
+    };
+    let (st, body) = get("/", "GET");
+    assert_eq!(st, 200);
+    assert!(String::from_utf8_lossy(&body).contains("<h2>Held now</h2>"));
+    assert_eq!(get("/v1/leases", "GET").0, 404);
+    assert_eq!(get("/metrics", "GET").0, 404);
+    assert_eq!(get("/", "POST").0, 405);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Runs `leaseagent ARGS` with a fresh state directory; (code, stdout, stderr).
