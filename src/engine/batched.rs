@@ -18,9 +18,12 @@
 //!   ([`ServeEngine::healthy`] turns false): memory may be ahead of the disk
 //!   and only a restart (which reloads the disk) makes them agree again.
 //!   Tokens skipped by a failed commit are simply never issued.
-//! - Releases are queued without waiting: a release lost in a crash leaves a
-//!   lease on record, which after the restart expires one ttl later — late,
-//!   never early.
+//! - A release is answered, like a grant, only once it is committed, with
+//!   the end of its attempt in the run history ([`super::history`]) in the
+//!   same transaction: a finished attempt whose release was answered is not
+//!   lost in a crash. (The release waits for the group commit; it adds no
+//!   fsync.) Writes nobody waits for (a hold, an expiry, a compaction) may
+//!   be lost in a crash: the restart rule then makes them happen again.
 //! - On start, every lease on record expires `ttl` after now (the protocol's
 //!   Restart rule): a live holder renews in time and keeps it, a dead one is
 //!   found within one ttl. A lease seen expired under policy hold is written
