@@ -64,6 +64,8 @@ const MAX_BATCH: usize = 4096;
 /// At most this many rows are looked at per listed lease (plus a little):
 /// a page over many expired rows ends early rather than hold the lock.
 const SCAN_PER_LEASE: usize = 4;
+/// Most tasks whose last success is remembered for `/metrics`.
+const MAX_SUCCESS_TASKS: usize = 10_000;
 /// How often a full pass may drop expired leases when a cap is reached.
 const RECLAIM_EVERY_MS: u64 = 1000;
 
@@ -248,7 +250,10 @@ impl ServeEngine {
         reader
             .pragma_update(None, "query_only", true)
             .ctx("opening the history reader")?;
-        let last_success = history::last_successes(&reader)?.into_iter().collect();
+        let mut successes = history::last_successes(&reader)?;
+        successes.sort_by_key(|(_, ms)| std::cmp::Reverse(*ms));
+        successes.truncate(MAX_SUCCESS_TASKS);
+        let last_success = successes.into_iter().collect();
         let now = now_ms();
         let last_issued = store::last_issued(&conn)?;
         let mut state = State {
@@ -618,10 +623,7 @@ impl ServeEngine {
             Ok(ack) => {
                 self.counters.releases.fetch_add(1, Ordering::Relaxed);
                 if outcome == Some(crate::lease::Outcome::Succeeded) {
-                    self.last_success
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(task.to_string(), history::wall_ms());
+                    self.record_success(task);
                 }
                 Ok(Queued {
                     value: (),
@@ -785,6 +787,23 @@ impl ServeEngine {
     pub fn attempt_times(&self, token: u64) -> Option<(u64, Option<u64>)> {
         let conn = self.reader.lock().unwrap_or_else(|p| p.into_inner());
         history::times(&conn, token).ok().flatten()
+    }
+
+    /// Notes that `task` just succeeded. Bounded: past
+    /// [`MAX_SUCCESS_TASKS`] tasks, the one that succeeded longest ago is
+    /// forgotten (its metric series disappears, as its history would).
+    fn record_success(&self, task: &str) {
+        let mut map = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(task.to_string(), history::wall_ms());
+        if map.len() > MAX_SUCCESS_TASKS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, ms)| **ms)
+                .map(|(t, _)| t.clone());
+            if let Some(t) = oldest {
+                map.remove(&t);
+            }
+        }
     }
 
     /// When each task last ended with a release reporting `succeeded`

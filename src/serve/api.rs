@@ -372,11 +372,12 @@ impl Api {
             Endpoint::Status => Routed::Blocking(Box::new(move |api| {
                 api.status.page(&api.engine, &api.conns, &|t| who.covers(t))
             })),
-            Endpoint::Metrics => Routed::Blocking(Box::new(|api| Response {
+            Endpoint::Metrics => Routed::Blocking(Box::new(move |api| Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
                 headers: Vec::new(),
-                body: metrics::render(&api.engine, &api.latency, &api.conns).into_bytes(),
+                body: metrics::render(&api.engine, &api.latency, &api.conns, &|t| who.covers(t))
+                    .into_bytes(),
             })),
         }
     }

@@ -162,8 +162,14 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-/// Renders every metric.
-pub fn render(engine: &ServeEngine, latency: &Latency, conns: &ConnStats) -> String {
+/// Renders every metric; the per-task ones only for the tasks `covers`
+/// accepts (the caller's scope, as for the listing).
+pub fn render(
+    engine: &ServeEngine,
+    latency: &Latency,
+    conns: &ConnStats,
+    covers: &dyn Fn(&str) -> bool,
+) -> String {
     let sources = Sources {
         up: engine.healthy(),
         c: &engine.counters,
@@ -174,21 +180,25 @@ pub fn render(engine: &ServeEngine, latency: &Latency, conns: &ConnStats) -> Str
     for f in FAMILIES {
         write_family(&mut out, f, &sources);
     }
-    write_tasks(&mut out, engine);
+    write_tasks(&mut out, engine, covers);
     write_latency(&mut out, latency);
     out
 }
 
 /// The per-task gauges: seconds held for an operator (since the lease
 /// expired), and when the task last succeeded.
-fn write_tasks(out: &mut String, engine: &ServeEngine) {
+fn write_tasks(out: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) -> bool) {
     let now = crate::engine::history::wall_ms();
     let name = "leaseagent_task_held_for_operator_seconds";
     let _ = writeln!(
         out,
         "# HELP {name} Seconds since the lease of a task held for an operator expired.\n# TYPE {name} gauge"
     );
-    for (info, since) in engine.held_for_operator() {
+    for (info, since) in engine
+        .held_for_operator()
+        .into_iter()
+        .filter(|(i, _)| covers(&i.task))
+    {
         let secs = since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e3);
         let _ = writeln!(out, "{name}{{task=\"{}\"}} {secs}", info.task);
     }
@@ -197,7 +207,11 @@ fn write_tasks(out: &mut String, engine: &ServeEngine) {
         out,
         "# HELP {name} When the task's last attempt reporting `succeeded` was released (Unix time).\n# TYPE {name} gauge"
     );
-    for (task, ms) in engine.last_successes() {
+    for (task, ms) in engine
+        .last_successes()
+        .into_iter()
+        .filter(|(t, _)| covers(t))
+    {
         let _ = writeln!(out, "{name}{{task=\"{task}\"}} {}", ms as f64 / 1e3);
     }
 }
@@ -274,7 +288,7 @@ mod tests {
         for us in [10, 60, 300, 300, 4_000, 2_000_000] {
             latency.observe(Duration::from_micros(us));
         }
-        let got = render(&e, &latency, &conns);
+        let got = render(&e, &latency, &conns, &|_| true);
         e.shutdown();
         assert_eq!(got, EXPECTED);
     }

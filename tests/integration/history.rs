@@ -350,6 +350,16 @@ fn history_is_scoped_like_the_listing() {
     assert!(!html.contains("billing/b"), "out of scope: {html}");
     assert_eq!(page("agent-token").0, 403);
     assert_eq!(page("wrong-token").0, 401);
+    // So are the per-task metrics.
+    let raw = "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer reader-token\r\nConnection: close\r\n\r\n";
+    let (st, body) = raw_request(&s.addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("leaseagent_task_last_success_timestamp_seconds{task=\"etl/a\"}"),
+        "{text}"
+    );
+    assert!(!text.contains("billing/b"), "out of scope: {text}");
 }
 
 #[test]
