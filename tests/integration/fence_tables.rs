@@ -150,7 +150,13 @@ impl Table {
             c.arg(ICEBERG_TABLE);
         }
         let out = c.args([task, part]).output().expect("run table_state.py");
-        assert!(out.status.success(), "table_state.py: {}", stderr(&out));
+        assert!(
+            out.status.success(),
+            "table_state.py {task} {part} exited {:?}: {} (stdout {:?})",
+            out.status,
+            stderr(&out),
+            String::from_utf8_lossy(&out.stdout)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("table_state JSON");
         let tokens = |k: &str| -> Vec<u64> {
             v[k].as_array()

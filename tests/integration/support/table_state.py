@@ -51,4 +51,7 @@ def iceberg(warehouse, table, task, part):
 if __name__ == "__main__":
     fmt, rest = sys.argv[1], sys.argv[2:]
     history, rows = delta(*rest) if fmt == "delta" else iceberg(*rest)
-    print(json.dumps({"history": history, "rows": rows}))
+    print(json.dumps({"history": history, "rows": rows}), flush=True)
+    # Skip the interpreter's teardown, which the Arrow/Rust thread pools
+    # occasionally abort ("terminate called without an active exception").
+    os._exit(0)
