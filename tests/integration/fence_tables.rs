@@ -94,7 +94,10 @@ impl Table {
 
     fn script(&self) -> &'static str {
         match self.format {
-            Format::Delta => concat!(env!("CARGO_MANIFEST_DIR"), "/examples/delta-fenced-write.py"),
+            Format::Delta => concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/delta-fenced-write.py"
+            ),
             Format::Iceberg => concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/examples/iceberg-fenced-write.py"
@@ -228,7 +231,10 @@ fn zombie(format: Format) {
         .map(|f| format!("--- {f}\n{}", read_opt(&work.join(f)).unwrap_or_default()))
         .collect::<String>();
     let state = table.state(&py, &task, part);
-    eprintln!("{format:?} zombie: A (token {a}) late commit exit {}: {a_err}", t.a_rc);
+    eprintln!(
+        "{format:?} zombie: A (token {a}) late commit exit {}: {a_err}",
+        t.a_rc
+    );
     assert!(b > a, "B's token {b} must be above A's {a}");
     assert_eq!(t.b_agent, 0, "B committed\n{logs}");
     assert_eq!(t.a_rc, SUPERSEDED, "A's late commit: {a_err}\n{logs}");
@@ -276,9 +282,11 @@ fn hold(table: &Table, py: &Path, task: &str, token: &str, part: &str, dir: &Pat
 impl Held {
     /// Waits until the writer has stopped itself; returns its pid.
     fn stopped(&self) -> i32 {
-        let pid: i32 = poll("a writer to reach its commit", Duration::from_secs(60), || {
-            read_opt(&self.pid_file).and_then(|s| s.trim().parse().ok())
-        });
+        let pid: i32 = poll(
+            "a writer to reach its commit",
+            Duration::from_secs(60),
+            || read_opt(&self.pid_file).and_then(|s| s.trim().parse().ok()),
+        );
         poll("a writer to stop", Duration::from_secs(30), || {
             (proc_state(pid) == Some('T')).then_some(())
         });
@@ -303,20 +311,27 @@ fn race(format: Format) {
         let w7 = hold(&table, &py, &task, "7", &part, d.path());
         let w8 = hold(&table, &py, &task, "8", &part, d.path());
         let (p7, p8) = (w7.stopped(), w8.stopped());
-        // Both passed the check on the same table version; release together.
-        if i % 2 == 0 {
-            signal(p7, Signal::CONT);
-            signal(p8, Signal::CONT);
-        } else {
-            signal(p8, Signal::CONT);
-            signal(p7, Signal::CONT);
-        }
+        // Both passed the check on the same table version. Release them in
+        // alternating order, the second 0 to 200 ms after the first: a
+        // spread of interleavings (commits racing; one commit landing while
+        // the other is still writing its files), not a timing assertion.
+        let (first, second) = if i % 2 == 0 { (p7, p8) } else { (p8, p7) };
+        signal(first, Signal::CONT);
+        std::thread::sleep(Duration::from_millis(50 * (i as u64 / 2 % 5)));
+        signal(second, Signal::CONT);
         let ((rc7, err7), (rc8, err8)) = (w7.finish(), w8.finish());
         let state = table.state(&py, &task, &part);
         let what = format!("trial {i}: 7 -> {rc7} {err7:?}, 8 -> {rc8} {err8:?}, {state:?}");
-        assert!(state.in_token_order(), "a lower token after a higher: {what}");
+        assert!(
+            state.in_token_order(),
+            "a lower token after a higher: {what}"
+        );
         assert_eq!(rc8, 0, "8 always commits: {what}");
-        assert_eq!(state.rows, vec![8; 3], "the partition holds 8's rows: {what}");
+        assert_eq!(
+            state.rows,
+            vec![8; 3],
+            "the partition holds 8's rows: {what}"
+        );
         match rc7 {
             0 => {
                 seven_first += 1;
@@ -325,6 +340,9 @@ fn race(format: Format) {
             SUPERSEDED => {
                 seven_refused += 1;
                 assert!(err7.contains("token 7 superseded by 8"), "{what}");
+                // 7 passed its check before 8 committed: what refused it
+                // is the table's own commit, not the check.
+                assert!(err7.contains("refused this attempt's commit"), "{what}");
                 assert!(!state.history.contains(&7), "{what}");
             }
             _ => panic!("7 failed otherwise: {what}"),
@@ -357,7 +375,10 @@ fn refusals(format: Format) {
     let before = table.state(&py, task, part);
     assert_eq!(before.rows, vec![8; 3]);
 
-    for (token, seen) in [("7", "token 7 superseded by 8"), ("8", "token 8 superseded by 8")] {
+    for (token, seen) in [
+        ("7", "token 7 superseded by 8"),
+        ("8", "token 8 superseded by 8"),
+    ] {
         let o = table.write(&py, task, Some(token), part);
         assert_eq!(o.status.code(), Some(SUPERSEDED), "{}", stderr(&o));
         assert!(stderr(&o).contains(seen), "{}", stderr(&o));
@@ -382,15 +403,27 @@ fn refusals(format: Format) {
     if let Format::Iceberg = format {
         let o = Command::new(&py)
             .arg(table.script())
-            .args([table.location.as_os_str(), "no_namespace".as_ref(), part.as_ref()])
+            .args([
+                table.location.as_os_str(),
+                "no_namespace".as_ref(),
+                part.as_ref(),
+            ])
             .env("LEASE_TASK", task)
             .env("LEASE_TOKEN", "9")
             .output()
             .unwrap();
         assert_eq!(o.status.code(), Some(USAGE), "{}", stderr(&o));
-        assert!(stderr(&o).contains("expected namespace.name"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("expected namespace.name"),
+            "{}",
+            stderr(&o)
+        );
     }
-    assert_eq!(table.state(&py, task, part), before, "the table is unchanged");
+    assert_eq!(
+        table.state(&py, task, part),
+        before,
+        "the table is unchanged"
+    );
 
     // Another task's tokens are its own: a lower token of task B commits.
     let other = table.write(&py, "other", Some("3"), "2026-12-02");
