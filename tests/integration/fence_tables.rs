@@ -25,7 +25,7 @@
 //! creates the virtual environment), else `target/py-venv/bin/python`. A
 //! missing interpreter or package fails the tests; they never skip.
 
-use crate::fence_zombie::{Serve, freeze_and_take_over, start_serve};
+use crate::fence_zombie::{Serve, freeze_and_take_over, logs as agent_logs, start_serve};
 use crate::support;
 
 use std::ffi::OsString;
@@ -226,10 +226,7 @@ fn zombie(format: Format) {
     };
     let (a, b) = (token("a.token"), token("b.token"));
     let a_err = read_opt(&work.join("a.err")).unwrap_or_default();
-    let logs = ["a.agent.log", "b.agent.log"]
-        .iter()
-        .map(|f| format!("--- {f}\n{}", read_opt(&work.join(f)).unwrap_or_default()))
-        .collect::<String>();
+    let logs = agent_logs(&work);
     let state = table.state(&py, &task, part);
     eprintln!(
         "{format:?} zombie: A (token {a}) late commit exit {}: {a_err}",

@@ -285,7 +285,7 @@ fn trial(serve: &Serve, work: &Path, task: &str) -> Trial {
     }
 }
 
-fn logs(work: &Path) -> String {
+pub(crate) fn logs(work: &Path) -> String {
     ["a.agent.log", "b.agent.log"]
         .iter()
         .map(|f| format!("--- {f}\n{}", read_opt(&work.join(f)).unwrap_or_default()))
