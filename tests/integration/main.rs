@@ -26,6 +26,7 @@ mod fence_check;
 mod fence_examples;
 mod fence_publish;
 mod fence_sqlite;
+mod fence_tables;
 mod fence_zombie;
 mod history;
 mod layout;
