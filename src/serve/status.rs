@@ -16,8 +16,11 @@
 //! `<script>…` is shown as text and runs nothing.
 //!
 //! Per-minute figures are differences of the engine's counters between now
-//! and a sample taken at least a minute ago (or at start), kept in a short
-//! queue: no thread, no timer.
+//! and a sample taken about a minute ago, kept in a short queue filled by
+//! the page views themselves (no thread, no timer). While serve is younger
+//! than a minute (or the page was not viewed for a while) they are the
+//! counts since the oldest sample over one minute, never a few seconds
+//! extrapolated.
 
 use std::collections::VecDeque;
 use std::fmt::Write;
@@ -92,8 +95,9 @@ impl Status {
         }
     }
 
-    /// Per-minute rates (grants, refusals, acquires refused) since the
-    /// oldest kept sample, which is at least a minute old when one is.
+    /// Per-minute rates (grants, refusals, acquires refused): the counts
+    /// since the oldest kept sample (the newest one at least a minute old,
+    /// if any), over that span but never less than a minute.
     fn rates(&self, now: Sample) -> (f64, f64, f64) {
         let mut q = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         while q.len() >= 2 && q[1].at + Duration::from_secs(60) <= now.at {
