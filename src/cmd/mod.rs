@@ -36,6 +36,7 @@ pub enum Command {
     Leases(crate::cmd::operator::LeasesArgs),
     Revoke(crate::cmd::operator::RevokeArgs),
     Clear(crate::cmd::operator::ClearArgs),
+    History(crate::cmd::operator::HistoryArgs),
     /// `leaseagent token new`: a bearer token for `serve --auth-file`.
     TokenNew,
     /// Internal: the process-group keeper between the agent and the job.
@@ -55,6 +56,7 @@ const SUBCOMMANDS: &[(&CommandDef, Build)] = &[
     (&defs::LEASES, leases),
     (&defs::REVOKE, revoke),
     (&defs::CLEAR, clear),
+    (&defs::HISTORY, history),
 ];
 
 /// Turns argv (including `argv[0]`) into a [`Command`].
@@ -166,7 +168,18 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         max_connections: m.get("max-connections", number)?,
         max_connections_per_peer: m.get("max-connections-per-peer", number)?,
         max_leases: m.parse("max-leases", number)?,
+        history: crate::engine::history::Bounds {
+            max_age: m.get("history-max-age", dur)?,
+            max_rows: m.get("history-max-rows", number)?,
+        },
+        status_listen: m.string("status-listen")?,
+        status_held_alert: m.get("status-held-alert", dur)?,
     };
+    if args.history.max_rows == 0 {
+        return Err(UsageError::Words(
+            "--history-max-rows must be at least 1".into(),
+        ));
+    }
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return Err(UsageError::Words(
             "--tls-cert and --tls-key go together: give both or neither".into(),
@@ -242,6 +255,15 @@ fn revoke(m: &mut Matches) -> Result<Command, UsageError> {
         authority: authority(m)?,
         task: m.positional_string(0)?,
         force: m.switch("force"),
+        json: m.switch("json"),
+    }))
+}
+
+fn history(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::History(operator::HistoryArgs {
+        authority: authority(m)?,
+        task: m.optional_positional_string(0)?,
+        since: m.parse("since", dur)?,
         json: m.switch("json"),
     }))
 }
@@ -574,6 +596,10 @@ mod tests {
             (
                 &defs::CLEAR,
                 include_str!("../../tests/integration/golden/help-clear.txt"),
+            ),
+            (
+                &defs::HISTORY,
+                include_str!("../../tests/integration/golden/help-history.txt"),
             ),
         ];
         for (def, want) in golden {

@@ -36,7 +36,7 @@ fn golden(name: &str) -> String {
 }
 
 const COMMANDS: &[&str] = &[
-    "run", "serve", "publish", "check", "leases", "revoke", "clear",
+    "run", "serve", "publish", "check", "leases", "revoke", "clear", "history",
 ];
 
 #[test]
