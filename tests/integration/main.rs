@@ -17,6 +17,7 @@ mod authority_embedded;
 mod authority_serve;
 mod cli_help;
 mod client_trust;
+mod docs_links;
 mod engine_storage;
 mod etcd_agent;
 mod etcd_authority;
