@@ -15,6 +15,7 @@ mod agent_tree;
 mod authority_e2e;
 mod authority_embedded;
 mod authority_serve;
+mod cli_generated;
 mod cli_help;
 mod client_trust;
 mod docs_links;
