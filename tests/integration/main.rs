@@ -31,6 +31,7 @@ mod fence_zombie;
 mod layout;
 mod partition_netns;
 mod serve_trust;
+mod systemd_deb;
 mod systemd_help;
 mod systemd_notify;
 mod systemd_real;
