@@ -3,8 +3,10 @@
 //! golden files (`LEASEAGENT_BLESS=1` rewrites them, see
 //! `support/golden.rs`), every flag `--help` shows is in each of them, the
 //! pages render without a groff warning, the zsh and fish scripts parse,
-//! and the bash script completes flags, subcommands, files and values when
-//! a real bash calls it the way readline does.
+//! the bash script completes flags, subcommands, files and values when a
+//! real bash calls it the way readline does, and a real fish completes
+//! from its script (`complete -C`). zsh is only parsed (`zsh -n`): driving
+//! its completion system needs a pseudo-terminal.
 
 use crate::support::golden;
 
@@ -249,4 +251,47 @@ fn bash_completes_flags_subcommands_values_and_files() {
         c(&["leaseagent", "--task", "t", "--", "ls", "/et"]),
         ["/etc"]
     );
+}
+
+/// What fish offers for a command line (`complete -C`), the generated
+/// script sourced: the candidates, without their descriptions.
+fn fish_complete(line: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("leaseagent.fish");
+    std::fs::write(&script, leaseagent(&["completions", "fish"])).unwrap();
+    let out = Command::new("fish")
+        .arg("--no-config")
+        .arg("-c")
+        .arg(format!(
+            "source {}; complete -C {}",
+            script.display(),
+            format_args!("'{}'", line.replace('\'', "\\'"))
+        ))
+        .output()
+        .expect("fish must be installed (scripts/test does)");
+    assert!(
+        out.status.success(),
+        "{line}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn fish_completes_flags_subcommands_and_values() {
+    assert_eq!(fish_complete("leaseagent --ta"), ["--task"]);
+    assert_eq!(fish_complete("leaseagent se"), ["serve"]);
+    assert_eq!(fish_complete("leaseagent serve --li"), ["--listen"]);
+    // The run path's flags after a flag value; a subcommand's only after it.
+    assert_eq!(fish_complete("leaseagent --task x --tt"), ["--ttl"]);
+    assert!(fish_complete("leaseagent serve --tt").is_empty());
+    assert_eq!(
+        fish_complete("leaseagent completions "),
+        ["bash", "fish", "zsh"]
+    );
+    assert_eq!(fish_complete("leaseagent token "), ["new"]);
 }

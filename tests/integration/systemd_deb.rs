@@ -133,6 +133,9 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
     )
     .unwrap();
     let demo = "leaseagent@demo.service";
+    // The packaged units verify, their Documentation= man pages included.
+    let verify = ok(&sd, &["systemd-analyze", "verify", demo, serve]);
+    assert_eq!(verify, "", "systemd-analyze verify");
     sd.systemctl(&["start", demo]);
     assert_eq!(sd.prop(demo, "ActiveState"), "active");
     let status = sd.prop(demo, "StatusText");
