@@ -22,7 +22,33 @@ fn deb() -> PathBuf {
         return PathBuf::from(p);
     }
     let script = format!("{}/scripts/deb", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(&script).output().expect("scripts/deb");
+    let mut c = Command::new(&script);
+    // What cargo set for this test is not the package build's: ring's build
+    // script reruns when CARGO_PKG_* or CARGO_MANIFEST_DIR differ, which
+    // would relink the release build here and again in the next scripts/deb.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        let set_by_cargo = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_BIN_",
+            "CARGO_CRATE_",
+        ]
+        .iter()
+        .any(|p| k.starts_with(p))
+            || [
+                "CARGO",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&k.as_str());
+        if set_by_cargo {
+            c.env_remove(&k);
+        }
+    }
+    let out = c.output().expect("scripts/deb");
     assert!(
         out.status.success(),
         "scripts/deb: {}\n{}",
@@ -204,4 +230,15 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
         String::from_utf8_lossy(&left.stdout)
     );
     assert_eq!(leaseagent_processes(&sd), Vec::new());
+
+    // All of it happened in the overlay: the machine's own root has none of it.
+    drop(sd);
+    for p in [
+        "/usr/bin/leaseagent",
+        "/lib/systemd/system/leaseagent@.service",
+        "/var/lib/dpkg/info/leaseagent.list",
+        "/usr/share/man/man1/leaseagent.1.gz",
+    ] {
+        assert!(!std::path::Path::new(p).exists(), "{p} on the machine");
+    }
 }
