@@ -148,6 +148,7 @@ Subcommands:
   check     exit 0 while this job's lease is valid for at least --min-remaining
   leases    list leases of an authority;  revoke TASK;  clear TASK
   history   past attempts of tasks: who held them, how each ended
+  completions SHELL, man [SUBCOMMAND]   shell completions and man pages
   (`leaseagent SUBCOMMAND --help` for each)
 
 Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
@@ -480,5 +481,54 @@ Examples:
 
   # every task of a lease server, as JSON for scripts
   leaseagent history --authority http://leases.internal:7878 --json",
+    style: Style::Sub,
+};
+
+/// `leaseagent completions`.
+pub static COMPLETIONS: CommandDef = CommandDef {
+    name: "completions",
+    about: "Print a shell completion script, generated from these flag tables",
+    usage: None,
+    groups: &[Group {
+        heading: None,
+        flags: &[],
+    }],
+    positionals: &[Positional {
+        name: "SHELL",
+        help: "bash, zsh or fish",
+        optional: false,
+    }],
+    notes: None,
+    examples: "\
+Examples:
+  # for this shell session, or for every user (the Debian package installs them)
+  source <(leaseagent completions bash)
+  leaseagent completions bash > /etc/bash_completion.d/leaseagent
+  leaseagent completions zsh > /usr/local/share/zsh/site-functions/_leaseagent
+  leaseagent completions fish > ~/.config/fish/completions/leaseagent.fish",
+    style: Style::Sub,
+};
+
+/// `leaseagent man`.
+pub static MAN: CommandDef = CommandDef {
+    name: "man",
+    about: "Print a man page (roff), generated from these flag tables",
+    usage: Some("leaseagent man [SUBCOMMAND]"),
+    groups: &[Group {
+        heading: None,
+        flags: &[],
+    }],
+    positionals: &[Positional {
+        name: "SUBCOMMAND",
+        help: "Print leaseagent-SUBCOMMAND(1) instead of leaseagent(1), which has them all",
+        optional: true,
+    }],
+    notes: None,
+    examples: "\
+Examples:
+  # read it, or install it
+  leaseagent man | man -l -
+  leaseagent man > /usr/local/share/man/man1/leaseagent.1
+  leaseagent man serve > /usr/local/share/man/man1/leaseagent-serve.1",
     style: Style::Sub,
 };

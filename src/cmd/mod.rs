@@ -15,6 +15,7 @@
 pub mod check;
 mod defs;
 pub mod flags;
+mod generate;
 pub mod operator;
 pub mod publish;
 pub mod server;
@@ -57,6 +58,8 @@ const SUBCOMMANDS: &[(&CommandDef, Build)] = &[
     (&defs::REVOKE, revoke),
     (&defs::CLEAR, clear),
     (&defs::HISTORY, history),
+    (&defs::COMPLETIONS, completions),
+    (&defs::MAN, man),
 ];
 
 /// Turns argv (including `argv[0]`) into a [`Command`].
@@ -73,6 +76,10 @@ fn parse_env(argv: Vec<OsString>, env: flags::Env) -> Command {
     }
     if first == "token" {
         return token(&rest[1..]);
+    }
+    // `man` without a SUBCOMMAND: the page of them all.
+    if first == defs::MAN.name && rest.len() == 1 {
+        return print(&cli().man(None).unwrap_or_default());
     }
     let (def, build, args): (&'static CommandDef, Build, &[OsString]) =
         match SUBCOMMANDS.iter().find(|(d, _)| d.name == first) {
@@ -193,6 +200,9 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
     Ok(Command::Serve(args))
 }
 
+/// What `token` does, for the man page and the completions.
+const TOKEN_ABOUT: &str = "Print a new random bearer token for serve --auth-file";
+
 const TOKEN_HELP: &str = "\
 Usage: leaseagent token new
 
@@ -216,6 +226,39 @@ fn token(args: &[OsString]) -> Command {
             eprintln!("leaseagent token: error: usage is `leaseagent token new`");
             Command::Exit(crate::exit::AGENT_FAILED)
         }
+    }
+}
+
+/// The whole command line as the generators see it.
+fn cli() -> generate::Cli<'static> {
+    static SUBS: std::sync::OnceLock<Vec<&'static CommandDef>> = std::sync::OnceLock::new();
+    generate::Cli {
+        run: &defs::RUN,
+        subs: SUBS.get_or_init(|| SUBCOMMANDS.iter().map(|(d, _)| *d).collect()),
+        token_about: TOKEN_ABOUT,
+        token_help: TOKEN_HELP,
+        version: env!("CARGO_PKG_VERSION"),
+    }
+}
+
+fn completions(m: &mut Matches) -> Result<Command, UsageError> {
+    let shell = m.positional_string(0)?;
+    match cli().completions(&shell) {
+        Some(script) => Ok(print(&script)),
+        None => Err(UsageError::Words(format!(
+            "<SHELL>: unknown shell `{shell}`: use {}",
+            generate::SHELLS.join(", ")
+        ))),
+    }
+}
+
+fn man(m: &mut Matches) -> Result<Command, UsageError> {
+    let sub = m.positional_string(0)?;
+    match cli().man(Some(&sub)) {
+        Some(page) => Ok(print(&page)),
+        None => Err(UsageError::Words(format!(
+            "<SUBCOMMAND>: no subcommand `{sub}` (see leaseagent --help)"
+        ))),
     }
 }
 
