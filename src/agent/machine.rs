@@ -28,7 +28,8 @@
 //!   SIGKILL follows `grace` later; the lease is released as `cancelled`.
 //! - Once lost, always lost: a renewal answer that arrives after the lease
 //!   was given up (refused, expired, or the job already told to stop for the
-//!   deadline) changes nothing.
+//!   deadline, by the agent or by the keeper's timer at the term time)
+//!   changes nothing.
 //! - **The exit status is decided by timestamps**, not by the order events
 //!   reach the loop: the job counts as lost only if the keeper's stamp of its
 //!   end is at or after the moment the lease was lost (the moment the agent
@@ -379,6 +380,13 @@ impl Machine {
         self.stop.is_some_and(|s| s.killed_at.is_some())
     }
 
+    /// Whether the keeper's own timer has sent SIGTERM for the deadline by
+    /// `now` (it does at the term time whatever this loop does): a renewal
+    /// answer that reaches the loop later cannot undo that stop.
+    fn keeper_acted(&self, now: BootInstant) -> bool {
+        self.stop.is_none() && self.job_alive() && now >= self.term_time()
+    }
+
     /// When the loop must wake up next, even if nothing happens.
     pub fn next_wake(&self) -> Option<BootInstant> {
         if !self.job_alive() {
@@ -548,6 +556,7 @@ impl Machine {
             || self
                 .stop
                 .is_some_and(|s| s.reason == StopReason::DeadlineNear)
+            || self.keeper_acted(now)
         {
             // Once lost, always lost; but an answer saying the lease ends
             // even sooner still brings SIGKILL forward.
@@ -1577,7 +1586,8 @@ mod tests {
                         // The machine's own view of "lost" decides which rule
                         // applies; the model then checks the deadline it keeps.
                         let frozen = m.lease_lost()
-                            || m.stop.is_some_and(|s| s.reason == StopReason::DeadlineNear);
+                            || m.stop.is_some_and(|s| s.reason == StopReason::DeadlineNear)
+                            || m.keeper_acted(now);
                         if !frozen {
                             proven = sent + ms(t);
                             budget = st.deadline(sent, ms(t));

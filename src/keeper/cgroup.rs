@@ -150,6 +150,31 @@ impl JobCgroup {
 
     /// Removes the (empty) cgroup; a cgroup with members stays.
     pub fn remove(&self) {
-        let _ = std::fs::remove_dir(&self.dir);
+        remove_dir_when_released(&self.dir);
+    }
+}
+
+/// `rmdir` of an emptied cgroup, retried for a moment: the kernel may still
+/// count a just-reaped process (EBUSY) for a few milliseconds.
+fn remove_dir_when_released(dir: &Path) {
+    for _ in 0..50 {
+        match std::fs::remove_dir(dir) {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Removes the job cgroup a keeper with pid `keeper` may have left behind
+/// (it was killed, or exited before the kernel released its cgroup); run
+/// by the agent, whose cgroup the keeper's is. A cgroup with members stays.
+pub fn remove_left_by(keeper: u32) {
+    if let Ok(parent) = own_dir() {
+        let dir = parent.join(format!("leaseagent-job-{keeper}"));
+        if dir.exists() {
+            remove_dir_when_released(&dir);
+        }
     }
 }

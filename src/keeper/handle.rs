@@ -250,7 +250,10 @@ impl Keeper {
             .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         loop {
             match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => return,
+                Ok(Some(_)) | Err(_) => {
+                    crate::keeper::cgroup::remove_left_by(self.child.id());
+                    return;
+                }
                 Ok(None) => {}
             }
             let left = until.saturating_duration_since(Instant::now());
