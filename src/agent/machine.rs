@@ -1488,7 +1488,7 @@ mod tests {
             4 => ((0u64..3000), (500u64..6000)).prop_map(|(lag, ttl)| Op::Renewed { lag, ttl }),
             2 => Just(Op::RenewFailed),
             1 => Just(Op::Refused),
-            1 => prop::sample::select(Sig::RELAYED.to_vec()).prop_map(Op::Signal),
+            1 => prop::sample::select(Sig::caught().collect::<Vec<_>>()).prop_map(Op::Signal),
             1 => (0i32..3).prop_map(Op::Exit),
             1 => Just(Op::TreeGone),
         ]
@@ -1603,7 +1603,7 @@ mod tests {
                         (Event::Refused { reason: RefusalReason::Superseded, message: String::new() }, None)
                     }
                     Op::Signal(s) => {
-                        if s.is_stop() { justified_stop = true; }
+                        if s.ends_run() { justified_stop = true; }
                         (Event::Signal(s), Some(s))
                     }
                     Op::Exit(c) => {

@@ -11,15 +11,23 @@
 //! the kernel closes it, the keeper reads EOF and kills the whole tree.
 //!
 //! ```text
-//!   agent ──ctl pipe: Relay(sig) Term Kill Done; EOF = agent died──▶ keeper ──fork/exec──▶ job
+//!   agent ──ctl pipe: Relay(sig) Term Kill Done Arm; EOF = agent died──▶ keeper ──fork/exec──▶ job
 //!   agent ◀──report pipe: Started SpawnFailed Exited TreeGone Survivor Warning Info── keeper
 //! ```
 //! (both ends typed in [`protocol`]).
 //!
-//! One loop, in tini's manner: `poll` on the ctl pipe and a SIGCHLD
-//! self-pipe together, then `waitpid(-1, WNOHANG)` until nothing is left to
-//! reap. No helper thread, no sleep-polling. The only timed wake-up is the
-//! next round of SIGKILL while a kill is in progress.
+//! The keeper is the deadline's second guardian: after every grant and
+//! renewal the agent sends `Arm` (deadline, grace, kill lead), and the
+//! keeper stops the tree by it on its own ([`guard`]) if no newer one comes,
+//! so an agent that is stopped, blocked on a filesystem or not scheduled
+//! cannot let the deadline pass.
+//!
+//! One loop, in tini's manner: `poll` on the ctl pipe, a SIGCHLD self-pipe
+//! and a `CLOCK_BOOTTIME` timerfd together, then `waitpid(-1, WNOHANG)`
+//! until nothing is left to reap. No helper thread, no sleep-polling. The
+//! timed wake-ups are the armed deadline's SIGTERM and SIGKILL and the next
+//! round of SIGKILL while a kill is in progress (backing off to
+//! `KILL_ROUND_SURVIVORS` once survivors were reported).
 //!
 //! Invariants and races it guards against:
 //! - The keeper is a child subreaper, so every descendant of the job stays
@@ -38,7 +46,7 @@
 //!   nor the job holds a write end: EOF means exactly "the agent is gone".
 //!   The keeper marks its own pipe ends close-on-exec before starting the
 //!   job, so the job inherits neither.
-//! - The keeper ignores (by handling) every signal the agent relays, so a
+//! - The keeper ignores (by handling) every signal the agent catches, so a
 //!   Ctrl-C to the terminal's foreground group (agent + keeper) reaches the
 //!   job only through the agent's relay: exactly once. Handled (not ignored)
 //!   signals are reset to their defaults by `exec`, so the job starts clean.
