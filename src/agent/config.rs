@@ -73,8 +73,8 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Authority(#[from] AuthorityFlagError),
-    #[error("--ttl must be at least 1ms")]
-    TtlTooShort,
+    #[error(transparent)]
+    Timing(#[from] crate::agent::timing::TimingError),
     #[error("--heartbeat must be above 0")]
     ZeroHeartbeat,
     #[error("--heartbeat ({}) must be below --ttl ({})", format(*heartbeat), format(*ttl))]
@@ -125,9 +125,7 @@ impl RawRun {
         validate_task(&task)?;
         let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
-        if ttl < Duration::from_millis(1) {
-            return Err(ConfigError::TtlTooShort);
-        }
+        crate::agent::timing::check_ttl(ttl)?;
         let heartbeat = self.heartbeat.unwrap_or(ttl / 3);
         if heartbeat.is_zero() {
             return Err(ConfigError::ZeroHeartbeat);
@@ -157,7 +155,7 @@ impl RawRun {
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
             return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }
-        Ok(RunConfig {
+        let cfg = RunConfig {
             authority,
             task,
             ttl,
@@ -171,7 +169,9 @@ impl RawRun {
             remap_exit: self.remap_exit,
             command: self.command,
             trust: self.trust,
-        })
+        };
+        crate::agent::timing::check(&cfg.settings())?;
+        Ok(cfg)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod report;
 pub mod signals;
 pub mod state_file;
 pub mod supervisor;
+pub mod timing;
 
 use std::process::ExitCode;
 use std::time::Duration;
