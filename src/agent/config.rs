@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub clock_drift_ppm: u32,
     /// `--remap-exit`: the command's own 124 and 125 become 1.
     pub remap_exit: bool,
+    /// `--renew-priority`: how renewal packets are marked.
+    pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     /// The trust flags (files are read when the authority is opened).
     pub trust: TrustFiles,
@@ -55,6 +57,7 @@ pub struct RawRun {
     pub wait: Option<Option<Duration>>,
     pub clock_drift_ppm: Option<u32>,
     pub remap_exit: bool,
+    pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
 }
@@ -167,6 +170,7 @@ impl RawRun {
             wait: self.wait,
             clock_drift_ppm,
             remap_exit: self.remap_exit,
+            renew_marks: self.renew_marks,
             command: self.command,
             trust: self.trust,
         };

@@ -58,6 +58,7 @@ fn run(cfg: RunConfig) -> u8 {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
+    authority::netpath::set_marks(cfg.renew_marks);
     let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {

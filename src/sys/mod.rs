@@ -6,4 +6,6 @@
 pub mod fd;
 pub mod notify;
 pub mod paths;
+#[allow(unsafe_code)]
+pub mod priority;
 pub mod signal;
