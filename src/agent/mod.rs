@@ -53,6 +53,13 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
+    let memory = crate::sys::memory::protect(true);
+    log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
+    if let Err(why) = memory.locked {
+        log::info!(
+            "memory not locked: {why}; renewals may wait on page faults under memory pressure"
+        );
+    }
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
         log::error!("cannot install signal handlers: {e}");

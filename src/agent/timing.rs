@@ -187,7 +187,10 @@ mod tests {
         let e = check(&settings(3_000, Some(2_600), None)).unwrap_err();
         assert!(matches!(e, TimingError::NoRoomToRenew { .. }), "{e}");
         assert!(e.to_string().starts_with("--heartbeat (2600ms)"), "{e}");
-        assert!(e.to_string().contains("use --heartbeat 1996ms or less"), "{e}");
+        assert!(
+            e.to_string().contains("use --heartbeat 1996ms or less"),
+            "{e}"
+        );
         let e = check(&settings(1_000, None, Some(999))).unwrap_err();
         assert!(e.to_string().starts_with("--grace (999ms)"), "{e}");
         let e = check(&settings(100, None, None)).unwrap_err();
@@ -196,7 +199,10 @@ mod tests {
             "--ttl (100ms) must be between 1s and 24h (the lease protocol's bounds)"
         );
         let e = check(&settings(30_000, Some(1), None)).unwrap_err();
-        assert!(e.to_string().starts_with("--heartbeat (1ms) is below"), "{e}");
+        assert!(
+            e.to_string().starts_with("--heartbeat (1ms) is below"),
+            "{e}"
+        );
         assert!(check(&settings(86_400_001, None, None)).is_err());
     }
 
@@ -209,7 +215,10 @@ mod tests {
             };
             match largest_heartbeat(window) {
                 Some(h) => {
-                    assert_eq!(check(&settings(ttl, Some(h.as_millis() as u64), Some(grace))), Ok(()));
+                    assert_eq!(
+                        check(&settings(ttl, Some(h.as_millis() as u64), Some(grace))),
+                        Ok(())
+                    );
                     let over = h.as_millis() as u64 + 1;
                     assert!(check(&settings(ttl, Some(over), Some(grace))).is_err());
                 }

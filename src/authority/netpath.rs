@@ -126,9 +126,7 @@ pub fn marks() -> Marks {
 /// (and rustls for `https://`).
 pub fn agent(config: ureq::config::Config) -> ureq::Agent {
     use ureq::unversioned::transport::{Connector as _, RustlsConnector};
-    let connector = ()
-        .chain(MarkedTcp { marks: marks() })
-        .chain(RustlsConnector::default());
+    let connector = ().chain(MarkedTcp { marks: marks() }).chain(RustlsConnector::default());
     ureq::Agent::with_parts(config, connector, Resolver)
 }
 
@@ -217,7 +215,9 @@ fn lookup(key: &(String, u16), timeout: NextTimeout) -> Result<Vec<SocketAddr>, 
     let wait = timeout.not_zero().map_or(Duration::from_secs(60), |d| *d);
     match rx.recv_timeout(wait) {
         Ok(found) => Ok(found?),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(ureq::Error::Timeout(timeout.reason)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(ureq::Error::Timeout(timeout.reason))
+        }
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ureq::Error::HostNotFound),
     }
 }
@@ -251,10 +251,8 @@ impl<In: Transport> Connector<In> for MarkedTcp {
             match connect_marked(*addr, until, self.marks) {
                 Ok(stream) => {
                     let config = details.config;
-                    let buffers = LazyBuffers::new(
-                        config.input_buffer_size(),
-                        config.output_buffer_size(),
-                    );
+                    let buffers =
+                        LazyBuffers::new(config.input_buffer_size(), config.output_buffer_size());
                     return Ok(Some(Either::B(Plain { stream, buffers })));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
@@ -335,7 +333,9 @@ impl Transport for Plain {
             if wait.is_some_and(|w| w.is_zero()) {
                 return Err(ureq::Error::Timeout(timeout.reason));
             }
-            self.stream.set_read_timeout(wait).map_err(ureq::Error::Io)?;
+            self.stream
+                .set_read_timeout(wait)
+                .map_err(ureq::Error::Io)?;
             let input = self.buffers.input_append_buf();
             match (&self.stream).read(input) {
                 Ok(n) => {

@@ -4,6 +4,7 @@
 
 #[allow(unsafe_code)]
 pub mod fd;
+pub mod memory;
 pub mod notify;
 pub mod paths;
 #[allow(unsafe_code)]

@@ -12,6 +12,17 @@ use support::*;
 
 const T: Duration = Duration::from_secs(90);
 
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new() -> Self {
+        Dir(tempfile::tempdir().unwrap())
+    }
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.path().join(name)
+    }
+}
+
 /// Runs the agent with `flags` against a fake authority; it must refuse
 /// with 125, name `flag` first in its message, and send nothing.
 fn refused(flags: &[&str], flag: &str) -> String {
@@ -75,8 +86,171 @@ fn two_hung_renewals_in_a_row_are_survived_with_default_proportions() {
     // SIGTERM time (ttl - grace after the acquire).
     let acquired = fake.requests_to("/v1/acquire")[0].at;
     let third = renewals[2].at.duration_since(acquired);
-    assert!(third < Duration::from_millis(2_500), "third renewal at {third:?}");
+    assert!(
+        third < Duration::from_millis(2_500),
+        "third renewal at {third:?}"
+    );
     let released = fake.requests_to("/v1/release");
     assert_eq!(released.len(), 1, "{}", out.stderr);
     assert_eq!(released[0].body["outcome"], "succeeded");
+}
+
+/// The job: forks sleeping children until the fork is refused, writes how
+/// many it made to $OUT, stays like that for argv[1] seconds, then kills
+/// its children and exits 0.
+const FORK_FILL: &str = r#"
+import os, sys, time, signal
+kids = []
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    kids.append(pid)
+open(os.environ["OUT"], "w").write("%d\n" % len(kids))
+time.sleep(float(sys.argv[1]))
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+for k in kids:
+    os.waitpid(k, 0)
+"#;
+
+/// The agent (and so its keeper and job) in the pids cgroup `cg`.
+fn fork_filler(
+    cg: &cgroups::Cgroup,
+    fake: &FakeAuthority,
+    dir: &Dir,
+    hold_s: u32,
+) -> std::process::Command {
+    let mut inner = agent(&fake.url(), "pids-full");
+    inner
+        .env("OUT", dir.path("out"))
+        .args(["--ttl", "3s", "--", "python3", "-c", FORK_FILL])
+        .arg(hold_s.to_string());
+    let mut c = cg.enter_then_exec(&inner);
+    c.stdin(std::process::Stdio::null());
+    c
+}
+
+#[test]
+fn a_job_that_fills_the_pids_cgroup_does_not_stop_renewal_or_release() {
+    // The agent, its keeper and the job share a pids cgroup of 40 tasks;
+    // the job takes every one left for 6 s (six heartbeats of a 3 s ttl).
+    let cg = cgroups::Cgroup::pids("pids-renew", 40);
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let out = run_agent(fork_filler(&cg, &fake, &dir, 6), T);
+    let made: u32 = std::fs::read_to_string(dir.path("out"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(made > 0, "the job forked nothing: {}", out.stderr);
+    assert!(
+        cg.pids_refused() > 0,
+        "the limit was never hit: {}",
+        out.stderr
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("lease lost"), "{}", out.stderr);
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    // Renewals went on while the group was full: six heartbeats' worth.
+    let renewals = fake.requests_to("/v1/renew");
+    assert!(
+        renewals.len() >= 5,
+        "{} renewals: {}",
+        renewals.len(),
+        out.stderr
+    );
+    let released = fake.requests_to("/v1/release");
+    assert_eq!(released.len(), 1, "{}", out.stderr);
+    assert_eq!(released[0].body["outcome"], "succeeded");
+}
+
+#[test]
+fn a_refusal_while_the_pids_cgroup_is_full_stops_the_whole_tree() {
+    let cg = cgroups::Cgroup::pids("pids-refuse", 40);
+    let fake = FakeAuthority::start();
+    fake.script(
+        "/v1/renew",
+        vec![Reply::Ok, Reply::Ok, Reply::Refuse("revoked")],
+    );
+    let dir = Dir::new();
+    let out = run_agent(fork_filler(&cg, &fake, &dir, 120), T);
+    assert_eq!(out.status.code(), Some(124), "{}", out.stderr);
+    // Stopped by the refusal, not by a local expiry.
+    assert_eq!(fake.requests_to("/v1/renew").len(), 3, "{}", out.stderr);
+    assert!(out.stderr.contains("revoked"), "{}", out.stderr);
+    assert!(
+        cg.pids_refused() > 0,
+        "the limit was never hit: {}",
+        out.stderr
+    );
+    // Everything the job forked is gone with it.
+    let left = wait_for(Duration::from_secs(10), || {
+        cg.procs().is_empty().then_some(())
+    });
+    assert!(left.is_some(), "left in the group: {:?}", cg.procs());
+}
+
+/// The job: fills the tmpfs at $FILL through a small process (`head`, a
+/// megabyte or two of its own) writing to a file it already unlinked, so
+/// the memory is the cgroup's until the job dies and is freed with it.
+const TMPFS_FILL: &str = r#"exec 3>"$FILL/fill"; rm "$FILL/fill"; exec head -c 4G /dev/zero >&3"#;
+
+/// A tmpfs mounted for the test, unmounted on drop.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn new(size: &str) -> Tmpfs {
+        let d = tempfile::tempdir().unwrap();
+        run_ok(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(d.path()),
+            "`mount` must be installed (util-linux)",
+            "mount a tmpfs (needs root)",
+        );
+        Tmpfs(d)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_job_that_fills_a_memory_cgroup_is_what_the_oom_killer_takes() {
+    let cg = cgroups::Cgroup::memory("oom", 96 << 20);
+    let fs = Tmpfs::new("1g");
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut inner = agent(&fake.url(), "oom");
+    inner
+        .env("OUT", dir.path("out"))
+        .env("FILL", fs.0.path())
+        .args(["--ttl", "3s", "--", "sh", "-c", TMPFS_FILL]);
+    let mut c = cg.enter_then_exec(&inner);
+    c.stdin(std::process::Stdio::null());
+    let out = run_agent(c, T);
+    assert!(cg.oom_kills() >= 1, "no OOM kill: {}", out.stderr);
+    // The agent exited by itself with the job's status: killed by SIGKILL.
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "{:?}: {}",
+        out.status,
+        out.stderr
+    );
+    assert!(out.stderr.contains("signal 9"), "{}", out.stderr);
+    let released = fake.requests_to("/v1/release");
+    assert_eq!(released.len(), 1, "{}", out.stderr);
+    assert_eq!(released[0].body["outcome"], "failed");
 }
