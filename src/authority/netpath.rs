@@ -304,7 +304,9 @@ impl Transport for Plain {
         use std::io::Write;
         let timeout = timeout.for_write();
         let until = left(timeout)?.map(|d| Instant::now() + d);
-        let output = &self.buffers.output()[..amount];
+        let Some(output) = self.buffers.output().get(..amount) else {
+            return Err(ureq::Error::Io(std::io::ErrorKind::InvalidInput.into()));
+        };
         let mut sent = 0;
         while sent < output.len() {
             let wait = until.map(|u| u.saturating_duration_since(Instant::now()));

@@ -8,6 +8,7 @@ use crate::support;
 
 use std::time::Duration;
 
+use support::netns;
 use support::*;
 
 const T: Duration = Duration::from_secs(90);
@@ -253,4 +254,156 @@ fn a_job_that_fills_a_memory_cgroup_is_what_the_oom_killer_takes() {
     let released = fake.requests_to("/v1/release");
     assert_eq!(released.len(), 1, "{}", out.stderr);
     assert_eq!(released[0].body["outcome"], "failed");
+}
+
+/// The job: four TCP streams to argv[1]:argv[2], sending as fast as the
+/// link takes for argv[3] seconds.
+const BLAST: &str = r#"
+import socket, sys, threading, time
+host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+end = time.monotonic() + secs
+buf = b"\0" * 65536
+def blast():
+    while time.monotonic() < end:
+        try:
+            s = socket.create_connection((host, port), timeout=5)
+            s.settimeout(1)
+            while time.monotonic() < end:
+                try:
+                    s.sendall(buf)
+                except socket.timeout:
+                    pass
+        except OSError:
+            time.sleep(0.1)
+ts = [threading.Thread(target=blast, daemon=True) for _ in range(4)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// A discarding TCP sink on argv[1]:argv[2]; every 200 ms writes the bytes
+/// received so far to argv[3].
+const SINK: &str = r#"
+import socket, sys, threading, time
+total = [0]
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2])))
+srv.listen(16)
+def drain(c):
+    while True:
+        d = c.recv(65536)
+        if not d:
+            return
+        total[0] += len(d)
+def report():
+    while True:
+        time.sleep(0.2)
+        open(sys.argv[3], "w").write(str(total[0]))
+threading.Thread(target=report, daemon=True).start()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=drain, args=(c,), daemon=True).start()
+"#;
+
+#[test]
+fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
+    use netns::{Net, Proc};
+    use std::process::Stdio;
+    // Host 1: the authority (`serve`) and a sink. Host 2: the agent, whose
+    // job sends four TCP streams to the sink. Host 2's link is shaped to
+    // 1 Mbit/s (tbf) with a priority-honouring qdisc (pfifo_fast) under it, so the
+    // queue behind the shaper holds seconds of the job's traffic: a renewal
+    // that waited its turn there would come too late for a 3 s ttl.
+    let net = Net::new(2);
+    let dir = Dir::new();
+    let _serve = Proc(
+        net.cmd(1, bin().to_str().unwrap())
+            .args([
+                "serve",
+                "--insecure-listen",
+                "--listen",
+                "0.0.0.0:7878",
+                "--db",
+            ])
+            .arg(dir.path("leases.sqlite3"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("http://{}:7878", net.ip(1));
+    poll_every(
+        "serve reachable from host 2",
+        T,
+        Duration::from_millis(50),
+        || {
+            net.cmd(2, bin().to_str().unwrap())
+                .args(["leases", "--authority", &url])
+                .output()
+                .unwrap()
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+    let _sink = Proc(
+        net.cmd(1, "python3")
+            .args(["-c", SINK, &net.ip(1), "9000"])
+            .arg(dir.path("sunk"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 must be installed"),
+    );
+    for args in [
+        &[
+            "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "tbf", "rate", "1mbit", "burst",
+            "16kb", "latency", "10s",
+        ][..],
+        &[
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "parent",
+            "1:1",
+            "handle",
+            "10:",
+            "pfifo_fast",
+        ][..],
+    ] {
+        run_ok(
+            net.cmd(2, "tc").args(args),
+            "`tc` (iproute2) must be installed",
+            format_args!("tc {args:?}"),
+        );
+    }
+    let seconds = 30;
+    let out = run_agent(
+        {
+            let mut c = net.cmd(2, bin().to_str().unwrap());
+            c.args(["--authority", &url, "--task", "flood", "--ttl", "3s"])
+                .env("RUST_LOG", "leaseagent=debug")
+                .stdin(Stdio::null())
+                .args(["--", "python3", "-c", BLAST, &net.ip(1), "9000"])
+                .arg(seconds.to_string());
+            c
+        },
+        T,
+    );
+    let sunk: u64 = std::fs::read_to_string(dir.path("sunk"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    // The link was full: at least 70 % of 1 Mbit/s for the whole run.
+    assert!(
+        sunk >= seconds * 1_000_000 / 8 * 7 / 10,
+        "the job sent only {sunk} bytes: {}",
+        out.stderr
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("lease lost"), "{}", out.stderr);
 }
