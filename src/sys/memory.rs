@@ -53,11 +53,9 @@ pub struct Protection {
 /// Lowers this process's `oom_score_adj` (agent only: `lower_oom`) where
 /// permitted and locks its memory where that is safe (module doc).
 pub fn protect(lower_oom: bool) -> Protection {
-    if lower_oom {
-        if oom_score_adj().is_some_and(|v| v > AGENT_OOM_SCORE_ADJ) {
-            // Refused without CAP_SYS_RESOURCE: the value stays.
-            let _ = std::fs::write(OOM_FILE, AGENT_OOM_SCORE_ADJ.to_string());
-        }
+    if lower_oom && oom_score_adj().is_some_and(|v| v > AGENT_OOM_SCORE_ADJ) {
+        // Refused without CAP_SYS_RESOURCE: the value stays.
+        let _ = std::fs::write(OOM_FILE, AGENT_OOM_SCORE_ADJ.to_string());
     }
     Protection {
         oom_score_adj: oom_score_adj(),
