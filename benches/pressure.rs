@@ -286,25 +286,6 @@ fn memory(seconds: u64, dir: &Path) -> Outcome {
     out
 }
 
-const FORK_FILL: &str = r#"
-import os, sys, time, signal
-kids = []
-while True:
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(3600)
-        os._exit(0)
-    kids.append(pid)
-time.sleep(float(sys.argv[1]))
-for k in kids:
-    os.kill(k, signal.SIGKILL)
-for k in kids:
-    os.waitpid(k, 0)
-"#;
-
 fn processes(seconds: u64, dir: &Path) -> Outcome {
     let fake = FakeAuthority::start();
     let cg = Cgroup::new("pids", "pids", &[("pids.max", "40")]);
@@ -316,48 +297,10 @@ fn processes(seconds: u64, dir: &Path) -> Outcome {
         &fake.url(),
         "bench-pids",
         &mark,
-        &["python3", "-c", FORK_FILL, &s],
+        &["python3", &helper("fork-fill.py"), &s],
     );
     observe(cg.wrap(&inner), &mark, |p| p)
 }
-
-const BLAST: &str = r#"
-import socket, sys, threading, time
-host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-end = time.monotonic() + secs
-buf = b"\0" * 65536
-def blast():
-    while time.monotonic() < end:
-        try:
-            s = socket.create_connection((host, port), timeout=5)
-            s.settimeout(1)
-            while time.monotonic() < end:
-                try:
-                    s.sendall(buf)
-                except socket.timeout:
-                    pass
-        except OSError:
-            time.sleep(0.1)
-ts = [threading.Thread(target=blast, daemon=True) for _ in range(4)]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-"#;
-
-const SINK: &str = r#"
-import socket, sys, threading
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((sys.argv[1], int(sys.argv[2])))
-srv.listen(16)
-def drain(c):
-    while c.recv(65536):
-        pass
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"#;
 
 /// Two network namespaces joined by a veth; removed on drop.
 struct Link(String);
@@ -422,7 +365,9 @@ fn network(seconds: u64, dir: &Path) -> Outcome {
         .expect("serve"));
     let _sink = Bg(link
         .cmd('a', "python3")
-        .args(["-c", SINK, "10.98.0.1", "9000"])
+        .arg(helper("sink.py"))
+        .args(["10.98.0.1", "9000"])
+        .arg(dir.join("sunk"))
         .spawn()
         .expect("python3"));
     let url = "http://10.98.0.1:7878";
@@ -444,7 +389,7 @@ fn network(seconds: u64, dir: &Path) -> Outcome {
         url,
         "bench-net",
         &mark,
-        &["python3", "-c", BLAST, "10.98.0.1", "9000", &s],
+        &["python3", &helper("blast.py"), "10.98.0.1", "9000", &s],
     );
     // `ip netns exec` execs the agent: same pid.
     observe(c, &mark, |p| p)

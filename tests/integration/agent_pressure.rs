@@ -96,29 +96,6 @@ fn two_hung_renewals_in_a_row_are_survived_with_default_proportions() {
     assert_eq!(released[0].body["outcome"], "succeeded");
 }
 
-/// The job: forks sleeping children until the fork is refused, writes how
-/// many it made to $OUT, stays like that for argv[1] seconds, then kills
-/// its children and exits 0.
-const FORK_FILL: &str = r#"
-import os, sys, time, signal
-kids = []
-while True:
-    try:
-        pid = os.fork()
-    except OSError:
-        break
-    if pid == 0:
-        time.sleep(300)
-        os._exit(0)
-    kids.append(pid)
-open(os.environ["OUT"], "w").write("%d\n" % len(kids))
-time.sleep(float(sys.argv[1]))
-for k in kids:
-    os.kill(k, signal.SIGKILL)
-for k in kids:
-    os.waitpid(k, 0)
-"#;
-
 /// The agent (and so its keeper and job) in the pids cgroup `cg`.
 fn fork_filler(
     cg: &cgroups::Cgroup,
@@ -129,7 +106,8 @@ fn fork_filler(
     let mut inner = agent(&fake.url(), "pids-full");
     inner
         .env("OUT", dir.path("out"))
-        .args(["--ttl", "3s", "--", "python3", "-c", FORK_FILL])
+        .args(["--ttl", "3s", "--", "python3"])
+        .arg(helper("fork-fill.py"))
         .arg(hold_s.to_string());
     let mut c = cg.enter_then_exec(&inner);
     c.stdin(std::process::Stdio::null());
@@ -256,57 +234,6 @@ fn a_job_that_fills_a_memory_cgroup_is_what_the_oom_killer_takes() {
     assert_eq!(released[0].body["outcome"], "failed");
 }
 
-/// The job: four TCP streams to argv[1]:argv[2], sending as fast as the
-/// link takes for argv[3] seconds.
-const BLAST: &str = r#"
-import socket, sys, threading, time
-host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-end = time.monotonic() + secs
-buf = b"\0" * 65536
-def blast():
-    while time.monotonic() < end:
-        try:
-            s = socket.create_connection((host, port), timeout=5)
-            s.settimeout(1)
-            while time.monotonic() < end:
-                try:
-                    s.sendall(buf)
-                except socket.timeout:
-                    pass
-        except OSError:
-            time.sleep(0.1)
-ts = [threading.Thread(target=blast, daemon=True) for _ in range(4)]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-"#;
-
-/// A discarding TCP sink on argv[1]:argv[2]; every 200 ms writes the bytes
-/// received so far to argv[3].
-const SINK: &str = r#"
-import socket, sys, threading, time
-total = [0]
-srv = socket.socket()
-srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-srv.bind((sys.argv[1], int(sys.argv[2])))
-srv.listen(16)
-def drain(c):
-    while True:
-        d = c.recv(65536)
-        if not d:
-            return
-        total[0] += len(d)
-def report():
-    while True:
-        time.sleep(0.2)
-        open(sys.argv[3], "w").write(str(total[0]))
-threading.Thread(target=report, daemon=True).start()
-while True:
-    c, _ = srv.accept()
-    threading.Thread(target=drain, args=(c,), daemon=True).start()
-"#;
-
 #[test]
 fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
     use netns::{Net, Proc};
@@ -350,7 +277,8 @@ fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
     );
     let _sink = Proc(
         net.cmd(1, "python3")
-            .args(["-c", SINK, &net.ip(1), "9000"])
+            .arg(helper("sink.py"))
+            .args([&net.ip(1), "9000"])
             .arg(dir.path("sunk"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -387,7 +315,9 @@ fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
             c.args(["--authority", &url, "--task", "flood", "--ttl", "3s"])
                 .env("RUST_LOG", "leaseagent=debug")
                 .stdin(Stdio::null())
-                .args(["--", "python3", "-c", BLAST, &net.ip(1), "9000"])
+                .args(["--", "python3"])
+                .arg(helper("blast.py"))
+                .args([&net.ip(1), "9000"])
                 .arg(seconds.to_string());
             c
         },
