@@ -75,9 +75,13 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
         )
         .env("LEASEAGENT_TASK"),
-        Flag::value("ttl", "DUR", "Lease duration asked for").default_value("30s"),
-        Flag::value("heartbeat", "DUR", "Renewal interval; must be below --ttl")
-            .default_note("ttl/3"),
+        Flag::value("ttl", "DUR", "Lease duration asked for (1s to 24h)").default_value("30s"),
+        Flag::value(
+            "heartbeat",
+            "DUR",
+            "Renewal interval: at least 100ms, with room for a retry before the\ncommand's SIGTERM at ttl - grace",
+        )
+        .default_note("ttl/3"),
         Flag::value(
             "grace",
             "DUR",

@@ -103,7 +103,9 @@ fn fork_filler(
     dir: &Dir,
     hold_s: u32,
 ) -> std::process::Command {
-    let mut inner = agent(&fake.url(), "pids-full");
+    // A host name, not an IP literal: resolved once, at acquire.
+    let url = format!("http://localhost:{}", fake.addr.port());
+    let mut inner = agent(&url, "pids-full");
     inner
         .env("OUT", dir.path("out"))
         .args(["--ttl", "3s", "--", "python3"])
