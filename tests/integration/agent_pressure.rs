@@ -339,3 +339,102 @@ fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
     assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
     assert!(!out.stderr.contains("lease lost"), "{}", out.stderr);
 }
+
+/// A number field (`VmLck:  123 kB`) of `/proc/PID/status`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn the_command_is_the_oom_killers_choice_and_the_agent_is_locked_in_memory() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "oom-adj");
+    c.env("OUT", dir.path("out"))
+        .args(["--ttl", "3s", "--", "sh", "-c"])
+        .arg("cat /proc/self/oom_score_adj > \"$OUT.tmp\"; mv \"$OUT.tmp\" \"$OUT\"; sleep 2");
+    let mut child = spawn(c);
+    let job: i32 = poll_every(
+        "the job's oom_score_adj",
+        T,
+        Duration::from_millis(10),
+        || {
+            std::fs::read_to_string(dir.path("out"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+        },
+    );
+    let agent_pid = child.id();
+    let agent_adj: i32 = std::fs::read_to_string(format!("/proc/{agent_pid}/oom_score_adj"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let locked = status_kib(agent_pid, "VmLck:").unwrap_or(0);
+    let (status, err) = wait_agent(&mut child, T);
+    assert_eq!(status.code(), Some(0), "{err}");
+    // 500 over a base of at least 0; the agent never raised.
+    assert!(job >= 500, "job oom_score_adj {job}");
+    assert!(job > agent_adj, "job {job}, agent {agent_adj}");
+    // Locked, or the log says why not (no CAP_IPC_LOCK and a finite
+    // RLIMIT_MEMLOCK).
+    assert!(
+        locked > 0 || err.contains("memory not locked"),
+        "VmLck {locked} kB: {err}"
+    );
+}
+
+#[test]
+fn an_unprivileged_agent_runs_unlocked_and_says_so() {
+    // `nobody`: no CAP_IPC_LOCK and a finite RLIMIT_MEMLOCK, where
+    // MCL_FUTURE could make a later allocation fail. The agent must not
+    // lock, say so once, and run normally; the command is still raised.
+    let fake = FakeAuthority::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let out_file = dir.path().join("out");
+    // A finite limit whatever this run's own is (root may have none).
+    let mut c = std::process::Command::new("prlimit");
+    c.args(["--memlock=8388608:8388608", "setpriv"])
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
+        .arg(bin())
+        .args(["--authority", &fake.url(), "--task", "nobody-unlocked"])
+        .args(["--", "sh", "-c", "cat /proc/self/oom_score_adj > \"$OUT\""])
+        .env("OUT", &out_file)
+        .env("HOME", dir.path())
+        .env("LEASEAGENT_STATE_DIR", dir.path().join("state"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("RUST_LOG", "leaseagent=info")
+        .stdin(std::process::Stdio::null());
+    let out = run_agent(c, T);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert_eq!(
+        out.stderr.matches("memory not locked").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    let job: i32 = std::fs::read_to_string(&out_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(job >= 500, "job oom_score_adj {job}");
+}
