@@ -479,6 +479,42 @@ mod tests {
     }
 
     #[test]
+    fn a_connect_whose_syns_are_dropped_ends_within_its_budget() {
+        // A listener whose accept queue is full drops further SYNs: the
+        // kernel would retransmit after 1 s, 3 s, ...; the connector gives
+        // up on its own budget, having tried twice.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        rustix::net::listen(&l, 0).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut held = Vec::new();
+        let started = Instant::now();
+        let err = loop {
+            let budget = Duration::from_millis(300);
+            match connect_marked(addr, Instant::now() + budget, Marks::default()) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 64, "the accept queue never filled");
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let t = Instant::now();
+        let again = connect_marked(
+            addr,
+            Instant::now() + Duration::from_millis(300),
+            Marks::default(),
+        );
+        assert!(again.is_err());
+        let took = t.elapsed();
+        // Not a timing figure: without the budget the kernel's own SYN
+        // retries would take minutes; "well under that" is the point.
+        assert!(
+            took >= Duration::from_millis(250) && took < Duration::from_secs(10),
+            "{took:?}"
+        );
+    }
+
+    #[test]
     fn an_ip_literal_resolves_without_a_lookup() {
         use ureq::unversioned::resolver::Resolver as _;
         let config = ureq::config::Config::default();
