@@ -121,7 +121,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
         Flag::value(
             "renew-priority",
             "DSCP,PRIO",
-            "How renewal packets are marked, so that a host or link that honours\npriority sends them ahead of the command's own traffic: DSCP (0-63,\ncs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN),\nor `off`",
+            "How renewal packets are marked, so that a host or link that honours\npriority sends them ahead of the command's own traffic: DSCP (0-63,\ncs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN),\nor off",
         )
         .env("LEASEAGENT_RENEW_PRIORITY")
         .default_value(crate::authority::netpath::DEFAULT_MARKS),
