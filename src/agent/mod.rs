@@ -21,6 +21,7 @@ pub mod report;
 pub mod signals;
 pub mod state_file;
 pub mod supervisor;
+pub mod timing;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -52,11 +53,19 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
+    let memory = crate::sys::memory::protect(true);
+    log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
+    if let Err(why) = memory.locked {
+        log::info!(
+            "memory not locked: {why}; renewals may wait on page faults under memory pressure"
+        );
+    }
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
+    authority::netpath::set_marks(cfg.renew_marks);
     let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {

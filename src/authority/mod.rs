@@ -24,6 +24,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod http;
 pub mod http_operator;
+pub mod netpath;
 pub mod transport;
 pub mod trust;
 pub mod untrusted;

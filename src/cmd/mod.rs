@@ -127,6 +127,7 @@ fn raw_run(m: &mut Matches) -> Result<RawRun, UsageError> {
         wait: m.parse_optional("wait", dur)?,
         clock_drift_ppm: m.parse("clock-drift", ppm)?,
         remap_exit: m.switch("remap-exit"),
+        renew_marks: m.get("renew-priority", crate::authority::netpath::parse_marks)?,
         command: m.take_trailing(),
         trust: trust(m),
     })

@@ -132,6 +132,8 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
+    // The agent logged whether memory could be locked; the same holds here.
+    let _ = crate::sys::memory::protect(false);
     let (sigchld, cgroup, job_pid) = match prepare_and_spawn(&mut out, &command) {
         Ok(started) => started,
         Err(failed) => {
@@ -275,7 +277,10 @@ fn spawn_job(
             )));
         }
     }
-    let spawned = Command::new(program).args(rest).process_group(0).spawn();
+    let mut job = Command::new(program);
+    job.args(rest).process_group(0);
+    crate::sys::priority::oom_score_adj_on_exec(&mut job, crate::sys::memory::job_oom_score_adj());
+    let spawned = job.spawn();
     if let Some(cg) = cgroup {
         if let Err(e) = cg.leave() {
             // We are inside the job's cgroup: cgroup.kill would kill us too.
