@@ -165,7 +165,8 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         insecure_listen: m.switch("insecure-listen"),
         max_connections: m.get("max-connections", number)?,
         max_connections_per_peer: m.get("max-connections-per-peer", number)?,
-        max_leases: m.parse("max-leases", number)?,
+        max_leases: Some(m.get("max-leases", number)?),
+        max_leases_per_principal: m.get("max-leases-per-principal", number)?,
     };
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return Err(UsageError::Words(
@@ -500,6 +501,8 @@ mod tests {
         assert_eq!(a.db, std::path::PathBuf::from("x.db"));
         assert_eq!(a.max_connections, 16384);
         assert_eq!(a.max_connections_per_peer, 1024);
+        assert_eq!(a.max_leases, Some(100_000));
+        assert_eq!(a.max_leases_per_principal, 25_000);
         assert!(a.tls_cert.is_none() && !a.insecure_listen);
         let argv = [
             "serve",

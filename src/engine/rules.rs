@@ -241,8 +241,19 @@ impl TaskRow {
     }
 
     /// The current lease if `key` and `token` name it and `principal` owns it.
+    ///
+    /// No oracle: an id that is not the current lease's tells the caller
+    /// why (`superseded`, `revoked`, ...) only if the task's current lease
+    /// is the caller's principal's own; anyone else gets `unknown_lease`,
+    /// the same answer as for a task that does not exist, so a forged id
+    /// reveals neither the task nor its token. (Without principals, every
+    /// caller is `""` and keeps the detailed answer.)
     fn owned(&mut self, key: &str, token: u64, principal: &str) -> Result<&mut Lease, EngineError> {
         let gone = self.gone(token);
+        let mine = match &self.lease {
+            Some(l) => l.principal == principal,
+            None => principal.is_empty(),
+        };
         match &mut self.lease {
             Some(l) if l.token == token && !l.key.is_empty() && l.key == key => {
                 if l.principal == principal {
@@ -253,7 +264,8 @@ impl TaskRow {
                     })
                 }
             }
-            _ => Err(EngineError::Refused(gone)),
+            _ if mine => Err(EngineError::Refused(gone)),
+            _ => Err(EngineError::Refused(RefusalReason::UnknownLease)),
         }
     }
 

@@ -124,6 +124,16 @@ const ADDED: [(&str, &str); 3] = [
 /// `synchronous=FULL`. The busy handler is the caller's to set; the schema
 /// is created or brought up to date by [`ensure_schema`].
 pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+    // A database whose directory was checked on a descriptor is opened
+    // through that descriptor (`sys::sqlite_at`), never by name again.
+    if let Some(via) = crate::sys::sqlite_at::path_for(path) {
+        return Connection::open_with_flags_and_vfs(
+            via,
+            rusqlite::OpenFlags::default(),
+            crate::sys::sqlite_at::VFS,
+        )
+        .ctx("opening the file");
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             path: dir.to_path_buf(),

@@ -7,3 +7,5 @@ pub mod fd;
 pub mod notify;
 pub mod paths;
 pub mod signal;
+#[allow(unsafe_code)]
+pub mod sqlite_at;
