@@ -366,10 +366,16 @@ fn check(raw: RawRow) -> Result<Stored, StoreError> {
         }
     };
     let boot_id = c.opt_text(8, "boot_id")?;
+    let ended_by = if lease.is_none() && ended.is_some() {
+        c.opt_text(12, "principal")?.unwrap_or_default()
+    } else {
+        String::new()
+    };
     Ok(Stored {
         row: TaskRow {
             task: c.task,
             last_token,
+            ended_by,
             lease,
             ended,
         },
@@ -466,7 +472,10 @@ pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(
         i64::from(l.is_some_and(|l| l.revoked)),
         opt(row.ended.map(|e| e.0))?,
         row.ended.map(|e| e.1.as_str()),
-        l.map(|l| l.principal.as_str()),
+        // Without a lease, the column names whose early end `ended` is.
+        l.map_or(row.ended.map(|_| row.ended_by.as_str()), |l| Some(
+            l.principal.as_str()
+        )),
         l.map(|l| l.key.as_str()),
         i64::from(l.is_some_and(|l| l.held)),
     ];

@@ -436,11 +436,10 @@ fn open_safe(path: &Path) -> Result<std::os::fd::OwnedFd, AuthFileError> {
     let name = path.file_name().ok_or_else(|| AuthFileError::NotRegular {
         path: path.to_path_buf(),
     })?;
-    let dirfd =
-        crate::sys::paths::open_checked_dir(dir).map_err(|source| AuthFileError::Dir {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let dirfd = crate::sys::paths::open_checked_dir(dir).map_err(|source| AuthFileError::Dir {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let fd = rustix::fs::openat(
         &dirfd,
         name,

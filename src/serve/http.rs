@@ -747,11 +747,7 @@ async fn serve_request(
     };
     let resp = if over && request.path != "/healthz" {
         let code = crate::protocol::v1::ErrorCode::Overloaded;
-        Response::error(
-            code.status(),
-            code.as_str(),
-            "too many open connections",
-        )
+        Response::error(code.status(), code.as_str(), "too many open connections")
     } else {
         match server.handler.clone().answer(&request) {
             Answer::Now(r) => r,

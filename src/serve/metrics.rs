@@ -271,7 +271,8 @@ mod tests {
         conns.refused_peer.store(11, Ordering::Relaxed);
         let auth = AuthStats::default();
         auth.reload_failures.store(2, Ordering::Relaxed);
-        auth.last_good_load_unix.store(1_700_000_000, Ordering::Relaxed);
+        auth.last_good_load_unix
+            .store(1_700_000_000, Ordering::Relaxed);
         let latency = Latency::default();
         for us in [10, 60, 300, 300, 4_000, 2_000_000] {
             latency.observe(Duration::from_micros(us));

@@ -500,7 +500,10 @@ mod tests {
         std::os::unix::fs::symlink(&key, &link).unwrap();
         assert_eq!(
             read_key_file(&link).unwrap_err().to_string(),
-            format!("--tls-key {}: a symlink; name the file itself", link.display())
+            format!(
+                "--tls-key {}: a symlink; name the file itself",
+                link.display()
+            )
         );
         let e = read_certs("--client-ca", &key).unwrap_err();
         assert_eq!(

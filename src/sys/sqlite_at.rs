@@ -45,14 +45,16 @@ fn registry() -> &'static Mutex<HashMap<PathBuf, (OwnedFd, PathBuf)>> {
 pub fn register(db: &Path, dir: OwnedFd, name: &OsStr) {
     let via = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
     // `/proc` must resolve the descriptor to the directory itself.
-    let works = std::fs::metadata(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-        .is_ok_and(|m| m.is_dir());
+    let works =
+        std::fs::metadata(format!("/proc/self/fd/{}", dir.as_raw_fd())).is_ok_and(|m| m.is_dir());
     if !works || register_vfs().is_err() {
         log::debug!("opening {} by name: no /proc or no VFS", db.display());
         return;
     }
+    // The first registration stays: connections opened through its
+    // descriptor must keep finding it (a later one is the same check).
     let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
-    r.insert(db.to_path_buf(), (dir, via));
+    r.entry(db.to_path_buf()).or_insert((dir, via));
 }
 
 /// The name to give SQLite for `db` (with [`VFS`]), if its directory was
@@ -88,7 +90,11 @@ fn register_vfs() -> Result<(), c_int> {
         // SAFETY: the struct lives forever (leaked) and its name is a
         // static C string, as sqlite3_vfs_register requires.
         let rc = unsafe { ffi::sqlite3_vfs_register(leaked, 0) };
-        if rc == ffi::SQLITE_OK { Ok(()) } else { Err(rc) }
+        if rc == ffi::SQLITE_OK {
+            Ok(())
+        } else {
+            Err(rc)
+        }
     })
 }
 
