@@ -28,6 +28,7 @@ mod fence_sqlite;
 mod fence_zombie;
 mod layout;
 mod partition_netns;
+mod serve_attack;
 mod serve_trust;
 mod systemd_help;
 mod systemd_notify;
