@@ -369,10 +369,9 @@ pub fn redact_url(url: &str) -> String {
         return url.to_string();
     };
     let start = rest
-        .match_indices('@')
+        .rmatch_indices('@')
         .map(|(i, _)| i + 1)
-        .filter(|&i| host_list_at(&rest[i..]))
-        .last();
+        .find(|&i| host_list_at(&rest[i..]));
     match start {
         Some(i) => format!("{scheme}://{}", &rest[i..]),
         None => url.to_string(),
