@@ -19,11 +19,12 @@
 //! is in the figures.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use leaseagent_testkit::{Flood, connect_from};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 fn bin() -> PathBuf {
@@ -32,22 +33,14 @@ fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
 }
 
-fn connect_from(ip: [u8; 4], server: SocketAddr) -> std::io::Result<TcpStream> {
-    let sock = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::STREAM,
-        None,
-    )?;
-    rustix::net::bind(&sock, &SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), 0))?;
-    rustix::net::connect(&sock, &server)?;
-    let s = TcpStream::from(sock);
-    s.set_read_timeout(Some(Duration::from_secs(15)))?;
-    Ok(s)
-}
-
 /// One request on a fresh connection from `ip`: the status (0: closed
 /// without an answer or failed).
-fn one(ip: [u8; 4], server: SocketAddr, tls: Option<&Arc<rustls::ClientConfig>>, raw: &[u8]) -> u16 {
+fn one(
+    ip: [u8; 4],
+    server: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    raw: &[u8],
+) -> u16 {
     let Ok(sock) = connect_from(ip, server) else {
         return 0;
     };
@@ -196,33 +189,19 @@ fn main() {
 
     measure("no flood", server, client.as_ref(), n, 0);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let opened = Arc::new(AtomicUsize::new(0));
-    let (st, op) = (stop.clone(), opened.clone());
-    let flood = std::thread::spawn(move || {
-        let mut held = std::collections::VecDeque::new();
-        while !st.load(Ordering::Relaxed) {
-            if let Ok(c) = connect_from([127, 0, 0, 2], server) {
-                held.push_back(c);
-                op.fetch_add(1, Ordering::Relaxed);
-            }
-            if held.len() > 2000 {
-                held.pop_front();
-            }
-        }
-    });
-    while opened.load(Ordering::Relaxed) < 1000 {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let flood = Flood::start([127, 0, 0, 2], server);
+    assert!(
+        flood.past(1000, Duration::from_secs(60)),
+        "the flood did not start"
+    );
     let t = Instant::now();
     measure("flood from 127.0.0.2", server, client.as_ref(), n, 1);
     let secs = t.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = flood.join();
+    let opened = flood.opened();
+    drop(flood);
     println!(
-        "  the flood opened {} connections ({:.0}/s)",
-        opened.load(Ordering::Relaxed),
-        opened.load(Ordering::Relaxed) as f64 / secs
+        "  the flood opened {opened} connections ({:.0}/s)",
+        opened as f64 / secs
     );
     let _ = child.kill();
     let _ = child.wait();

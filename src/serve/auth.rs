@@ -206,22 +206,14 @@ pub enum AuthFileError {
         mode & 0o7777
     )]
     Loose { path: PathBuf, mode: u32 },
-    #[error("{}: a symlink; name the file itself", path.display())]
-    Symlink { path: PathBuf },
-    #[error("{}: not a regular file", path.display())]
-    NotRegular { path: PathBuf },
     #[error(
         "{}: owned by uid {uid}, not by root or by the user serve runs as (uid {me})",
         path.display()
     )]
     NotOwned { path: PathBuf, uid: u32, me: u32 },
-    /// A directory on its path is not safe.
-    #[error("{}: {source}", path.display())]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: crate::sys::paths::PathError,
-    },
+    /// A symlink, not a regular file, or a directory on its path is not safe.
+    #[error(transparent)]
+    Unsafe(#[from] crate::sys::paths::PathError),
     #[error("{}: {source}", path.display())]
     Parse {
         path: PathBuf,
@@ -424,40 +416,7 @@ const FILE_LIMIT: u64 = 4 << 20;
 /// Opens the auth file if it is safe (module doc), checked on the open
 /// descriptor.
 fn open_safe(path: &Path) -> Result<std::os::fd::OwnedFd, AuthFileError> {
-    use rustix::fs::{Mode, OFlags};
-    let owned = |e| AuthFileError::Read {
-        path: path.to_path_buf(),
-        source: std::io::Error::from(e),
-    };
-    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(d) => d,
-        None => Path::new("."),
-    };
-    let name = path.file_name().ok_or_else(|| AuthFileError::NotRegular {
-        path: path.to_path_buf(),
-    })?;
-    let dirfd = crate::sys::paths::open_checked_dir(dir).map_err(|source| AuthFileError::Dir {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let fd = rustix::fs::openat(
-        &dirfd,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP => AuthFileError::Symlink {
-            path: path.to_path_buf(),
-        },
-        e => owned(e),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(owned)?;
-    if st.st_mode & 0o170000 != 0o100000 {
-        return Err(AuthFileError::NotRegular {
-            path: path.to_path_buf(),
-        });
-    }
+    let (fd, st) = crate::sys::paths::open_checked_file(path)?;
     let me = rustix::process::geteuid().as_raw();
     if st.st_uid != 0 && st.st_uid != me {
         return Err(AuthFileError::NotOwned {

@@ -73,10 +73,9 @@ pub enum ServeError {
         mode & 0o7777
     )]
     KeyLoose { path: PathBuf, mode: u32 },
-    #[error("--tls-key {}: a symlink; name the file itself", path.display())]
-    KeySymlink { path: PathBuf },
-    #[error("--tls-key {}: {source}", path.display())]
-    KeyDir {
+    /// A symlink, not a regular file, or a directory on its path is not safe.
+    #[error("--tls-key {source}")]
+    KeyFile {
         path: PathBuf,
         #[source]
         source: crate::sys::paths::PathError,
@@ -252,39 +251,12 @@ fn read_certs(
 /// refused (as ssh refuses such keys); group-readable is allowed, for the
 /// common `root:ssl-cert 0640` setup.
 fn read_key_file(path: &Path) -> Result<Vec<u8>, ServeError> {
-    use rustix::fs::{Mode, OFlags};
     use std::io::Read;
-    let meta_err = |source: std::io::Error| ServeError::KeyMeta {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| meta_err(std::io::ErrorKind::InvalidInput.into()))?;
-    let dirfd = crate::sys::paths::open_checked_dir(dir).map_err(|source| ServeError::KeyDir {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let fd = rustix::fs::openat(
-        &dirfd,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP => ServeError::KeySymlink {
+    let (fd, st) =
+        crate::sys::paths::open_checked_file(path).map_err(|source| ServeError::KeyFile {
             path: path.to_path_buf(),
-        },
-        e => meta_err(e.into()),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| meta_err(e.into()))?;
-    if st.st_mode & 0o170000 != 0o100000 {
-        return Err(meta_err(std::io::Error::other("not a regular file")));
-    }
+            source,
+        })?;
     if st.st_mode & 0o004 != 0 {
         return Err(ServeError::KeyLoose {
             path: path.to_path_buf(),
@@ -295,7 +267,10 @@ fn read_key_file(path: &Path) -> Result<Vec<u8>, ServeError> {
     std::fs::File::from(fd)
         .take(1 << 20)
         .read_to_end(&mut pem)
-        .map_err(meta_err)?;
+        .map_err(|source| ServeError::KeyMeta {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok(pem)
 }
 
@@ -500,10 +475,7 @@ mod tests {
         std::os::unix::fs::symlink(&key, &link).unwrap();
         assert_eq!(
             read_key_file(&link).unwrap_err().to_string(),
-            format!(
-                "--tls-key {}: a symlink; name the file itself",
-                link.display()
-            )
+            format!("--tls-key refusing {}: it is a symlink", link.display())
         );
         let e = read_certs("--client-ca", &key).unwrap_err();
         assert_eq!(

@@ -271,6 +271,48 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
     Ok((dir, fd))
 }
 
+/// Opens an existing file to read it, as a file that grants something
+/// must be opened (the auth file, a private key): its directory chain is
+/// checked ([`open_checked_dir`]), the file is opened relative to that
+/// descriptor without following a symlink, and it must be a regular file.
+/// Returns the descriptor and its status, for the caller's owner and mode
+/// rules.
+pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), PathError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| PathError::NotAFile {
+        path: path.to_path_buf(),
+    })?;
+    let dirfd = open_checked_dir(dir)?;
+    let fd = rustix::fs::openat(
+        &dirfd,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => PathError::Symlink {
+            path: path.to_path_buf(),
+        },
+        source => PathError::Open {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|source| PathError::Stat {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if st.st_mode & 0o170000 != 0o100000 {
+        return Err(PathError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((fd, st))
+}
+
 /// Prepares an embedded database file (the embedded authority's, and
 /// `serve --db`): its directory is checked (owned by this user, not
 /// writable by others; made 0700 if missing), and so is every directory

@@ -8,12 +8,10 @@
 //! (the flood's latency figure is a benchmark: `benches/serve_flood.rs`).
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -24,72 +22,9 @@ use crate::serve_trust::{
 };
 use crate::support::authority::{bin, poll};
 use crate::support::{agent, wait_agent};
+use leaseagent_testkit::{Flood, connect_from};
 
 const T: Duration = Duration::from_secs(10);
-
-/// A TCP connection to `server` from the loopback address `ip`.
-fn connect_from(ip: [u8; 4], server: SocketAddr) -> std::io::Result<TcpStream> {
-    let sock = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::STREAM,
-        None,
-    )?;
-    rustix::net::bind(&sock, &SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), 0))?;
-    rustix::net::connect(&sock, &server)?;
-    let s = TcpStream::from(sock);
-    s.set_read_timeout(Some(T))?;
-    Ok(s)
-}
-
-/// Opens connections from 127.0.0.2 as fast as the server takes them and
-/// holds them (never sending a byte, so never starting TLS either), until
-/// stopped; keeps at most 2,000 open. Returns how many it opened.
-struct Flood {
-    stop: Arc<AtomicBool>,
-    opened: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Flood {
-    fn start(server: SocketAddr) -> Flood {
-        let stop = Arc::new(AtomicBool::new(false));
-        let opened = Arc::new(AtomicUsize::new(0));
-        let (st, op) = (stop.clone(), opened.clone());
-        let thread = std::thread::spawn(move || {
-            let mut held = std::collections::VecDeque::new();
-            while !st.load(Ordering::Relaxed) {
-                if let Ok(c) = connect_from([127, 0, 0, 2], server) {
-                    held.push_back(c);
-                    op.fetch_add(1, Ordering::Relaxed);
-                }
-                if held.len() > 2000 {
-                    held.pop_front();
-                }
-            }
-        });
-        Flood {
-            stop,
-            opened,
-            thread: Some(thread),
-        }
-    }
-
-    /// Waits until the flood has opened `n` connections.
-    fn past(&self, n: usize) {
-        poll("the flood to get going", T, || {
-            (self.opened.load(Ordering::Relaxed) >= n).then_some(())
-        });
-    }
-}
-
-impl Drop for Flood {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// A metric's value from a `/metrics` text.
 fn metric(text: &str, name: &str) -> f64 {
@@ -177,8 +112,8 @@ fn flood_locks_nobody_out(tls: bool) {
         (st == 200 && body["leases"].as_array()?.len() == 1).then_some(())
     });
 
-    let flood = Flood::start(server);
-    flood.past(1000);
+    let flood = Flood::start([127, 0, 0, 2], server);
+    assert!(flood.past(1000, T), "the flood did not get going");
     for i in 0..20 {
         let (st, body) = ask(
             [127, 0, 0, 3],
@@ -225,14 +160,7 @@ fn a_connection_flood_from_one_address_locks_nobody_out_over_tls() {
 fn an_unfinished_tls_handshake_is_dropped_within_seconds() {
     let pki = Pki::new("handshake ca");
     let (cert, key) = pki.leaf("server", &["localhost"], "localhost", true);
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ]);
+    let s = Serve::tls(&cert, &key);
     let server: SocketAddr = s.addr.parse().unwrap();
     let mut silent = connect_from([127, 0, 0, 2], server).unwrap();
     let started = Instant::now();
@@ -273,18 +201,7 @@ fn a_certificate_is_its_sans_before_its_cn_and_ambiguity_is_refused() {
         0o600,
     );
     let ca = pki.ca_pem();
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--client-ca",
-        ca.to_str().unwrap(),
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::mtls(&cert, &key, &ca, &auth);
     let as_cert = |c: &Path, k: &Path, raw: &[u8]| {
         tls_call(&s.addr, &tls_client(&ca, Some((c, k))), raw).unwrap()
     };
@@ -476,8 +393,13 @@ fn a_principal_is_capped_by_default_and_cannot_block_another() {
 
 // ---- files serve opens ----
 
-/// `nobody`'s uid and gid (the test fails loudly without that user).
+/// `nobody`'s uid and gid (the test fails loudly without that user, or
+/// when not run as root: it plays root against `nobody`).
 fn nobody() -> (u32, u32) {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test plays root against `nobody`: run it as root"
+    );
     let out = Command::new("id")
         .args(["-u", "nobody"])
         .output()
@@ -493,6 +415,15 @@ fn nobody() -> (u32, u32) {
 
 fn chown(p: &Path, uid: u32, gid: u32) {
     std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+}
+
+/// A new directory `parent/name` owned by `nobody` (mode 0755).
+fn nobodys_dir(parent: &Path, name: &str) -> PathBuf {
+    let (uid, gid) = nobody();
+    let d = parent.join(name);
+    std::fs::create_dir(&d).unwrap();
+    chown(&d, uid, gid);
+    d
 }
 
 /// Runs serve to its refusal: (exit code, stderr). A serve that starts
@@ -528,10 +459,6 @@ fn serve_refuses(db: &Path, args: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn an_auth_file_nobody_could_write_is_refused_at_start_and_on_reload() {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "this test plays root against `nobody`: run it as root"
-    );
     let (uid, gid) = nobody();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
@@ -556,9 +483,7 @@ fn an_auth_file_nobody_could_write_is_refused_at_start_and_on_reload() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("symlink"), "{err}");
     // In a directory nobody may write to (the file itself is root's 0600).
-    let open_dir = dir.path().join("nobodys");
-    std::fs::create_dir(&open_dir).unwrap();
-    chown(&open_dir, uid, gid);
+    let open_dir = nobodys_dir(dir.path(), "nobodys");
     let inside = write_file(&open_dir, "auth.toml", &nobody_ops, 0o600);
     let (code, err) = serve_refuses(&db, &["--auth-file", inside.to_str().unwrap()]);
     assert_eq!(code, Some(125), "{err}");
@@ -602,11 +527,6 @@ fn metrics_text(addr: &str, token: &str) -> String {
 
 #[test]
 fn serve_db_and_tls_key_are_opened_without_symlinks_and_created_0600() {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "this test plays root against `nobody`: run it as root"
-    );
-    let (uid, gid) = nobody();
     // Created 0600 whatever the umask (serve runs with umask 022 here).
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("fresh.db");
@@ -638,9 +558,7 @@ fn serve_db_and_tls_key_are_opened_without_symlinks_and_created_0600() {
     assert!(err.contains("--db") && err.contains("symlink"), "{err}");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
     // A parent directory nobody may write to (even if the last one is root's).
-    let theirs = dir.path().join("theirs");
-    std::fs::create_dir(&theirs).unwrap();
-    chown(&theirs, uid, gid);
+    let theirs = nobodys_dir(dir.path(), "theirs");
     let mine = theirs.join("mine");
     std::fs::create_dir(&mine).unwrap();
     std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -674,44 +592,29 @@ fn serve_db_and_tls_key_are_opened_without_symlinks_and_created_0600() {
 
 #[test]
 fn an_embedded_state_dir_under_a_directory_nobody_may_write_is_refused() {
-    assert!(
-        rustix::process::geteuid().is_root(),
-        "this test plays root against `nobody`: run it as root"
-    );
-    let (uid, gid) = nobody();
     let dir = tempfile::tempdir().unwrap();
-    let theirs = dir.path().join("theirs");
-    std::fs::create_dir(&theirs).unwrap();
-    chown(&theirs, uid, gid);
+    let theirs = nobodys_dir(dir.path(), "theirs");
     let state = theirs.join("state");
     let marker = dir.path().join("ran");
-    let out = Command::new(bin())
-        .args(["--task", "embedded-t", "--ttl", "5s", "--", "touch"])
-        .arg(&marker)
-        .env("LEASEAGENT_STATE_DIR", &state)
-        .env_remove("LEASEAGENT_AUTHORITY")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let run = |state: &Path| {
+        Command::new(bin())
+            .args(["--task", "embedded-t", "--ttl", "5s", "--", "touch"])
+            .arg(&marker)
+            .env("LEASEAGENT_STATE_DIR", state)
+            .env_remove("LEASEAGENT_AUTHORITY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run(&state);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("another user"), "{err}");
     assert!(!marker.exists());
     // The same under root's sticky /tmp (the tempdir) is fine.
-    let ok_state = dir.path().join("state");
-    let out = Command::new(bin())
-        .args(["--task", "embedded-t", "--ttl", "5s", "--", "touch"])
-        .arg(&marker)
-        .env("LEASEAGENT_STATE_DIR", &ok_state)
-        .env_remove("LEASEAGENT_AUTHORITY")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run(&dir.path().join("state"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     assert!(marker.exists());
 }
 

@@ -50,6 +50,36 @@ impl Serve {
         ])
     }
 
+    /// A TLS serve on loopback.
+    pub(crate) fn tls(cert: &Path, key: &Path) -> Serve {
+        Serve::tls_with(cert, key, &[])
+    }
+
+    /// A TLS serve on loopback that requires client certificates from `ca`
+    /// and takes its principals from `auth`.
+    pub(crate) fn mtls(cert: &Path, key: &Path, ca: &Path, auth: &Path) -> Serve {
+        let extra = [
+            "--client-ca",
+            ca.to_str().unwrap(),
+            "--auth-file",
+            auth.to_str().unwrap(),
+        ];
+        Serve::tls_with(cert, key, &extra)
+    }
+
+    fn tls_with(cert: &Path, key: &Path, extra: &[&str]) -> Serve {
+        let mut args = vec![
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        Serve::start(&args)
+    }
+
     /// Waits for a stderr line containing `needle`.
     pub(crate) fn stderr_line(&self, needle: &str) -> String {
         let deadline = Instant::now() + T;
@@ -259,14 +289,7 @@ pub(crate) fn tls_call(
 fn tls_serves_https_and_refuses_plain_http_and_unknown_cas() {
     let pki = Pki::new("test ca");
     let (cert, key) = pki.leaf("server", &["localhost"], "localhost", true);
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ]);
+    let s = Serve::tls(&cert, &key);
     let good = tls_client(&pki.ca_pem(), None);
     let a = tls_call(&s.addr, &good, &http_req("GET", "/healthz", None, "")).unwrap();
     assert_eq!(a.status, 200, "{a:?}");
@@ -313,18 +336,7 @@ fn mutual_tls_names_the_principal_by_certificate() {
         0o640,
     );
     let ca = pki.ca_pem();
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--client-ca",
-        ca.to_str().unwrap(),
-        "--auth-file",
-        auth.to_str().unwrap(),
-    ]);
+    let s = Serve::mtls(&cert, &key, &ca, &auth);
     let w1 = tls_client(&ca, Some((&w1c, &w1k)));
     let acq = |task: &str| {
         let body = format!(r#"{{"task":"{task}","holder":"h","ttl_ms":5000}}"#);
