@@ -166,18 +166,20 @@ pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
     let n: i64 = conn
         .query_row(
             "SELECT (SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name IN ('principal', 'lease_key', 'held'))
-                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta'))",
+                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta', 'history'))",
             [],
             |r| r.get(0),
         )
         .ctx("reading the schema")?;
-    Ok(n == 5)
+    Ok(n == 6)
 }
 
 /// Creates the tables, adds columns missing from an older file, and starts
 /// the token sequence from the highest per-task counter.
 pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA).ctx("creating the schema")?;
+    tx.execute_batch(super::history::SCHEMA)
+        .ctx("creating the history table")?;
     let mut have = Vec::new();
     {
         let mut st = tx
