@@ -314,8 +314,9 @@ pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), Pat
 }
 
 /// Prepares an embedded database file (the embedded authority's, and
-/// `serve --db`): its directory is checked (owned by this user, not
-/// writable by others; made 0700 if missing), and so is every directory
+/// `serve --db`): its directory (symlinks in its path resolved) is checked
+/// (owned by this user, not writable by others; made 0700 if missing), and
+/// so is every directory
 /// above it ([`open_checked_dir`]: none writable by another user, root's
 /// sticky `/tmp` excepted); the file and its WAL/SHM companions are created
 /// 0600 without following symlinks if missing; an existing one must be a
@@ -330,8 +331,21 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
     let name = path.file_name().ok_or_else(|| PathError::NotAFile {
         path: path.to_path_buf(),
     })?;
-    let private = open_private_dir(&dir, DirRule::NotWritableByOthers)?;
-    let dirfd = open_checked_dir(&dir)?;
+    // Symlinks in the directory's path are resolved first, as ssh does
+    // (systemd's `DynamicUser=` state directory is a symlink into
+    // `/var/lib/private`); the real path is then checked all the way up.
+    let real = match std::fs::canonicalize(&dir) {
+        Ok(real) => real,
+        Err(_) => {
+            open_private_dir(&dir, DirRule::NotWritableByOthers)?;
+            std::fs::canonicalize(&dir).map_err(|source| PathError::Resolve {
+                path: dir.clone(),
+                source,
+            })?
+        }
+    };
+    let private = open_private_dir(&real, DirRule::NotWritableByOthers)?;
+    let dirfd = open_checked_dir(&real)?;
     let same = |a: &OwnedFd, b: &OwnedFd| -> Result<bool, PathError> {
         let stat = |fd: &OwnedFd| {
             rustix::fs::fstat(fd).map_err(|source| PathError::Stat {
