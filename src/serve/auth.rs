@@ -487,6 +487,19 @@ mod tests {
         let names = vec!["w1.example.org".to_string()];
         assert_eq!(p.identify(None, &names).unwrap().name, "w");
         assert!(p.identify(None, &[]).is_none());
+        // Two principals match: nobody, whatever the order.
+        let both = format!(
+            "{text}[[principal]]\nname = \"ops\"\nrole = \"operator\"\ncert_name = \"ops\"\ntasks = [\"*\"]\n"
+        );
+        let p2 = Principals::parse(&both).unwrap();
+        let two = vec!["w1.example.org".to_string(), "ops".to_string()];
+        assert!(p2.identify(None, &two).is_none());
+        assert_eq!(p2.identify(None, &two[1..]).unwrap().name, "ops");
+        let same_token = format!(
+            "{text}[[principal]]\nname = \"b\"\nrole = \"operator\"\ntoken_sha256 = \"{h}\"\ntasks = [\"*\"]\n"
+        );
+        let p3 = Principals::parse(&same_token).unwrap();
+        assert!(p3.identify(Some("secret"), &[]).is_none());
         let e = Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
             .unwrap_err();
         assert_eq!(

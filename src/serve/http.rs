@@ -844,6 +844,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn refusals_past_a_peer_limit_do_not_use_the_global_budget() {
+        let peers = Arc::new(Peers::default());
+        let limits = Limits {
+            max_connections: 3,
+            max_per_peer: 2,
+            ..Limits::default()
+        };
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "127.0.0.2".parse().unwrap(),
+            "127.0.0.3".parse().unwrap(),
+            "127.0.0.4".parse().unwrap(),
+        );
+        let held: Vec<Slot> = (0..2).map(|_| peers.admit(a, &limits).unwrap()).collect();
+        // A flood past a's limit: refused, counted nowhere else.
+        for _ in 0..1000 {
+            assert!(peers.admit(a, &limits).is_none());
+        }
+        assert_eq!(peers.stats.refused_peer.load(Ordering::Relaxed), 1000);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 2);
+        // Another peer still gets a real slot; past the global limit, a
+        // connection is answered once and does not count against it.
+        let ok = peers.admit(b, &limits).unwrap();
+        assert!(!ok.over);
+        let over = peers.admit(c, &limits).unwrap();
+        assert!(over.over);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
+        drop(over);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
+        drop(held);
+        assert!(!peers.admit(c, &limits).unwrap().over);
+    }
+
+    #[test]
     fn content_length_must_be_plain_digits() {
         let v = |s: &'static str| HeaderValue::from_static(s);
         assert_eq!(plain_length(&v("0")), Some(0));
