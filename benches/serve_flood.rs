@@ -189,7 +189,7 @@ fn main() {
 
     measure("no flood", server, client.as_ref(), n, 0);
 
-    let flood = Flood::start([127, 0, 0, 2], server);
+    let flood = Flood::start([127, 0, 0, 2], server, 2000);
     assert!(
         flood.past(1000, Duration::from_secs(60)),
         "the flood did not start"

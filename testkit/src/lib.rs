@@ -562,9 +562,9 @@ pub fn connect_from(
 }
 
 /// A connection flood: a thread opens connections from one address as
-/// fast as the server takes them and holds up to 2,000 of them without
-/// sending a byte (so, over TLS, without starting a handshake), until
-/// dropped.
+/// fast as the server takes them and holds up to `hold` of them (the
+/// oldest are closed first) without sending a byte (so, over TLS, without
+/// starting a handshake), until dropped.
 pub struct Flood {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -572,7 +572,7 @@ pub struct Flood {
 }
 
 impl Flood {
-    pub fn start(from: [u8; 4], server: std::net::SocketAddr) -> Flood {
+    pub fn start(from: [u8; 4], server: std::net::SocketAddr, hold: usize) -> Flood {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -584,7 +584,7 @@ impl Flood {
                     held.push_back(c);
                     op.fetch_add(1, Ordering::Relaxed);
                 }
-                if held.len() > 2000 {
+                if held.len() > hold {
                     held.pop_front();
                 }
             }

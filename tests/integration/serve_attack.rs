@@ -43,7 +43,8 @@ fn acquire_body(task: &str) -> String {
 // ---- no lockout ----
 
 /// The flood runs from 127.0.0.2 with the limits of the report (300 in
-/// all, 100 per peer); meanwhile 127.0.0.3 acquires on fresh connections,
+/// all, 100 per peer), holding up to 400 connections (more than the 300:
+/// before, its refused ones counted against everyone's budget); meanwhile 127.0.0.3 acquires on fresh connections,
 /// `/healthz` answers, and a real agent on 127.0.0.1 renews every 300 ms
 /// through a whole job, never told `overloaded`.
 fn flood_locks_nobody_out(tls: bool) {
@@ -112,7 +113,7 @@ fn flood_locks_nobody_out(tls: bool) {
         (st == 200 && body["leases"].as_array()?.len() == 1).then_some(())
     });
 
-    let flood = Flood::start([127, 0, 0, 2], server);
+    let flood = Flood::start([127, 0, 0, 2], server, 400);
     assert!(flood.past(1000, T), "the flood did not get going");
     for i in 0..20 {
         let (st, body) = ask(
