@@ -98,6 +98,22 @@ pub fn call(
     limit: u64,
 ) -> Result<(u16, Vec<u8>), Failure> {
     let timeout = Some(timeout.max(Duration::from_millis(1)));
+    // Marked sensitive: `http`'s Debug then prints `Sensitive`, never the
+    // credential, wherever the request is formatted.
+    let authorization = match authorization.map(ureq::http::HeaderValue::from_str) {
+        None => None,
+        Some(Ok(mut v)) => {
+            v.set_sensitive(true);
+            Some(v)
+        }
+        Some(Err(_)) => {
+            return Err(Failure {
+                kind: FailureKind::Encode,
+                trust: None,
+                message: format!("{url}: the credential is not a valid header value"),
+            });
+        }
+    };
     let sent = match json_body {
         None => {
             let mut r = agent.get(url).config().timeout_global(timeout).build();

@@ -216,7 +216,7 @@ pub static SERVE: CommandDef = CommandDef {
             Flag::value(
                 "max-connections-per-peer",
                 "N",
-                "Most open connections from one IP address; past this, as above",
+                "Most open connections from one IP address; past this, closed at once (before TLS)",
             )
             .default_value("1024"),
             Flag::value(
@@ -224,7 +224,14 @@ pub static SERVE: CommandDef = CommandDef {
                 "N",
                 "Most live leases overall; past this, acquires get 503 unavailable",
             )
-            .default_note("no limit"),
+            .default_value("100000"),
+            Flag::value(
+                "max-leases-per-principal",
+                "N",
+                "Most live leases of one principal without `max_leases` in the auth file (all \
+                 clients are one principal without an auth file); past this, 429",
+            )
+            .default_value("25000"),
             Flag::value(
                 "history-max-age",
                 "DUR",

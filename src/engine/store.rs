@@ -124,6 +124,16 @@ const ADDED: [(&str, &str); 3] = [
 /// `synchronous=FULL`. The busy handler is the caller's to set; the schema
 /// is created or brought up to date by [`ensure_schema`].
 pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+    // A database whose directory was checked on a descriptor is opened
+    // through that descriptor (`sys::sqlite_at`), never by name again.
+    if let Some(via) = crate::sys::sqlite_at::path_for(path) {
+        return Connection::open_with_flags_and_vfs(
+            via,
+            rusqlite::OpenFlags::default(),
+            crate::sys::sqlite_at::VFS,
+        )
+        .ctx("opening the file");
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             path: dir.to_path_buf(),
@@ -358,10 +368,16 @@ fn check(raw: RawRow) -> Result<Stored, StoreError> {
         }
     };
     let boot_id = c.opt_text(8, "boot_id")?;
+    let ended_by = if lease.is_none() && ended.is_some() {
+        c.opt_text(12, "principal")?.unwrap_or_default()
+    } else {
+        String::new()
+    };
     Ok(Stored {
         row: TaskRow {
             task: c.task,
             last_token,
+            ended_by,
             lease,
             ended,
         },
@@ -458,7 +474,10 @@ pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(
         i64::from(l.is_some_and(|l| l.revoked)),
         opt(row.ended.map(|e| e.0))?,
         row.ended.map(|e| e.1.as_str()),
-        l.map(|l| l.principal.as_str()),
+        // Without a lease, the column names whose early end `ended` is.
+        l.map_or(row.ended.map(|_| row.ended_by.as_str()), |l| Some(
+            l.principal.as_str()
+        )),
         l.map(|l| l.key.as_str()),
         i64::from(l.is_some_and(|l| l.held)),
     ];

@@ -11,3 +11,5 @@ pub mod paths;
 #[allow(unsafe_code)]
 pub mod priority;
 pub mod signal;
+#[allow(unsafe_code)]
+pub mod sqlite_at;

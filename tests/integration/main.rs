@@ -34,6 +34,7 @@ mod fence_zombie;
 mod history;
 mod layout;
 mod partition_netns;
+mod serve_attack;
 mod serve_trust;
 mod status_page;
 mod systemd_deb;

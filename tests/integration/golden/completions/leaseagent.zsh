@@ -33,8 +33,9 @@ _leaseagent() {
                 '--auth-file=[The principals (TOML; re-read on SIGHUP); without it, anyone may do anything]:FILE:_files' \
                 '--insecure-listen[Allow a non-loopback --listen without TLS and an auth file]' \
                 '--max-connections=[Most open connections; past this, one answer (503) and closed]:N: ' \
-                '--max-connections-per-peer=[Most open connections from one IP address; past this, as above]:N: ' \
+                '--max-connections-per-peer=[Most open connections from one IP address; past this, closed at once (before TLS)]:N: ' \
                 '--max-leases=[Most live leases overall; past this, acquires get 503 unavailable]:N: ' \
+                '--max-leases-per-principal=[Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429]:N: ' \
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \
                 '--history-max-rows=[Run history: at most this many attempts are kept]:N: ' \
                 '--status-listen=[Also serve the status page (GET /, read-only, no credentials) on this loopback address, e.g. 127.0.0.1:7879]:ADDR: ' \
