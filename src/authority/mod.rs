@@ -147,6 +147,12 @@ pub trait Authority: Send {
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
 
+    /// Housekeeping the heartbeat thread does after it has reported a
+    /// successful renewal (never inside the renewal itself, so a renewal's
+    /// answer never waits for it). The embedded authority checkpoints its
+    /// WAL here when it has grown; the default does nothing.
+    fn after_renewal(&mut self) {}
+
     fn release(
         &mut self,
         lease: &LeaseRef,

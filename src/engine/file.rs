@@ -3,8 +3,7 @@
 //!
 //! Every call is one immediate transaction (`BEGIN IMMEDIATE`, through
 //! rusqlite's `Transaction`): read the task's row, apply the rule from
-//! [`super::rules`], write it back, commit (fsync'd, WAL with
-//! `synchronous=FULL`). SQLite's write lock serialises agents, so two
+//! [`super::rules`], write it back, commit. SQLite's write lock serialises agents, so two
 //! processes racing for a free task cannot both see it free: exactly one
 //! grant. Processes take turns at the write lock through [`super::gate`], so
 //! a peer that commits in a tight loop cannot starve the others (a turn is
@@ -21,8 +20,26 @@
 //! "Now" is read before waiting for the lock, so lock waits only make a
 //! renewal's new expiry earlier and a lease look more alive to an acquirer:
 //! both are the safe direction.
+//!
+//! Durability (the reasoning is in docs/design.md, "The embedded
+//! authority's file"): a grant, a revoke and a clear commit with
+//! `synchronous=FULL`, so the WAL is fsync'd before the call answers and a
+//! token is never answered before the sequence that rules out its reuse is
+//! on disk. Renewals and releases commit with `synchronous=NORMAL` (no
+//! fsync): a process crash loses nothing the page cache holds, and after a
+//! power loss every lease of the previous boot has expired anyway (the boot
+//! id changed). WAL frames are appended in commit order and a FULL commit
+//! fsyncs the whole WAL, so whatever survives a power loss is a prefix of the
+//! history that contains every answered grant.
+//!
+//! Size: nothing checkpoints on close or inside a call. After a release (and
+//! after a renewal has been reported, see [`SharedEngine::tidy`]) the WAL is
+//! checkpointed and truncated once it passes a small bound, without waiting
+//! for anyone: a busy database just leaves it to the next process. A first
+//! opener rebuilds the WAL index by reading the whole WAL, so a bounded WAL
+//! is what keeps start-up from growing with the host's history.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
@@ -40,7 +57,44 @@ pub struct SharedEngine {
     conn: Connection,
     gate: Gate,
     boot_id: String,
+    /// The connection's `synchronous` setting.
+    sync: Durability,
+    /// The database's WAL file (only its size is looked at).
+    wal: PathBuf,
 }
+
+/// How durable a commit is when the call answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// The WAL is fsync'd before the commit returns: grants and operator
+    /// calls.
+    Full,
+    /// Written to the page cache only: renewals and releases.
+    Normal,
+}
+
+/// What [`SharedEngine::tidy`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tidied {
+    /// The WAL was within the bound: nothing to do.
+    Small,
+    /// Checkpointed and truncated to zero bytes.
+    Truncated,
+    /// Another process was reading, writing or checkpointing: left for later.
+    Busy,
+}
+
+/// Checkpoint after a release once the WAL is larger than this. Each run
+/// (a grant and a release) adds about four 4 KiB pages, so this is a
+/// checkpoint every dozen runs or so, and a first opener reads at most this
+/// much to rebuild the WAL index.
+pub const TIDY_AFTER_RELEASE: u64 = 256 * 1024;
+
+/// Checkpoint after a renewal once the WAL is larger than this: a lone
+/// long job adds one page per renewal, so with a 10 s heartbeat its
+/// heartbeat thread checkpoints about every 40 minutes (other runs'
+/// releases usually do it first).
+pub const TIDY_AFTER_RENEWAL: u64 = 1024 * 1024;
 
 /// Calls `f` again while it fails because the database was busy, until
 /// `deadline`.
@@ -98,9 +152,9 @@ impl SharedEngine {
         // No checkpoint when a connection closes: every agent closes two
         // (its own and its heartbeat thread's) at the end of every run, and
         // each last close copied the WAL into the file with two more fsyncs
-        // while the other connection waited for the lock. Commits are
-        // durable in the WAL already (synchronous=FULL); SQLite's automatic
-        // checkpoint (every 1,000 WAL pages) keeps the WAL bounded.
+        // while the other connection waited for the lock. The WAL is kept
+        // small by `tidy` instead; SQLite's automatic checkpoint (1,000
+        // pages) stays as a backstop that `tidy` keeps from ever running.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
             .ctx("keeping checkpoints off close")?;
         let gate = Gate::open(path).map_err(StoreError::from)?;
@@ -119,11 +173,65 @@ impl SharedEngine {
                 Ok(())
             })
         })?;
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
         Ok(SharedEngine {
             conn,
             gate,
             boot_id,
+            // `store::set_modes` sets FULL.
+            sync: Durability::Full,
+            wal: PathBuf::from(wal),
         })
+    }
+
+    /// Sets the connection's `synchronous` for the next commit (SQLite
+    /// refuses to change it inside a transaction, so before `BEGIN`).
+    fn set_sync(&mut self, sync: Durability) -> Result<(), StoreError> {
+        if self.sync != sync {
+            let level = match sync {
+                Durability::Full => "FULL",
+                Durability::Normal => "NORMAL",
+            };
+            self.conn
+                .pragma_update(None, "synchronous", level)
+                .ctx("setting synchronous")?;
+            self.sync = sync;
+        }
+        Ok(())
+    }
+
+    /// Checkpoints the WAL into the database and truncates it, if it is
+    /// larger than `bound` bytes. Never waits: the busy handler is off, so
+    /// a peer that is writing, reading an old snapshot or checkpointing
+    /// makes this a no-op (`Busy`), and whoever comes next tries again.
+    ///
+    /// Two steps: a PASSIVE checkpoint copies the pages and does the fsyncs
+    /// without the write lock (peers keep committing meanwhile); then
+    /// TRUNCATE, which takes the write lock only to copy what was committed
+    /// since (usually nothing) and cut the file to zero bytes.
+    pub fn tidy(&mut self, bound: u64) -> Tidied {
+        let big = std::fs::metadata(&self.wal).is_ok_and(|m| m.len() > bound);
+        if !big {
+            return Tidied::Small;
+        }
+        let conn = &self.conn;
+        let checkpoint = |mode: &str| -> rusqlite::Result<bool> {
+            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                Ok(r.get::<_, i64>(0)? == 0 && r.get::<_, i64>(1)? == r.get::<_, i64>(2)?)
+            })
+        };
+        let done = gate::with_deadline(Instant::now(), || {
+            Ok::<_, rusqlite::Error>(checkpoint("PASSIVE")? && checkpoint("TRUNCATE")?)
+        });
+        match done {
+            Ok(true) => Tidied::Truncated,
+            Ok(false) => Tidied::Busy,
+            Err(e) => {
+                log::debug!("checkpointing {}: {e}", self.wal.display());
+                Tidied::Busy
+            }
+        }
     }
 
     /// Runs `f` on the task's row inside one immediate transaction; the row
@@ -134,13 +242,16 @@ impl SharedEngine {
         task: &str,
         now: u64,
         timeout: Duration,
+        sync: Durability,
         mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
         let deadline = deadline_in(timeout);
+        self.set_sync(sync)?;
         let SharedEngine {
             conn,
             gate,
             boot_id,
+            ..
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
@@ -170,7 +281,7 @@ impl SharedEngine {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
-        self.with_row(&spec.task, now, timeout, |row, tx| {
+        self.with_row(&spec.task, now, timeout, Durability::Full, |row, tx| {
             let token = store::last_issued(tx)?
                 .checked_add(1)
                 .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
@@ -204,7 +315,7 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, |row, _| {
+        self.with_row(task, now, timeout, Durability::Normal, |row, _| {
             Ok((row.renew(key, token, principal, now)?, true))
         })
     }
@@ -218,7 +329,7 @@ impl SharedEngine {
     ) -> Result<(), EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, |row, _| {
+        self.with_row(task, now, timeout, Durability::Normal, |row, _| {
             row.release(key, token, principal, now)?;
             Ok(((), true))
         })
@@ -232,7 +343,7 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, |row, _| {
+        self.with_row(task, now, timeout, Durability::Full, |row, _| {
             Ok((row.revoke(force, now)?, true))
         })
     }
@@ -240,7 +351,9 @@ impl SharedEngine {
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, |row, _| Ok((row.clear(now)?, true)))
+        self.with_row(task, now, timeout, Durability::Full, |row, _| {
+            Ok((row.clear(now)?, true))
+        })
     }
 
     /// Up to `limit` rows' worth of leases after task `after`, in task
@@ -404,6 +517,81 @@ mod tests {
             e.renew(&g.lease_id, g.token, "alice", T),
             Err(EngineError::Refused(RefusalReason::UnknownLease))
         ));
+    }
+
+    fn synchronous(e: &SharedEngine) -> i64 {
+        e.conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn grants_and_operator_calls_are_fsynced_renewals_and_releases_are_not() {
+        let d = tempfile::tempdir().unwrap();
+        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let (full, normal) = (2, 1);
+        let g = e.acquire(&spec("f", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(synchronous(&e), full, "a grant");
+        e.renew(&g.lease_id, g.token, "", T).unwrap();
+        assert_eq!(synchronous(&e), normal, "a renewal");
+        e.revoke("f", false, T).unwrap();
+        assert_eq!(synchronous(&e), full, "a revoke");
+        let g = e.acquire(&spec("g", ExpiryPolicy::Redispatch), T).unwrap();
+        e.release(&g.lease_id, g.token, "", T).unwrap();
+        assert_eq!(synchronous(&e), normal, "a release");
+        assert!(e.clear("g", T).is_err(), "nothing to clear");
+        assert_eq!(synchronous(&e), full, "a clear");
+    }
+
+    fn wal_len(db: &Path) -> u64 {
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::metadata(PathBuf::from(wal)).map_or(0, |m| m.len())
+    }
+
+    #[test]
+    fn tidy_truncates_a_large_wal_and_never_waits_for_a_peer() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let churn = |e: &mut SharedEngine, n: usize| -> u64 {
+            let mut last = 0;
+            for _ in 0..n {
+                let g = e.acquire(&spec("w", ExpiryPolicy::Redispatch), T).unwrap();
+                assert!(g.token > last);
+                last = g.token;
+                e.release(&g.lease_id, g.token, "", T).unwrap();
+            }
+            last
+        };
+        churn(&mut e, 5);
+        assert!(wal_len(&db) < TIDY_AFTER_RELEASE);
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Small);
+        churn(&mut e, 100);
+        assert!(wal_len(&db) > TIDY_AFTER_RELEASE, "{}", wal_len(&db));
+
+        // A reader on an old snapshot: the pages after it cannot be copied.
+        let peer = Connection::open(&db).unwrap();
+        peer.execute_batch("BEGIN; SELECT COUNT(*) FROM seq;")
+            .unwrap();
+        churn(&mut e, 1);
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Busy);
+        peer.execute_batch("COMMIT").unwrap();
+        // A writer in its transaction: the truncation would need its lock.
+        peer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Busy);
+        peer.execute_batch("COMMIT").unwrap();
+
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Truncated);
+        assert_eq!(wal_len(&db), 0);
+        // Nothing was lost: the sequence goes on from where it was.
+        let last = store::last_issued(&peer).unwrap();
+        assert_eq!(last, 106);
+        assert!(churn(&mut e, 1) > last);
+        let ok: String = peer
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
     }
 
     #[test]
