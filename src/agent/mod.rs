@@ -431,10 +431,15 @@ fn start(
     let state = state_writer();
     let env = job_env(&grant, &*auth, state.as_ref());
     let tx = events.0.clone();
+    // `auth` goes to the heartbeat thread, `releaser` to the supervisor.
+    let mut releaser = auth.clone_box();
+    if auth.release_keeps_connection() {
+        std::mem::swap(&mut auth, &mut releaser);
+    }
     let mut sup = Supervisor::new(
         machine,
         grant.clone(),
-        auth.clone_box(),
+        releaser,
         events,
         notifier,
         state,

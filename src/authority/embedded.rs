@@ -157,6 +157,10 @@ impl Authority for EmbeddedAuthority {
         released
     }
 
+    fn release_keeps_connection(&self) -> bool {
+        true
+    }
+
     fn after_renewal(&mut self) {
         if let Some(engine) = &mut self.engine {
             engine.tidy(TIDY_AFTER_RENEWAL);
