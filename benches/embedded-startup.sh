@@ -35,7 +35,8 @@ files() { (cd "$1" && for f in *; do printf '%s %s B, ' "$f" "$(stat -c %s "$f")
 echo "filling $OLD with $FILL runs over 7 tasks…"
 start=$(date +%s.%N)
 for i in $(seq "$FILL"); do
-    "$AGENT" --authority "sqlite:$OLD/leases.sqlite3" --task "cron-$((i % 7))" -- true
+    "$AGENT" --authority "sqlite:$OLD/leases.sqlite3" --task "cron-$((i % 7))" -- true 2>/dev/null ||
+        { echo "run $i failed" >&2; exit 1; }
 done
 end=$(date +%s.%N)
 echo "filled in $(echo "$end - $start" | bc) s; old state directory: $(size "$OLD") KiB ($(files "$OLD"))"

@@ -436,14 +436,7 @@ fn start(
     if auth.release_keeps_connection() {
         std::mem::swap(&mut auth, &mut releaser);
     }
-    let mut sup = Supervisor::new(
-        machine,
-        grant.clone(),
-        releaser,
-        events,
-        notifier,
-        state,
-    );
+    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
     // The keeper's list, and the trust flags' variables.
