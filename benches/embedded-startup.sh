@@ -8,15 +8,17 @@
 #
 # FILL (default 10000) runs fill the old state directory first, spread over
 # 7 tasks as a host's cron jobs would be. Then hyperfine (-N: no shell)
-# times the three commands ROUNDS times (default 5) with RUNS runs each
-# (default 40), and the medians are taken over all rounds: on a shared
-# machine, rounds spread a burst of someone else's load over all three
-# commands instead of one. The fresh state directory is new when the
-# measurement starts (its only history is the measured runs themselves).
+# times the commands ROUNDS times (default 20) with RUNS runs each (default
+# 10), and the medians are taken over all rounds: on a shared machine, many
+# short rounds spread a burst of someone else's load over all the commands
+# instead of one. The fresh state directory is new when the measurement
+# starts (its only history is the measured runs themselves). One more line,
+# a fresh state directory on tmpfs (/dev/shm: fsync costs nothing there),
+# shows how much of a run is the disk's flush.
 set -euo pipefail
 FILL=${1:-10000}
-ROUNDS=${2:-5}
-RUNS=${3:-40}
+ROUNDS=${2:-20}
+RUNS=${3:-10}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 AGENT=${LEASEAGENT:-$ROOT/target/$(rustc -vV | sed -n 's/^host: //p')/release/leaseagent}
 command -v hyperfine >/dev/null || { echo "hyperfine missing: apt-get install hyperfine" >&2; exit 1; }
@@ -24,28 +26,29 @@ command -v flock >/dev/null || { echo "flock missing: apt-get install util-linux
 [ -x "$AGENT" ] || { echo "$AGENT missing: cargo build --release" >&2; exit 1; }
 
 DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"' EXIT
+SHM=$(mktemp -d -p /dev/shm)
+trap 'rm -rf "$DIR" "$SHM"' EXIT
 OLD=$DIR/old
 FRESH=$DIR/fresh
-mkdir -m 700 "$OLD" "$FRESH"
+mkdir -m 700 "$OLD" "$FRESH" "$SHM/fresh"
 
 size() { du -sk --apparent-size "$1" | cut -f1; }
 files() { (cd "$1" && for f in *; do printf '%s %s B, ' "$f" "$(stat -c %s "$f")"; done) | sed 's/, $//'; }
 
 echo "filling $OLD with $FILL runs over 7 tasks…"
-start=$(date +%s.%N)
+SECONDS=0
 for i in $(seq "$FILL"); do
     "$AGENT" --authority "sqlite:$OLD/leases.sqlite3" --task "cron-$((i % 7))" -- true 2>/dev/null ||
         { echo "run $i failed" >&2; exit 1; }
 done
-end=$(date +%s.%N)
-echo "filled in $(echo "$end - $start" | bc) s; old state directory: $(size "$OLD") KiB ($(files "$OLD"))"
+echo "filled in $SECONDS s; old state directory: $(size "$OLD") KiB ($(files "$OLD"))"
 
 for r in $(seq "$ROUNDS"); do
     hyperfine -N --warmup 3 --runs "$RUNS" --style none --export-json "$DIR/round-$r.json" \
         -n flock "flock $DIR/lockfile true" \
         -n fresh "$AGENT --authority sqlite:$FRESH/leases.sqlite3 --task t -- true" \
-        -n after "$AGENT --authority sqlite:$OLD/leases.sqlite3 --task t -- true" >/dev/null
+        -n tmpfs "$AGENT --authority sqlite:$SHM/fresh/leases.sqlite3 --task t -- true" \
+        -n after "$AGENT --authority sqlite:$OLD/leases.sqlite3 --task t -- true" >/dev/null 2>&1
 done
 
 python3 - "$DIR" "$ROUNDS" "$FILL" <<'PY'
@@ -58,7 +61,8 @@ for r in range(1, rounds + 1):
 med = {k: statistics.median(v) * 1000 for k, v in times.items()}
 print(f"{os.cpu_count()} cores, {len(times['flock'])} runs each ({rounds} rounds of hyperfine)")
 for k, label in [("flock", "flock FILE true"), ("fresh", "leaseagent -- true, fresh state dir"),
-                 ("after", f"leaseagent -- true, after {fill} runs")]:
+                 ("after", f"leaseagent -- true, after {fill} runs"),
+                 ("tmpfs", "leaseagent -- true, fresh, on tmpfs")]:
     t = sorted(times[k])
     p90 = t[int(len(t) * 0.9)] * 1000
     ratio = "" if k == "flock" else f"  = {med[k] / med['flock']:.2f} x flock"
