@@ -22,15 +22,20 @@
 //! both are the safe direction.
 //!
 //! Durability (the reasoning is in docs/design.md, "The embedded
-//! authority's file"): a grant, a revoke and a clear commit with
-//! `synchronous=FULL`, so the WAL is fsync'd before the call answers and a
-//! token is never answered before the sequence that rules out its reuse is
-//! on disk. Renewals and releases commit with `synchronous=NORMAL` (no
-//! fsync): a process crash loses nothing the page cache holds, and after a
-//! power loss every lease of the previous boot has expired anyway (the boot
-//! id changed). WAL frames are appended in commit order and a FULL commit
-//! fsyncs the whole WAL, so whatever survives a power loss is a prefix of the
-//! history that contains every answered grant.
+//! authority's file"): the connection runs with `synchronous=NORMAL`, so a
+//! commit writes its WAL frames to the page cache and returns. After a
+//! grant, a revoke or a clear commits, the engine `fdatasync`s the WAL file
+//! itself before the call answers, so a token is never answered before the
+//! sequence that rules out its reuse is on disk. (Not `synchronous=FULL`:
+//! that also fsyncs the directory on each connection's first sync, a second
+//! device flush per run; SQLite still syncs the WAL header, with the
+//! directory, whenever it starts a new or emptied WAL, which is when the
+//! directory entry can be new.) Renewals and releases are not synced: a
+//! process crash loses nothing the page cache holds, and after a power loss
+//! every lease of the previous boot has expired anyway (the boot id
+//! changed). WAL frames are appended in commit order and an fdatasync
+//! covers every frame written before it, so whatever survives a power loss
+//! is a prefix of the history that contains every answered grant.
 //!
 //! Size: nothing checkpoints on close or inside a call. After a release (and
 //! after a renewal has been reported, see [`SharedEngine::tidy`]) the WAL is
@@ -39,11 +44,13 @@
 //! opener rebuilds the WAL index by reading the whole WAL, so a bounded WAL
 //! is what keeps start-up from growing with the host's history.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rustix::fs::{Mode, OFlags};
 
 use crate::lease::LeaseInfo;
 
@@ -57,20 +64,58 @@ pub struct SharedEngine {
     conn: Connection,
     gate: Gate,
     boot_id: String,
-    /// The connection's `synchronous` setting.
-    sync: Durability,
-    /// The database's WAL file (only its size is looked at).
-    wal: PathBuf,
+    wal: Wal,
 }
 
 /// How durable a commit is when the call answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Durability {
-    /// The WAL is fsync'd before the commit returns: grants and operator
-    /// calls.
-    Full,
+    /// The WAL is fdatasync'd after the commit, before the call answers:
+    /// grants and operator calls.
+    Synced,
     /// Written to the page cache only: renewals and releases.
-    Normal,
+    Cached,
+}
+
+/// The database's WAL file, as the engine syncs and measures it.
+struct Wal {
+    path: PathBuf,
+    /// Opened at the first sync (SQLite creates the file on the first
+    /// read). SQLite never deletes the WAL while a connection is open (the
+    /// last one to close would, after a checkpoint, which this engine
+    /// never does on close), so the descriptor names the file SQLite
+    /// writes; one whose file was unlinked anyway is replaced.
+    fd: Option<OwnedFd>,
+    /// How many syncs were made (for the tests).
+    syncs: u64,
+}
+
+impl Wal {
+    /// Makes every frame written so far durable.
+    fn sync(&mut self) -> Result<(), StoreError> {
+        let err = |source: rustix::io::Errno| StoreError::SyncWal {
+            path: self.path.clone(),
+            source: source.into(),
+        };
+        let stale = match &self.fd {
+            Some(fd) => rustix::fs::fstat(fd).map_err(err)?.st_nlink == 0,
+            None => true,
+        };
+        if stale {
+            let fd = rustix::fs::open(
+                &self.path,
+                OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(err)?;
+            self.fd = Some(fd);
+        }
+        if let Some(fd) = &self.fd {
+            rustix::fs::fdatasync(fd).map_err(err)?;
+        }
+        self.syncs += 1;
+        Ok(())
+    }
 }
 
 /// What [`SharedEngine::tidy`] did.
@@ -173,32 +218,22 @@ impl SharedEngine {
                 Ok(())
             })
         })?;
+        // `store::set_modes` set FULL (serve's setting); here the engine
+        // syncs the WAL itself where it must (`Durability`).
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .ctx("setting synchronous=NORMAL")?;
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
         Ok(SharedEngine {
             conn,
             gate,
             boot_id,
-            // `store::set_modes` sets FULL.
-            sync: Durability::Full,
-            wal: PathBuf::from(wal),
+            wal: Wal {
+                path: PathBuf::from(wal),
+                fd: None,
+                syncs: 0,
+            },
         })
-    }
-
-    /// Sets the connection's `synchronous` for the next commit (SQLite
-    /// refuses to change it inside a transaction, so before `BEGIN`).
-    fn set_sync(&mut self, sync: Durability) -> Result<(), StoreError> {
-        if self.sync != sync {
-            let level = match sync {
-                Durability::Full => "FULL",
-                Durability::Normal => "NORMAL",
-            };
-            self.conn
-                .pragma_update(None, "synchronous", level)
-                .ctx("setting synchronous")?;
-            self.sync = sync;
-        }
-        Ok(())
     }
 
     /// Checkpoints the WAL into the database and truncates it, if it is
@@ -211,7 +246,7 @@ impl SharedEngine {
     /// TRUNCATE, which takes the write lock only to copy what was committed
     /// since (usually nothing) and cut the file to zero bytes.
     pub fn tidy(&mut self, bound: u64) -> Tidied {
-        let big = std::fs::metadata(&self.wal).is_ok_and(|m| m.len() > bound);
+        let big = std::fs::metadata(&self.wal.path).is_ok_and(|m| m.len() > bound);
         if !big {
             return Tidied::Small;
         }
@@ -228,7 +263,7 @@ impl SharedEngine {
             Ok(true) => Tidied::Truncated,
             Ok(false) => Tidied::Busy,
             Err(e) => {
-                log::debug!("checkpointing {}: {e}", self.wal.display());
+                log::debug!("checkpointing {}: {e}", self.wal.path.display());
                 Tidied::Busy
             }
         }
@@ -242,16 +277,15 @@ impl SharedEngine {
         task: &str,
         now: u64,
         timeout: Duration,
-        sync: Durability,
+        durability: Durability,
         mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
         let deadline = deadline_in(timeout);
-        self.set_sync(sync)?;
         let SharedEngine {
             conn,
             gate,
             boot_id,
-            ..
+            wal,
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
@@ -267,6 +301,9 @@ impl SharedEngine {
                 if write || settled {
                     store::save(&tx, &row, Some(boot_id))?;
                     tx.commit().ctx("committing")?;
+                    if durability == Durability::Synced {
+                        wal.sync()?;
+                    }
                 }
                 out
             })
@@ -281,7 +318,7 @@ impl SharedEngine {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
-        self.with_row(&spec.task, now, timeout, Durability::Full, |row, tx| {
+        self.with_row(&spec.task, now, timeout, Durability::Synced, |row, tx| {
             let token = store::last_issued(tx)?
                 .checked_add(1)
                 .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
@@ -315,7 +352,7 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, Durability::Normal, |row, _| {
+        self.with_row(task, now, timeout, Durability::Cached, |row, _| {
             Ok((row.renew(key, token, principal, now)?, true))
         })
     }
@@ -329,7 +366,7 @@ impl SharedEngine {
     ) -> Result<(), EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, Durability::Normal, |row, _| {
+        self.with_row(task, now, timeout, Durability::Cached, |row, _| {
             row.release(key, token, principal, now)?;
             Ok(((), true))
         })
@@ -343,7 +380,7 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, Durability::Full, |row, _| {
+        self.with_row(task, now, timeout, Durability::Synced, |row, _| {
             Ok((row.revoke(force, now)?, true))
         })
     }
@@ -351,7 +388,7 @@ impl SharedEngine {
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, Durability::Full, |row, _| {
+        self.with_row(task, now, timeout, Durability::Synced, |row, _| {
             Ok((row.clear(now)?, true))
         })
     }
@@ -519,28 +556,31 @@ mod tests {
         ));
     }
 
-    fn synchronous(e: &SharedEngine) -> i64 {
-        e.conn
-            .pragma_query_value(None, "synchronous", |r| r.get(0))
-            .unwrap()
-    }
-
     #[test]
-    fn grants_and_operator_calls_are_fsynced_renewals_and_releases_are_not() {
+    fn grants_and_operator_calls_are_synced_renewals_and_releases_are_not() {
         let d = tempfile::tempdir().unwrap();
         let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
-        let (full, normal) = (2, 1);
-        let g = e.acquire(&spec("f", ExpiryPolicy::Redispatch), T).unwrap();
-        assert_eq!(synchronous(&e), full, "a grant");
+        let synchronous: i64 = e
+            .conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(synchronous, 1, "NORMAL: the engine syncs where it must");
+        let mut long = spec("f", ExpiryPolicy::Redispatch);
+        long.ttl_ms = 60_000;
+        let g = e.acquire(&long, T).unwrap();
+        assert_eq!(e.wal.syncs, 1, "a grant");
+        let syncs = e.wal.syncs;
         e.renew(&g.lease_id, g.token, "", T).unwrap();
-        assert_eq!(synchronous(&e), normal, "a renewal");
+        assert_eq!(e.wal.syncs, syncs, "a renewal");
         e.revoke("f", false, T).unwrap();
-        assert_eq!(synchronous(&e), full, "a revoke");
-        let g = e.acquire(&spec("g", ExpiryPolicy::Redispatch), T).unwrap();
-        e.release(&g.lease_id, g.token, "", T).unwrap();
-        assert_eq!(synchronous(&e), normal, "a release");
-        assert!(e.clear("g", T).is_err(), "nothing to clear");
-        assert_eq!(synchronous(&e), full, "a clear");
+        assert_eq!(e.wal.syncs, syncs + 1, "a revoke");
+        let g2 = e.acquire(&spec("g", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(e.wal.syncs, syncs + 2, "a grant");
+        e.release(&g2.lease_id, g2.token, "", T).unwrap();
+        assert_eq!(e.wal.syncs, syncs + 2, "a release");
+        // A refused acquire writes nothing and syncs nothing.
+        assert!(e.acquire(&long, T).is_err());
+        assert_eq!(e.wal.syncs, syncs + 2, "a refusal");
     }
 
     fn wal_len(db: &Path) -> u64 {

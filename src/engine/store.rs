@@ -66,6 +66,12 @@ pub enum StoreError {
     Random(#[source] std::io::Error),
     #[error("lease database: an earlier commit failed; restart the server")]
     Failed,
+    #[error("lease database: syncing {path}")]
+    SyncWal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl StoreError {
