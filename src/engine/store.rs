@@ -11,8 +11,8 @@
 //!
 //! The file is in WAL mode with `synchronous=FULL`: each commit fsyncs the
 //! WAL before returning, which is the durability the protocol demands of a
-//! grant (the embedded engine lowers it to `NORMAL` for renewals and
-//! releases only; see `file`). `expires_ms`/`boot_id` are only meaningful to the embedded engine
+//! grant (the embedded engine runs at `NORMAL` and fdatasyncs the WAL
+//! itself after the commits that must be durable; see `file`). `expires_ms`/`boot_id` are only meaningful to the embedded engine
 //! (serve keeps expiry in memory and writes NULL there); `held` records that
 //! a lease expired under policy hold, so the state survives a restart.
 //!
