@@ -130,9 +130,9 @@ pub enum Tidied {
 }
 
 /// Checkpoint after a release once the WAL is larger than this. Each run
-/// (a grant and a release) adds about four 4 KiB pages, so this is a
-/// checkpoint every dozen runs or so, and a first opener reads at most this
-/// much to rebuild the WAL index.
+/// (a grant and a release) adds one or two 4 KiB pages, so this is a
+/// checkpoint about every fifty runs, and a first opener reads at most
+/// this much to rebuild the WAL index.
 pub const TIDY_AFTER_RELEASE: u64 = 256 * 1024;
 
 /// Checkpoint after a renewal once the WAL is larger than this: a lone
