@@ -8,17 +8,18 @@
 #
 # FILL (default 10000) runs fill the old state directory first, spread over
 # 7 tasks as a host's cron jobs would be. Then hyperfine (-N: no shell)
-# times the commands ROUNDS times (default 20) with RUNS runs each (default
-# 10), and the medians are taken over all rounds: on a shared machine, many
-# short rounds spread a burst of someone else's load over all the commands
-# instead of one. The fresh state directory is new when the measurement
+# times the commands ROUNDS times (default 100) with RUNS runs each
+# (default 2, after one warm-up run), and the medians are taken over all
+# rounds: hyperfine runs one command's runs back to back, so on a shared
+# machine only short rounds spread a burst of someone else's load over all
+# the commands instead of one. The fresh state directory is new when the measurement
 # starts (its only history is the measured runs themselves). One more line,
 # a fresh state directory on tmpfs (/dev/shm: fsync costs nothing there),
 # shows how much of a run is the disk's flush.
 set -euo pipefail
 FILL=${1:-10000}
-ROUNDS=${2:-20}
-RUNS=${3:-10}
+ROUNDS=${2:-100}
+RUNS=${3:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 AGENT=${LEASEAGENT:-$ROOT/target/$(rustc -vV | sed -n 's/^host: //p')/release/leaseagent}
 command -v hyperfine >/dev/null || { echo "hyperfine missing: apt-get install hyperfine" >&2; exit 1; }
@@ -44,7 +45,7 @@ done
 echo "filled in $SECONDS s; old state directory: $(size "$OLD") KiB ($(files "$OLD"))"
 
 for r in $(seq "$ROUNDS"); do
-    hyperfine -N --warmup 3 --runs "$RUNS" --style none --export-json "$DIR/round-$r.json" \
+    hyperfine -N --warmup 1 --runs "$RUNS" --style none --export-json "$DIR/round-$r.json" \
         -n flock "flock $DIR/lockfile true" \
         -n fresh "$AGENT --authority sqlite:$FRESH/leases.sqlite3 --task t -- true" \
         -n tmpfs "$AGENT --authority sqlite:$SHM/fresh/leases.sqlite3 --task t -- true" \
