@@ -535,3 +535,61 @@ fn kill_9_right_after_a_release_loses_nothing() {
         .unwrap();
     assert!(g.token > released, "{} after {released}", g.token);
 }
+
+#[test]
+fn real_agents_killed_at_any_moment_never_reuse_a_token() {
+    // kill -9 lands anywhere in a run: before, inside or after the grant's
+    // commit and sync, between the grant and its answer, in the release, in
+    // a checkpoint. Whatever it hit, a token a job saw is never seen again
+    // and the file stays whole.
+    let state = tempfile::tempdir().unwrap();
+    let run = |task: &str, delay: Option<Duration>| -> (Option<i32>, Vec<u64>) {
+        let mut c = Command::new(support::authority::bin())
+            .args(["--task", task, "--ttl", "2s", "--heartbeat", "400ms"])
+            .args(["--grace", "600ms", "--", "sh", "-c", "echo @$LEASE_TOKEN"])
+            .env("LEASEAGENT_STATE_DIR", state.path())
+            .env_remove("LEASEAGENT_AUTHORITY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if let Some(d) = delay {
+            // The moment of the kill is the point of the test.
+            std::thread::sleep(d);
+            let _ = c.kill();
+        }
+        let out = c.wait_with_output().unwrap();
+        let tokens = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(at)
+            .map(token)
+            .collect();
+        (out.status.code(), tokens)
+    };
+    let mut seen: Vec<u64> = Vec::new();
+    // A task of its own for each run (a killed run's lease would hold the
+    // next one off), and a kill from 0 to 30 ms after the start.
+    for i in 0..60u64 {
+        let delay = Duration::from_micros((i * 7919) % 30_000);
+        let (_, tokens) = run(&format!("k{}", i % 20), Some(delay));
+        for t in tokens {
+            assert!(!seen.contains(&t), "token {t} reused: {seen:?}");
+            seen.push(t);
+        }
+    }
+    // Leases of killed agents expire (ttl 2 s); then a run goes through.
+    let (_, tokens) = poll("a run after the kills", Duration::from_secs(20), || {
+        let (code, tokens) = run("k0", None);
+        (code == Some(0)).then_some(((), tokens))
+    });
+    let last = tokens[0];
+    assert!(
+        seen.iter().all(|t| *t < last),
+        "token {last} not above {seen:?}"
+    );
+    let c = rusqlite::Connection::open(state.path().join("leases.sqlite3")).unwrap();
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+}
