@@ -230,6 +230,60 @@ pub struct LeaseInfo {
     pub expires_in_ms: Option<u64>,
 }
 
+/// How an attempt ended (`GET /v1/history`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ended {
+    /// Its holder released it.
+    Released,
+    /// It expired without a release (its holder stopped renewing).
+    Expired,
+    /// An operator revoked it.
+    Revoked,
+    /// It expired under policy hold and an operator cleared the task.
+    Cleared,
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Released => "released",
+            Ended::Expired => "expired",
+            Ended::Revoked => "revoked",
+            Ended::Cleared => "cleared",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "released" => Some(Ended::Released),
+            "expired" => Some(Ended::Expired),
+            "revoked" => Some(Ended::Revoked),
+            "cleared" => Some(Ended::Cleared),
+            _ => None,
+        }
+    }
+}
+
+/// One attempt of a task, as `GET /v1/history` shows it: times are RFC 3339
+/// UTC wall-clock strings, for people (lease arithmetic never uses them).
+/// No lease id: one is a capability.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub task: String,
+    pub token: u64,
+    pub holder: String,
+    pub acquired_at: String,
+    /// `None` while the attempt holds the task.
+    pub ended_at: Option<String>,
+    pub ended: Option<Ended>,
+    /// What the agent reported on release.
+    pub outcome: Option<Outcome>,
+    pub exit_code: Option<i32>,
+    /// From acquired to ended; `None` while the attempt holds the task.
+    pub held_ms: Option<u64>,
+}
+
 /// Why a task name or holder is not acceptable. The caller says which field
 /// (a flag for the agent, a body field for the server).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -37,6 +37,7 @@ pub fn main() -> ExitCode {
         cmd::Command::Leases(a) => cmd::operator::leases(a),
         cmd::Command::Revoke(a) => cmd::operator::revoke(a),
         cmd::Command::Clear(a) => cmd::operator::clear(a),
+        cmd::Command::History(a) => cmd::operator::history(a),
         cmd::Command::TokenNew => serve::auth::token_new(),
         cmd::Command::Keeper(args) => keeper::main(args),
         cmd::Command::Exit(code) => ExitCode::from(code),

@@ -141,15 +141,22 @@ impl Authority for EmbeddedAuthority {
     fn release(
         &mut self,
         lease: &LeaseRef,
-        _outcome: Outcome,
-        _exit_code: Option<i32>,
+        outcome: Outcome,
+        exit_code: Option<i32>,
         timeout: Duration,
     ) -> Result<(), RenewError> {
         let engine = self
             .engine(timeout)
             .map_err(|e| RenewError::Transient(e.to_string()))?;
         let released = engine
-            .release(&lease.lease_id, lease.token, "", timeout)
+            .release_reporting(
+                &lease.lease_id,
+                lease.token,
+                "",
+                Some(outcome),
+                exit_code,
+                timeout,
+            )
             .map_err(renew_error);
         // After the answer is known and nothing of this run is left to
         // wait for: keep the WAL small for everyone who opens it next.
@@ -182,6 +189,37 @@ impl Authority for EmbeddedAuthority {
             .revoke(task, force, timeout)
             .map(|_| ())
             .map_err(operator_error)
+    }
+
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let engine = self
+            .engine(timeout)
+            .map_err(|e| OperatorError::Failed(e.to_string()))?;
+        let mut all = Vec::new();
+        let mut before = None;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let page = engine
+                .history_page(task, before, crate::engine::history::MAX_PAGE, left)
+                .map_err(operator_error)?;
+            let full = page.len() == crate::engine::history::MAX_PAGE;
+            before = page.last().map(|r| r.token);
+            for r in page {
+                if r.acquired_ms < since_ms || all.len() >= MAX_HISTORY {
+                    return Ok(all);
+                }
+                all.push(r.attempt());
+            }
+            if !full {
+                return Ok(all);
+            }
+        }
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {

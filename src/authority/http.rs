@@ -288,4 +288,13 @@ impl Authority for HttpAuthority {
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
         super::http_operator::clear(&self.base, &self.trust, task, timeout)
     }
+
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        super::http_operator::history(&self.base, &self.trust, task, since_ms, timeout)
+    }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::transport::BODY_LIMIT;
 use super::trust::ClientTrust;
-use super::{LeaseInfo, OperatorError};
-use crate::protocol::v1::{ClearBody, ErrorBody, ErrorCode, LeasesBody, RevokeBody};
+use super::{Attempt, LeaseInfo, OperatorError};
+use crate::protocol::v1::{ClearBody, ErrorBody, ErrorCode, HistoryBody, LeasesBody, RevokeBody};
 
 /// (status, body) of one call.
 fn call(
@@ -107,6 +107,52 @@ pub fn leases(
     Err(OperatorError::Failed(format!(
         "the lease listing has more than {MAX_PAGES} pages; stopped"
     )))
+}
+
+/// `GET /v1/history`, page by page (each call within `timeout`), until
+/// an attempt acquired before `since_ms`, the last page, or
+/// [`super::MAX_HISTORY`] attempts. A cursor that does not move back is an
+/// error, not a loop.
+pub fn history(
+    base: &str,
+    trust: &ClientTrust,
+    task: Option<&str>,
+    since_ms: u64,
+    timeout: Duration,
+) -> Result<Vec<Attempt>, OperatorError> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    let task_q = task
+        .map(|t| format!("task={}&", percent_encode(t)))
+        .unwrap_or_default();
+    for _ in 0..MAX_PAGES {
+        let path = match &after {
+            None => format!("/v1/history?{task_q}limit=1000"),
+            Some(c) => format!("/v1/history?{task_q}limit=1000&after={}", percent_encode(c)),
+        };
+        let (status, text) = call(base, trust, &path, None, timeout, 64 << 20)?;
+        if status != 200 {
+            return Err(failure(status, &text));
+        }
+        let page = serde_json::from_str::<HistoryBody>(&text)
+            .map_err(|e| OperatorError::Failed(format!("malformed history: {e}")))?;
+        for a in page.attempts {
+            if super::acquired_ms(&a) < since_ms || all.len() >= super::MAX_HISTORY {
+                return Ok(all);
+            }
+            all.push(a);
+        }
+        match page.next_after {
+            None => return Ok(all),
+            Some(next) if after.as_ref() == Some(&next) => {
+                return Err(OperatorError::Failed(format!(
+                    "malformed history: next_after {next:?} repeats"
+                )));
+            }
+            Some(next) => after = Some(next),
+        }
+    }
+    Ok(all)
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters.

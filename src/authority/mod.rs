@@ -31,8 +31,8 @@ pub mod untrusted;
 use std::time::Duration;
 
 pub use crate::lease::{
-    AcquireRequest, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome, RefusalReason,
-    Renewed,
+    AcquireRequest, Attempt, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome,
+    RefusalReason, Renewed,
 };
 
 /// Why an acquire did not give a lease.
@@ -199,6 +199,32 @@ pub trait Authority: Send {
             self.url()
         )))
     }
+
+    /// Operator: the attempts of `task` (or of every task) acquired at
+    /// or after `since_ms` (wall-clock ms; 0: all that are kept), newest
+    /// first.
+    fn history(
+        &mut self,
+        _task: Option<&str>,
+        _since_ms: u64,
+        _timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        Err(OperatorError::Unsupported(format!(
+            "{} keeps no run history",
+            self.url()
+        )))
+    }
+}
+
+/// Most attempts one `history` call collects.
+pub const MAX_HISTORY: usize = 100_000;
+
+/// The wall-clock ms an attempt's `acquired_at` names (0 if unreadable).
+pub fn acquired_ms(a: &Attempt) -> u64 {
+    humantime::parse_rfc3339_weak(&a.acquired_at)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Which authority a URL names; see [`open`].

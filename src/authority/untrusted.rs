@@ -20,8 +20,8 @@ use std::time::Duration;
 pub use crate::escape::escape;
 
 use super::{
-    AcquireError, AcquireRequest, Authority, Grant, LeaseInfo, LeaseRef, OperatorError, Outcome,
-    RenewError, Renewed,
+    AcquireError, AcquireRequest, Attempt, Authority, Grant, LeaseInfo, LeaseRef, OperatorError,
+    Outcome, RenewError, Renewed,
 };
 
 /// The largest token accepted: what `serve` (SQLite INTEGER) can store.
@@ -224,6 +224,28 @@ impl Authority for Checked {
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
         self.inner.clear(task, timeout).map_err(operator_error)
+    }
+
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        let list = self
+            .inner
+            .history(task, since_ms, timeout)
+            .map_err(operator_error)?;
+        Ok(list
+            .into_iter()
+            .map(|a| Attempt {
+                task: escape(&a.task),
+                holder: escape(&a.holder),
+                acquired_at: escape(&a.acquired_at),
+                ended_at: a.ended_at.as_deref().map(escape),
+                ..a
+            })
+            .collect())
     }
 }
 

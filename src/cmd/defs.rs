@@ -147,6 +147,8 @@ Subcommands:
   publish   move a job's output into place only if its token is not superseded
   check     exit 0 while this job's lease is valid for at least --min-remaining
   leases    list leases of an authority;  revoke TASK;  clear TASK
+  history   past attempts of tasks: who held them, how each ended
+  completions SHELL, man [SUBCOMMAND]   shell completions and man pages
   (`leaseagent SUBCOMMAND --help` for each)
 
 Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
@@ -212,6 +214,29 @@ pub static SERVE: CommandDef = CommandDef {
                 "Most live leases overall; past this, acquires get 503 unavailable",
             )
             .default_note("no limit"),
+            Flag::value(
+                "history-max-age",
+                "DUR",
+                "Run history: finished attempts older than this are deleted",
+            )
+            .default_value("720h"),
+            Flag::value(
+                "history-max-rows",
+                "N",
+                "Run history: at most this many attempts are kept",
+            )
+            .default_value("100000"),
+            Flag::value(
+                "status-listen",
+                "ADDR",
+                "Also serve the status page (GET /, read-only, no credentials) on this\nloopback address, e.g. 127.0.0.1:7879",
+            ),
+            Flag::value(
+                "status-held-alert",
+                "DUR",
+                "The status page shows a task held for an operator longer than this in red",
+            )
+            .default_value("15m"),
         ],
     }],
     positionals: &[],
@@ -253,10 +278,12 @@ pub static PUBLISH: CommandDef = CommandDef {
         Positional {
             name: "SRC",
             help: "The file or directory to publish",
+            optional: false,
         },
         Positional {
             name: "DEST",
             help: "Where it becomes visible",
+            optional: false,
         },
     ],
     notes: Some(
@@ -369,6 +396,7 @@ pub static REVOKE: CommandDef = CommandDef {
     positionals: &[Positional {
         name: "TASK",
         help: "The task whose current lease is revoked",
+        optional: false,
     }],
     notes: Some(
         "\
@@ -403,6 +431,7 @@ pub static CLEAR: CommandDef = CommandDef {
     positionals: &[Positional {
         name: "TASK",
         help: "The task held for an operator",
+        optional: false,
     }],
     notes: Some(
         "\
@@ -414,5 +443,92 @@ Examples:
   # a lease with --on-expiry hold expired: after checking the job's side effects,
   # let the task be granted again
   leaseagent clear --authority http://leases.internal:7878 nightly-export",
+    style: Style::Sub,
+};
+
+/// `leaseagent history`.
+pub static HISTORY: CommandDef = CommandDef {
+    name: "history",
+    about: "Show past attempts of tasks: who held them, with which token, how each ended",
+    usage: None,
+    groups: &[
+        Group {
+            heading: None,
+            flags: &[
+                AUTHORITY,
+                Flag::value("since", "DUR", "Only attempts started within this long ago")
+                    .default_note("all that are kept"),
+                Flag::switch("json", "Print JSON instead of a table"),
+            ],
+        },
+        TRUST,
+    ],
+    positionals: &[Positional {
+        name: "TASK",
+        help: "Only this task's attempts",
+        optional: true,
+    }],
+    notes: Some(
+        "\
+Newest first. ENDED is released, expired (its holder stopped renewing), revoked, cleared
+(held for an operator, then cleared), or running. OUTCOME and EXIT are what the agent reported
+on release. etcd keeps no history (its keys are gone once released): exit 125 there.",
+    ),
+    examples: "\
+Examples:
+  # what happened to nightly-export in the last two days
+  leaseagent history --since 48h nightly-export
+
+  # every task of a lease server, as JSON for scripts
+  leaseagent history --authority http://leases.internal:7878 --json",
+    style: Style::Sub,
+};
+
+/// `leaseagent completions`.
+pub static COMPLETIONS: CommandDef = CommandDef {
+    name: "completions",
+    about: "Print a shell completion script, generated from these flag tables",
+    usage: None,
+    groups: &[Group {
+        heading: None,
+        flags: &[],
+    }],
+    positionals: &[Positional {
+        name: "SHELL",
+        help: "bash, zsh or fish",
+        optional: false,
+    }],
+    notes: None,
+    examples: "\
+Examples:
+  # for this shell session, or for every user (the Debian package installs them)
+  source <(leaseagent completions bash)
+  leaseagent completions bash > /etc/bash_completion.d/leaseagent
+  leaseagent completions zsh > /usr/local/share/zsh/site-functions/_leaseagent
+  leaseagent completions fish > ~/.config/fish/completions/leaseagent.fish",
+    style: Style::Sub,
+};
+
+/// `leaseagent man`.
+pub static MAN: CommandDef = CommandDef {
+    name: "man",
+    about: "Print a man page (roff), generated from these flag tables",
+    usage: Some("leaseagent man [SUBCOMMAND]"),
+    groups: &[Group {
+        heading: None,
+        flags: &[],
+    }],
+    positionals: &[Positional {
+        name: "SUBCOMMAND",
+        help: "Print leaseagent-SUBCOMMAND(1) instead of leaseagent(1), which has them all",
+        optional: true,
+    }],
+    notes: None,
+    examples: "\
+Examples:
+  # read it, or install it
+  leaseagent man | man -l -
+  leaseagent man > /usr/local/share/man/man1/leaseagent.1
+  leaseagent man serve > /usr/local/share/man/man1/leaseagent-serve.1",
     style: Style::Sub,
 };

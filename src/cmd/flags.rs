@@ -167,11 +167,12 @@ impl Flag {
     }
 }
 
-/// A required positional argument.
+/// A positional argument (required unless `optional`; optional ones come last).
 #[derive(Clone, Copy, Debug)]
 pub struct Positional {
     pub name: &'static str,
     pub help: &'static str,
+    pub optional: bool,
 }
 
 /// Flags listed together in help; the first group of a command has no
@@ -250,7 +251,11 @@ impl CommandDef {
             u.push_str(&format!(" --{}{}", f.long, self.value_text(f.value)));
         }
         for p in self.positionals {
-            u.push_str(&format!(" <{}>", p.name));
+            if p.optional {
+                u.push_str(&format!(" [{}]", p.name));
+            } else {
+                u.push_str(&format!(" <{}>", p.name));
+            }
         }
         u
     }
@@ -491,6 +496,7 @@ fn check_required(m: &Matches) -> Result<(), UsageError> {
     missing.extend(
         def.positionals[m.positionals.len().min(def.positionals.len())..]
             .iter()
+            .filter(|p| !p.optional)
             .map(|p| format!("<{}>", p.name)),
     );
     match missing.len() {
@@ -591,7 +597,16 @@ impl Matches {
         }
     }
 
-    /// Positional `i` (all are required, so present once parsed).
+    /// Positional `i` as UTF-8 text if it was given (an optional one).
+    pub fn optional_positional_string(&self, i: usize) -> Result<Option<String>, UsageError> {
+        if i < self.positionals.len() {
+            self.positional_string(i).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Positional `i` (required ones are present once parsed).
     pub fn positional(&self, i: usize) -> OsString {
         self.positionals.get(i).cloned().unwrap_or_default()
     }
@@ -659,7 +674,14 @@ pub fn help(def: &CommandDef, env: Env) -> String {
         let rows: Vec<(String, String)> = def
             .positionals
             .iter()
-            .map(|p| (format!("  <{}>", p.name), p.help.to_string()))
+            .map(|p| {
+                let name = if p.optional {
+                    format!("  [{}]", p.name)
+                } else {
+                    format!("  <{}>", p.name)
+                };
+                (name, p.help.to_string())
+            })
             .collect();
         let col = rows.iter().map(|(s, _)| s.len()).max().unwrap_or(0) + 2;
         out.push_str(&table(&rows, col, true));
@@ -818,6 +840,7 @@ mod tests {
         positionals: &[Positional {
             name: "TASK",
             help: "The task",
+            optional: false,
         }],
         notes: None,
         examples: "Examples:\n  leaseagent t",

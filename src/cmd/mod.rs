@@ -15,6 +15,7 @@
 pub mod check;
 mod defs;
 pub mod flags;
+mod generate;
 pub mod operator;
 pub mod publish;
 pub mod server;
@@ -36,6 +37,7 @@ pub enum Command {
     Leases(crate::cmd::operator::LeasesArgs),
     Revoke(crate::cmd::operator::RevokeArgs),
     Clear(crate::cmd::operator::ClearArgs),
+    History(crate::cmd::operator::HistoryArgs),
     /// `leaseagent token new`: a bearer token for `serve --auth-file`.
     TokenNew,
     /// Internal: the process-group keeper between the agent and the job.
@@ -55,6 +57,9 @@ const SUBCOMMANDS: &[(&CommandDef, Build)] = &[
     (&defs::LEASES, leases),
     (&defs::REVOKE, revoke),
     (&defs::CLEAR, clear),
+    (&defs::HISTORY, history),
+    (&defs::COMPLETIONS, completions),
+    (&defs::MAN, man),
 ];
 
 /// Turns argv (including `argv[0]`) into a [`Command`].
@@ -71,6 +76,10 @@ fn parse_env(argv: Vec<OsString>, env: flags::Env) -> Command {
     }
     if first == "token" {
         return token(&rest[1..]);
+    }
+    // `man` without a SUBCOMMAND: the page of them all.
+    if first == defs::MAN.name && rest.len() == 1 {
+        return print(&cli().man(None).unwrap_or_default());
     }
     let (def, build, args): (&'static CommandDef, Build, &[OsString]) =
         match SUBCOMMANDS.iter().find(|(d, _)| d.name == first) {
@@ -166,7 +175,18 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         max_connections: m.get("max-connections", number)?,
         max_connections_per_peer: m.get("max-connections-per-peer", number)?,
         max_leases: m.parse("max-leases", number)?,
+        history: crate::engine::history::Bounds {
+            max_age: m.get("history-max-age", dur)?,
+            max_rows: m.get("history-max-rows", number)?,
+        },
+        status_listen: m.string("status-listen")?,
+        status_held_alert: m.get("status-held-alert", dur)?,
     };
+    if args.history.max_rows == 0 {
+        return Err(UsageError::Words(
+            "--history-max-rows must be at least 1".into(),
+        ));
+    }
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return Err(UsageError::Words(
             "--tls-cert and --tls-key go together: give both or neither".into(),
@@ -179,6 +199,9 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
     }
     Ok(Command::Serve(args))
 }
+
+/// What `token` does, for the man page and the completions.
+const TOKEN_ABOUT: &str = "Print a new random bearer token for serve --auth-file";
 
 const TOKEN_HELP: &str = "\
 Usage: leaseagent token new
@@ -203,6 +226,39 @@ fn token(args: &[OsString]) -> Command {
             eprintln!("leaseagent token: error: usage is `leaseagent token new`");
             Command::Exit(crate::exit::AGENT_FAILED)
         }
+    }
+}
+
+/// The whole command line as the generators see it.
+fn cli() -> generate::Cli<'static> {
+    static SUBS: std::sync::OnceLock<Vec<&'static CommandDef>> = std::sync::OnceLock::new();
+    generate::Cli {
+        run: &defs::RUN,
+        subs: SUBS.get_or_init(|| SUBCOMMANDS.iter().map(|(d, _)| *d).collect()),
+        token_about: TOKEN_ABOUT,
+        token_help: TOKEN_HELP,
+        version: env!("CARGO_PKG_VERSION"),
+    }
+}
+
+fn completions(m: &mut Matches) -> Result<Command, UsageError> {
+    let shell = m.positional_string(0)?;
+    match cli().completions(&shell) {
+        Some(script) => Ok(print(&script)),
+        None => Err(UsageError::Words(format!(
+            "<SHELL>: unknown shell `{shell}`: use {}",
+            generate::SHELLS.join(", ")
+        ))),
+    }
+}
+
+fn man(m: &mut Matches) -> Result<Command, UsageError> {
+    let sub = m.positional_string(0)?;
+    match cli().man(Some(&sub)) {
+        Some(page) => Ok(print(&page)),
+        None => Err(UsageError::Words(format!(
+            "<SUBCOMMAND>: no subcommand `{sub}` (see leaseagent --help)"
+        ))),
     }
 }
 
@@ -242,6 +298,15 @@ fn revoke(m: &mut Matches) -> Result<Command, UsageError> {
         authority: authority(m)?,
         task: m.positional_string(0)?,
         force: m.switch("force"),
+        json: m.switch("json"),
+    }))
+}
+
+fn history(m: &mut Matches) -> Result<Command, UsageError> {
+    Ok(Command::History(operator::HistoryArgs {
+        authority: authority(m)?,
+        task: m.optional_positional_string(0)?,
+        since: m.parse("since", dur)?,
         json: m.switch("json"),
     }))
 }
@@ -574,6 +639,10 @@ mod tests {
             (
                 &defs::CLEAR,
                 include_str!("../../tests/integration/golden/help-clear.txt"),
+            ),
+            (
+                &defs::HISTORY,
+                include_str!("../../tests/integration/golden/help-history.txt"),
             ),
         ];
         for (def, want) in golden {

@@ -1,4 +1,5 @@
-//! Operator subcommands against any authority: `leases`, `revoke`, `clear`.
+//! Operator subcommands against any authority: `leases`, `revoke`, `clear`,
+//! `history`.
 //!
 //! Every kind of authority is called through its [`Authority`] operator
 //! methods (HTTP and the embedded default implement them; etcd says it
@@ -9,7 +10,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::authority::{Authority, AuthoritySpec, LeaseInfo, OperatorError};
+use crate::authority::{Attempt, Authority, AuthoritySpec, LeaseInfo, OperatorError};
 
 /// The authority flags every operator command shares (flag table:
 /// `cmd::defs`, `AUTHORITY`).
@@ -42,6 +43,16 @@ pub struct RevokeArgs {
 pub struct ClearArgs {
     pub authority: AuthorityArg,
     pub task: String,
+    pub json: bool,
+}
+
+/// `leaseagent history` (flags: `cmd::defs::HISTORY`).
+#[derive(Debug, Clone)]
+pub struct HistoryArgs {
+    pub authority: AuthorityArg,
+    pub task: Option<String>,
+    /// `--since`: only attempts acquired within this long ago.
+    pub since: Option<Duration>,
     pub json: bool,
 }
 
@@ -81,26 +92,10 @@ fn open_or_exit(cmd: &str, a: &AuthorityArg) -> Result<Box<dyn Authority>, ExitC
     })
 }
 
-/// The human table of `leaseagent leases`.
-pub fn table(leases: &[LeaseInfo]) -> String {
-    let rows: Vec<[String; 6]> = leases
-        .iter()
-        .map(|l| {
-            [
-                l.task.clone(),
-                l.state.to_string(),
-                l.token.to_string(),
-                l.holder.clone(),
-                l.expires_in_ms
-                    .map(|ms| crate::time::duration::format(Duration::from_millis(ms)))
-                    .unwrap_or_else(|| "-".into()),
-                l.lease_id.clone(),
-            ]
-        })
-        .collect();
-    let header = ["TASK", "STATE", "TOKEN", "HOLDER", "EXPIRES IN", "LEASE ID"];
+/// Lays out `rows` under `header`, columns padded to their widest cell.
+fn columns<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
     let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in &rows {
+    for r in rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
         }
@@ -119,11 +114,89 @@ pub fn table(leases: &[LeaseInfo]) -> String {
         out.push('\n');
     };
     line(&header);
-    for r in &rows {
+    for r in rows {
         let cells: Vec<&str> = r.iter().map(String::as_str).collect();
         line(&cells);
     }
     out
+}
+
+/// The human table of `leaseagent history`, newest first: ages and
+/// durations in human units, relative to `now_ms` (wall clock).
+pub fn history_table(attempts: &[Attempt], now_ms: u64) -> String {
+    let human = |ms: u64| crate::time::duration::format(Duration::from_millis(ms));
+    let rows: Vec<[String; 8]> = attempts
+        .iter()
+        .map(|a| {
+            let started = crate::authority::acquired_ms(a);
+            [
+                a.task.clone(),
+                a.token.to_string(),
+                a.holder.clone(),
+                format!("{} ago", human(now_ms.saturating_sub(started))),
+                a.held_ms.map_or_else(
+                    || format!("{} so far", human(now_ms.saturating_sub(started))),
+                    human,
+                ),
+                a.ended.map_or("running", |e| e.as_str()).to_string(),
+                a.outcome.map_or("-", |o| o.as_str()).to_string(),
+                a.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            ]
+        })
+        .collect();
+    columns(
+        [
+            "TASK", "TOKEN", "HOLDER", "STARTED", "HELD", "ENDED", "OUTCOME", "EXIT",
+        ],
+        &rows,
+    )
+}
+
+pub fn history(a: HistoryArgs) -> ExitCode {
+    let mut t = match open_or_exit("history", &a.authority) {
+        Ok(t) => t,
+        Err(c) => return c,
+    };
+    let now = crate::engine::history::wall_ms();
+    let since_ms = a.since.map_or(0, |d| {
+        now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    });
+    match t.history(a.task.as_deref(), since_ms, TIMEOUT) {
+        Ok(list) => {
+            if a.json {
+                println!("{}", serde_json::json!({ "attempts": list }));
+            } else if list.is_empty() {
+                println!("no attempts");
+            } else {
+                print!("{}", history_table(&list, now));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed("history", &e),
+    }
+}
+
+/// The human table of `leaseagent leases`.
+pub fn table(leases: &[LeaseInfo]) -> String {
+    let rows: Vec<[String; 6]> = leases
+        .iter()
+        .map(|l| {
+            [
+                l.task.clone(),
+                l.state.to_string(),
+                l.token.to_string(),
+                l.holder.clone(),
+                l.expires_in_ms
+                    .map(|ms| crate::time::duration::format(Duration::from_millis(ms)))
+                    .unwrap_or_else(|| "-".into()),
+                l.lease_id.clone(),
+            ]
+        })
+        .collect();
+    columns(
+        ["TASK", "STATE", "TOKEN", "HOLDER", "EXPIRES IN", "LEASE ID"],
+        &rows,
+    )
 }
 
 pub fn leases(a: LeasesArgs) -> ExitCode {

@@ -18,9 +18,12 @@
 //!   ([`ServeEngine::healthy`] turns false): memory may be ahead of the disk
 //!   and only a restart (which reloads the disk) makes them agree again.
 //!   Tokens skipped by a failed commit are simply never issued.
-//! - Releases are queued without waiting: a release lost in a crash leaves a
-//!   lease on record, which after the restart expires one ttl later — late,
-//!   never early.
+//! - A release is answered, like a grant, only once it is committed, with
+//!   the end of its attempt in the run history ([`super::history`]) in the
+//!   same transaction: a finished attempt whose release was answered is not
+//!   lost in a crash. (The release waits for the group commit; it adds no
+//!   fsync.) Writes nobody waits for (a hold, an expiry, a compaction) may
+//!   be lost in a crash: the restart rule then makes them happen again.
 //! - On start, every lease on record expires `ttl` after now (the protocol's
 //!   Restart rule): a live holder renews in time and keeps it, a dead one is
 //!   found within one ttl. A lease seen expired under policy hold is written
@@ -48,6 +51,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::lease::RefusalReason;
 
 use super::ack::{self, Ack, Acked, Pending};
+use super::history::{self, Cause, Op};
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
 use super::{CapScope, EngineError, Granted, MAX_PAGE, Page, now_ms, validate_acquire};
@@ -60,6 +64,8 @@ const MAX_BATCH: usize = 4096;
 /// At most this many rows are looked at per listed lease (plus a little):
 /// a page over many expired rows ends early rather than hold the lock.
 const SCAN_PER_LEASE: usize = 4;
+/// Most tasks whose last success is remembered for `/metrics`.
+const MAX_SUCCESS_TASKS: usize = 10_000;
 /// How often a full pass may drop expired leases when a cap is reached.
 const RECLAIM_EVERY_MS: u64 = 1000;
 
@@ -106,6 +112,8 @@ pub struct StateCounts {
 pub struct Limits {
     /// Most live leases (active, grace, held) overall; `None`: no limit.
     pub max_live_leases: Option<u64>,
+    /// How much run history is kept.
+    pub history: history::Bounds,
 }
 
 struct MemRow {
@@ -114,8 +122,15 @@ struct MemRow {
     expiry_counted: bool,
 }
 
+/// One durable change: a task's row (if it changed) and the history of the
+/// attempts the change began or ended, committed together.
+struct Change {
+    row: Option<TaskRow>,
+    hist: Vec<Op>,
+}
+
 enum Job {
-    Write(TaskRow, Option<Ack>),
+    Write(Change, Option<Ack>),
     Stop,
 }
 
@@ -195,6 +210,12 @@ pub struct ServeEngine {
     failed: Arc<AtomicBool>,
     limits: Limits,
     pub counters: Arc<Counters>,
+    /// A read-only connection for the history (WAL: reads never wait for
+    /// the writer).
+    reader: Mutex<Connection>,
+    /// When each task last ended with a release reporting `succeeded`
+    /// (wall-clock ms), for `/metrics`.
+    last_success: Mutex<HashMap<String, u64>>,
 }
 
 impl ServeEngine {
@@ -222,6 +243,17 @@ impl ServeEngine {
             .ctx("taking the write lock")?;
         store::ensure_schema(&tx)?;
         tx.commit().ctx("committing the schema")?;
+        let reader = store::connect(path)?;
+        reader
+            .busy_timeout(Duration::from_secs(5))
+            .ctx("setting the busy timeout")?;
+        reader
+            .pragma_update(None, "query_only", true)
+            .ctx("opening the history reader")?;
+        let mut successes = history::last_successes(&reader)?;
+        successes.sort_by_key(|(_, ms)| std::cmp::Reverse(*ms));
+        successes.truncate(MAX_SUCCESS_TASKS);
+        let last_success = successes.into_iter().collect();
         let now = now_ms();
         let last_issued = store::last_issued(&conn)?;
         let mut state = State {
@@ -254,7 +286,7 @@ impl ServeEngine {
         let (f2, c2) = (failed.clone(), counters.clone());
         let writer = std::thread::Builder::new()
             .name("lease-writer".into())
-            .spawn(move || writer_loop(conn, rx, f2, c2))
+            .spawn(move || writer_loop(conn, rx, f2, c2, limits.history))
             .map_err(|_| EngineError::Unavailable("cannot start the lease writer thread"))?;
         let state = Arc::new(Mutex::new(state));
         let stop_sweeping = Arc::new(AtomicBool::new(false));
@@ -279,6 +311,8 @@ impl ServeEngine {
             failed,
             limits,
             counters,
+            reader: Mutex::new(reader),
+            last_success: Mutex::new(last_success),
         })
     }
 
@@ -309,9 +343,10 @@ impl ServeEngine {
         observe(m, now, &self.jobs, &self.failed, &self.counters);
     }
 
-    /// Queues a durable write of `row`; the acknowledgement comes once it is committed.
-    fn queue(&self, row: &TaskRow, wait: bool) -> Option<Pending> {
-        queue(&self.jobs, &self.failed, row, wait)
+    /// Queues a durable write of `row` and `hist`; the acknowledgement
+    /// comes once it is committed.
+    fn queue(&self, row: &TaskRow, hist: Vec<Op>, wait: bool) -> Option<Pending> {
+        queue(&self.jobs, &self.failed, Some(row), hist, wait)
     }
 
     /// Waits for `q`'s change to be committed, without a thread: the
@@ -372,12 +407,9 @@ impl ServeEngine {
             .map(|(t, _)| t.clone())
             .collect();
         for task in free {
-            let row = st.change(&task, |m| {
-                m.row.lease = None;
-                m.row.clone()
-            });
-            if let Some(row) = row {
-                self.queue(&row, false);
+            let row = st.change(&task, |m| drop_lease(&mut m.row, now));
+            if let Some((row, hist)) = row {
+                self.queue(&row, hist, false);
             }
         }
     }
@@ -475,6 +507,7 @@ impl ServeEngine {
                 expiry_counted: false,
             });
             let res = st.change(&spec.task, |m| {
+                let before = m.row.lease.clone();
                 m.row
                     .acquire(
                         spec,
@@ -486,7 +519,8 @@ impl ServeEngine {
                     )
                     .map(|()| {
                         m.expiry_counted = false;
-                        self.queue(&m.row, true)
+                        let hist = history::ops(before.as_ref(), &m.row, Cause::Acquire, now);
+                        self.queue(&m.row, hist, true)
                     })
             });
             match res {
@@ -548,9 +582,26 @@ impl ServeEngine {
         }
     }
 
-    /// Releases for the owner; written to disk without waiting (see the
-    /// module docs). The row is compacted when nothing is left in it.
+    /// Releases for the owner without a report, and waits for the commit.
+    #[cfg(test)]
     pub fn release(&self, id: &str, token: u64, principal: &str) -> Result<(), EngineError> {
+        let q = self.release_queued(id, token, principal, None, None)?;
+        ack::block_on(self.committed(q))
+    }
+
+    /// Releases for the owner in memory and queues the write, with the
+    /// attempt's end and what the agent reported (`outcome`, `exit_code`)
+    /// in the same transaction: answered once [`ServeEngine::committed`]
+    /// returned it, so a finished attempt whose release was answered is on
+    /// disk. The row is compacted when nothing is left in it.
+    pub fn release_queued(
+        &self,
+        id: &str,
+        token: u64,
+        principal: &str,
+        outcome: Option<crate::lease::Outcome>,
+        exit_code: Option<i32>,
+    ) -> Result<Queued<()>, EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id).map_err(|e| self.refused(e))?;
         let mut st = self.lock();
@@ -559,18 +610,26 @@ impl ServeEngine {
         }
         let res = st
             .change(task, |m| {
-                let r = m.row.release(key, token, principal, now);
-                if r.is_ok() {
-                    self.queue(&m.row, false);
-                }
-                r
+                let before = m.row.lease.clone();
+                m.row.release(key, token, principal, now).map(|()| {
+                    let cause = Cause::Release(outcome, exit_code);
+                    let hist = history::ops(before.as_ref(), &m.row, cause, now);
+                    self.queue(&m.row, hist, true)
+                })
             })
             .unwrap_or(Err(EngineError::Refused(RefusalReason::UnknownLease)));
         drop(st);
         match res {
-            Ok(()) => {
+            Ok(ack) => {
                 self.counters.releases.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                if outcome == Some(crate::lease::Outcome::Succeeded) {
+                    self.record_success(task);
+                }
+                Ok(Queued {
+                    value: (),
+                    ack,
+                    grant: false,
+                })
             }
             Err(e) => Err(self.refused(e)),
         }
@@ -579,6 +638,7 @@ impl ServeEngine {
     fn operator(
         &self,
         task: &str,
+        cause: Cause,
         f: impl FnOnce(&mut TaskRow, u64) -> Result<u64, EngineError>,
     ) -> Result<Queued<u64>, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
@@ -591,7 +651,11 @@ impl ServeEngine {
             };
             self.observe(m, now);
             st.change(task, |m| {
-                f(&mut m.row, now).map(|token| (token, self.queue(&m.row, true)))
+                let before = m.row.lease.clone();
+                f(&mut m.row, now).map(|token| {
+                    let hist = history::ops(before.as_ref(), &m.row, cause, now);
+                    (token, self.queue(&m.row, hist, true))
+                })
             })
             .unwrap_or_else(|| Err(EngineError::NotFound(format!("task `{task}` has no lease"))))?
         };
@@ -605,13 +669,13 @@ impl ServeEngine {
     /// Operator revoke, in memory, its write queued: durable (and answered)
     /// once [`ServeEngine::committed`] returned it.
     pub fn revoke_queued(&self, task: &str, force: bool) -> Result<Queued<u64>, EngineError> {
-        self.operator(task, |row, now| row.revoke(force, now))
+        self.operator(task, Cause::Revoke, |row, now| row.revoke(force, now))
     }
 
     /// Operator clear of a held task, in memory, its write queued: durable
     /// (and answered) once [`ServeEngine::committed`] returned it.
     pub fn clear_queued(&self, task: &str) -> Result<Queued<u64>, EngineError> {
-        self.operator(task, |row, now| row.clear(now))
+        self.operator(task, Cause::Clear, |row, now| row.clear(now))
     }
 
     /// Up to `limit` (at most [`MAX_PAGE`]) leases that matter after task
@@ -682,6 +746,75 @@ impl ServeEngine {
         c
     }
 
+    /// Up to `limit` attempts (of `task`, or of every task), newest first,
+    /// with tokens below `before`, read from the database (what has been
+    /// committed: a release is answered only once it is).
+    pub fn history_page(
+        &self,
+        task: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<history::Record>, EngineError> {
+        let conn = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(history::page(&conn, task, before, limit)?)
+    }
+
+    /// Tasks held for an operator, with the wall time their lease expired
+    /// (from the run history; `None` if it has been pruned), in task order.
+    pub fn held_for_operator(&self) -> Vec<(crate::lease::LeaseInfo, Option<u64>)> {
+        let now = now_ms();
+        let held: Vec<crate::lease::LeaseInfo> = {
+            let mut st = self.lock();
+            st.rows
+                .values_mut()
+                .filter_map(|m| {
+                    self.observe(m, now);
+                    m.row
+                        .info(now)
+                        .filter(|i| i.state == crate::lease::LeaseState::HeldForOperator)
+                })
+                .collect()
+        };
+        held.into_iter()
+            .map(|i| {
+                let since = self.attempt_times(i.token).and_then(|t| t.1);
+                (i, since)
+            })
+            .collect()
+    }
+
+    /// When attempt `token` was acquired and ended (wall-clock ms), if kept.
+    pub fn attempt_times(&self, token: u64) -> Option<(u64, Option<u64>)> {
+        let conn = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        history::times(&conn, token).ok().flatten()
+    }
+
+    /// Notes that `task` just succeeded. Bounded: past
+    /// [`MAX_SUCCESS_TASKS`] tasks, the one that succeeded longest ago is
+    /// forgotten (its metric series disappears, as its history would).
+    fn record_success(&self, task: &str) {
+        let mut map = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(task.to_string(), history::wall_ms());
+        if map.len() > MAX_SUCCESS_TASKS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, ms)| **ms)
+                .map(|(t, _)| t.clone());
+            if let Some(t) = oldest {
+                map.remove(&t);
+            }
+        }
+    }
+
+    /// When each task last ended with a release reporting `succeeded`
+    /// (wall-clock ms), in task order.
+    pub fn last_successes(&self) -> Vec<(String, u64)> {
+        let map = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<(String, u64)> = map.iter().map(|(t, ms)| (t.clone(), *ms)).collect();
+        v.sort();
+        v
+    }
+
     /// Commits whatever is queued and stops the writer and the sweeper.
     pub fn shutdown(&self) {
         self.stop_sweeping.store(true, Ordering::Relaxed);
@@ -707,29 +840,52 @@ impl Drop for ServeEngine {
     }
 }
 
-/// Counts a newly seen expiry of the row's lease and records a hold
-/// (queued without waiting).
+/// Counts a newly seen expiry of the row's lease, records it in the run
+/// history and records a hold (queued without waiting).
 fn observe(m: &mut MemRow, now: u64, jobs: &Sender<Job>, failed: &AtomicBool, counters: &Counters) {
+    let mut hist = Vec::new();
     if let Some(l) = &m.row.lease {
         if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
             m.expiry_counted = true;
             counters.expiries.fetch_add(1, Ordering::Relaxed);
+            hist.push(history::expired(l, now, history::wall_ms()));
         }
     }
     if m.row.settle(now) {
-        queue(jobs, failed, &m.row, false);
+        queue(jobs, failed, Some(&m.row), hist, false);
+    } else if !hist.is_empty() {
+        queue(jobs, failed, None, hist, false);
     }
 }
 
-/// Queues a durable write of `row`; the acknowledgement comes once it is committed.
-fn queue(jobs: &Sender<Job>, failed: &AtomicBool, row: &TaskRow, wait: bool) -> Option<Pending> {
+/// Drops a row's expired lease (compaction); returns the row to write and
+/// the history of the attempt it ends.
+fn drop_lease(row: &mut TaskRow, now: u64) -> (TaskRow, Vec<Op>) {
+    let before = row.lease.take();
+    let hist = history::ops(before.as_ref(), row, Cause::Sweep, now);
+    (row.clone(), hist)
+}
+
+/// Queues a durable write of `row` (if any) and `hist`; the
+/// acknowledgement comes once it is committed.
+fn queue(
+    jobs: &Sender<Job>,
+    failed: &AtomicBool,
+    row: Option<&TaskRow>,
+    hist: Vec<Op>,
+    wait: bool,
+) -> Option<Pending> {
     let (ack, rx) = if wait {
         let (t, r) = ack::channel();
         (Some(t), Some(r))
     } else {
         (None, None)
     };
-    if jobs.send(Job::Write(row.clone(), ack)).is_err() {
+    let change = Change {
+        row: row.cloned(),
+        hist,
+    };
+    if jobs.send(Job::Write(change, ack)).is_err() {
         failed.store(true, Ordering::Relaxed);
     }
     rx
@@ -796,27 +952,34 @@ impl Sweep {
             }
         }
         for task in forget {
-            let row = st.change(&task, |m| {
-                m.row.lease = None;
-                m.row.clone()
-            });
-            if let Some(row) = row {
-                queue(&self.jobs, &self.failed, &row, false);
+            let row = st.change(&task, |m| drop_lease(&mut m.row, now));
+            if let Some((row, hist)) = row {
+                queue(&self.jobs, &self.failed, Some(&row), hist, false);
             }
         }
         last
     }
 }
 
-/// Commits `rows` and the token sequence in one immediate transaction.
-fn commit(conn: &mut Connection, rows: &[&TaskRow]) -> Result<(), StoreError> {
+/// Commits `changes` (rows and their history) and the token sequence in
+/// one immediate transaction.
+fn commit(
+    conn: &mut Connection,
+    changes: &[&Change],
+    bounds: history::Bounds,
+) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .ctx("taking the write lock")?;
     let mut top = 0;
-    for r in rows {
-        store::save(&tx, r, None)?;
-        top = top.max(r.last_token);
+    for c in changes {
+        if let Some(r) = &c.row {
+            store::save(&tx, r, None)?;
+            top = top.max(r.last_token);
+        }
+        for op in &c.hist {
+            history::apply(&tx, op, bounds)?;
+        }
     }
     store::set_last_issued(&tx, top)?;
     tx.commit().ctx("committing")
@@ -827,6 +990,7 @@ fn writer_loop(
     rx: Receiver<Job>,
     failed: Arc<AtomicBool>,
     counters: Arc<Counters>,
+    bounds: history::Bounds,
 ) {
     let mut batch = Vec::new();
     loop {
@@ -839,7 +1003,7 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let rows: Vec<&TaskRow> = batch
+        let rows: Vec<&Change> = batch
             .iter()
             .filter_map(|j| match j {
                 Job::Write(r, _) => Some(r),
@@ -851,7 +1015,7 @@ fn writer_loop(
         } else if rows.is_empty() {
             Ok(())
         } else {
-            commit(&mut conn, &rows).map_err(Arc::new)
+            commit(&mut conn, &rows, bounds).map_err(Arc::new)
         };
         match &res {
             Ok(()) => {
@@ -963,6 +1127,7 @@ mod tests {
             &d,
             Limits {
                 max_live_leases: Some(3),
+                ..Limits::default()
             },
         );
         let capped = |task: &str, p: &str| {
@@ -998,6 +1163,7 @@ mod tests {
             &d2,
             Limits {
                 max_live_leases: Some(1),
+                ..Limits::default()
             },
         );
         e2.acquire(&spec("x", "", 1000, ExpiryPolicy::Redispatch))

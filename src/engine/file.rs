@@ -55,6 +55,7 @@ use rustix::fs::{Mode, OFlags};
 use crate::lease::LeaseInfo;
 
 use super::gate::{self, Gate, GateError, Turn};
+use super::history::{self, Cause};
 use super::rules::{AcquireSpec, NewLease, TaskRow, lease_id, new_key, task_of};
 use super::store::{self, Context, Expiry, StoreError};
 use super::{EngineError, Granted, Page, now_ms, validate_acquire};
@@ -271,11 +272,14 @@ impl SharedEngine {
 
     /// Runs `f` on the task's row inside one immediate transaction; the row
     /// is written back when `f` returns `Ok((_, true))`, or when it had to
-    /// record a hold (whatever `f` answers).
+    /// record a hold (whatever `f` answers), and with it, in the same
+    /// transaction, the history of the attempts the change began or ended
+    /// (`cause` says how they ended).
     fn with_row<T>(
         &mut self,
         task: &str,
         now: u64,
+        cause: Cause,
         timeout: Duration,
         durability: Durability,
         mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
@@ -291,6 +295,7 @@ impl SharedEngine {
             retrying(deadline, || {
                 let tx = begin(conn, gate, deadline)?;
                 let mut row = store::load(&tx, task, Expiry::Boot(boot_id))?;
+                let before = row.lease.clone();
                 let settled = row.settle(now);
                 let (out, write) = match f(&mut row, &tx) {
                     Ok((out, write)) => (Ok(out), write),
@@ -300,6 +305,9 @@ impl SharedEngine {
                 };
                 if write || settled {
                     store::save(&tx, &row, Some(boot_id))?;
+                    for op in history::ops(before.as_ref(), &row, cause, now) {
+                        history::apply(&tx, &op, history::DEFAULT_BOUNDS)?;
+                    }
                     tx.commit().ctx("committing")?;
                     if durability == Durability::Synced {
                         wal.sync()?;
@@ -318,28 +326,35 @@ impl SharedEngine {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
-        self.with_row(&spec.task, now, timeout, Durability::Synced, |row, tx| {
-            let token = store::last_issued(tx)?
-                .checked_add(1)
-                .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
-            row.acquire(
-                spec,
-                now,
-                NewLease {
-                    token,
-                    key: key.clone(),
-                },
-            )?;
-            store::set_last_issued(tx, token)?;
-            Ok((
-                Granted {
-                    lease_id: lease_id(&key, &spec.task),
-                    token,
-                    ttl_ms: spec.ttl_ms,
-                },
-                true,
-            ))
-        })
+        self.with_row(
+            &spec.task,
+            now,
+            Cause::Acquire,
+            timeout,
+            Durability::Synced,
+            |row, tx| {
+                let token = store::last_issued(tx)?
+                    .checked_add(1)
+                    .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
+                row.acquire(
+                    spec,
+                    now,
+                    NewLease {
+                        token,
+                        key: key.clone(),
+                    },
+                )?;
+                store::set_last_issued(tx, token)?;
+                Ok((
+                    Granted {
+                        lease_id: lease_id(&key, &spec.task),
+                        token,
+                        ttl_ms: spec.ttl_ms,
+                    },
+                    true,
+                ))
+            },
+        )
     }
 
     /// Renews for `principal` (the embedded authority has none: `""`).
@@ -352,11 +367,19 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, Durability::Cached, |row, _| {
-            Ok((row.renew(key, token, principal, now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Renew,
+            timeout,
+            Durability::Cached,
+            |row, _| Ok((row.renew(key, token, principal, now)?, true)),
+        )
     }
 
+    /// Releases without a report of how the run went (see
+    /// [`SharedEngine::release_reporting`]).
+    #[cfg(test)]
     pub fn release(
         &mut self,
         id: &str,
@@ -364,9 +387,23 @@ impl SharedEngine {
         principal: &str,
         timeout: Duration,
     ) -> Result<(), EngineError> {
+        self.release_reporting(id, token, principal, None, None, timeout)
+    }
+
+    /// Releases, recording in the run history how the run went.
+    pub fn release_reporting(
+        &mut self,
+        id: &str,
+        token: u64,
+        principal: &str,
+        outcome: Option<crate::lease::Outcome>,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, timeout, Durability::Cached, |row, _| {
+        let cause = Cause::Release(outcome, exit_code);
+        self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
             row.release(key, token, principal, now)?;
             Ok(((), true))
         })
@@ -380,17 +417,27 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, Durability::Synced, |row, _| {
-            Ok((row.revoke(force, now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Revoke,
+            timeout,
+            Durability::Synced,
+            |row, _| Ok((row.revoke(force, now)?, true)),
+        )
     }
 
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, timeout, Durability::Synced, |row, _| {
-            Ok((row.clear(now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Clear,
+            timeout,
+            Durability::Synced,
+            |row, _| Ok((row.clear(now)?, true)),
+        )
     }
 
     /// Up to `limit` rows' worth of leases after task `after`, in task
@@ -421,6 +468,46 @@ impl SharedEngine {
         Ok(Page {
             leases: rows.iter().filter_map(|r| r.info(now)).collect(),
             next_after,
+        })
+    }
+
+    /// Up to `limit` attempts (of `task`, or of all), newest first, with
+    /// tokens below `before`. Reads need no write lock. An attempt whose
+    /// expiry no call has written yet (the embedded authority has no
+    /// sweeper) is shown as it stands: expired, at its expiry.
+    pub fn history_page(
+        &mut self,
+        task: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<history::Record>, EngineError> {
+        let deadline = deadline_in(timeout);
+        let now = now_ms();
+        gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                let mut page = history::page(&self.conn, task, before, limit)?;
+                for r in page.iter_mut().filter(|r| r.ended.is_none()) {
+                    let row = store::load(&self.conn, &r.task, Expiry::Boot(&self.boot_id))?;
+                    let end = match row.lease.as_ref().filter(|l| l.token == r.token) {
+                        Some(l) if matches!(l.phase(now), super::rules::Phase::Active { .. }) => {
+                            continue;
+                        }
+                        Some(l) => history::expired(l, now, history::wall_ms()),
+                        // Gone without a recorded end: expired, time unknown.
+                        None => {
+                            r.ended = Some(crate::lease::Ended::Expired);
+                            continue;
+                        }
+                    };
+                    if let history::Op::End { ended, at_ms, .. } = end {
+                        r.ended = Some(ended);
+                        r.ended_ms = Some(at_ms);
+                        r.held_ms = Some(at_ms.saturating_sub(r.acquired_ms));
+                    }
+                }
+                Ok(page)
+            })
         })
     }
 

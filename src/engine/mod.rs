@@ -33,6 +33,7 @@ pub mod ack;
 pub mod batched;
 pub mod file;
 pub mod gate;
+pub mod history;
 pub mod rules;
 pub mod store;
 

@@ -157,18 +157,20 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 }
 
 /// The schema's version, stored in the file's `user_version` by
-/// [`ensure_schema`]: a hash of the text of [`SCHEMA`] and [`ADDED`], so
-/// any change to them is a new version without anyone having to bump a
-/// number (everything `ensure_schema` creates must be in those two).
+/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], the history's
+/// schema and [`ADDED`], so any change to them is a new version without
+/// anyone having to bump a number (everything `ensure_schema` creates must
+/// be in those).
 const SCHEMA_VERSION: i64 = {
     // FNV-1a, 31 bits (user_version is a signed 32-bit integer; 0 is a
     // file that never had a schema).
     let mut h: u32 = 0x811c_9dc5;
-    let mut parts: [&[u8]; 1 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 1 + 2 * ADDED.len()];
+    let mut parts: [&[u8]; 2 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 2 + 2 * ADDED.len()];
+    parts[1] = super::history::SCHEMA.as_bytes();
     let mut i = 0;
     while i < ADDED.len() {
-        parts[1 + 2 * i] = ADDED[i].0.as_bytes();
-        parts[2 + 2 * i] = ADDED[i].1.as_bytes();
+        parts[2 + 2 * i] = ADDED[i].0.as_bytes();
+        parts[3 + 2 * i] = ADDED[i].1.as_bytes();
         i += 1;
     }
     let mut p = 0;
@@ -197,6 +199,8 @@ pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
 /// the token sequence from the highest per-task counter.
 pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA).ctx("creating the schema")?;
+    tx.execute_batch(super::history::SCHEMA)
+        .ctx("creating the history table")?;
     let mut have = Vec::new();
     {
         let mut st = tx

@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::lease::{LeaseInfo, RefusalReason};
+use crate::lease::{Attempt, LeaseInfo, RefusalReason};
 
 /// `POST /v1/acquire`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +78,17 @@ pub struct RenewBody {
 pub struct LeasesBody {
     pub leases: Vec<LeaseInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+/// `200` to `GET /v1/history[?task=T&after=CURSOR&limit=N]`: attempts,
+/// newest first. `next_after` is an opaque cursor (null on the last page);
+/// like the listing, a page filtered to the caller's scope may hold fewer
+/// than `limit` attempts and still have a next one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryBody {
+    pub attempts: Vec<Attempt>,
+    #[serde(default)]
     pub next_after: Option<String>,
 }
 

@@ -15,7 +15,7 @@ use crate::engine::batched::{COMMIT_WAIT, Queued, ServeEngine};
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, RequestError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
-use crate::protocol::v1::{ErrorBody, ErrorCode, LeasesBody};
+use crate::protocol::v1::{ErrorBody, ErrorCode, HistoryBody, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
@@ -23,6 +23,8 @@ pub struct Api {
     pub latency: Latency,
     pub auth: Arc<Auth>,
     pub conns: Arc<super::http::ConnStats>,
+    /// The status page (`GET /`) and its per-minute figures.
+    pub status: Arc<super::status::Status>,
 }
 
 type Obj = Map<String, Value>;
@@ -198,24 +200,28 @@ impl Api {
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
-    fn release(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
+    fn release(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o)?;
         let outcome = req_str(&o, "outcome")?;
-        if Outcome::parse(outcome).is_none() {
+        let Some(outcome) = Outcome::parse(outcome) else {
             return Err(bad(format!(
                 "`outcome` must be one of succeeded, failed, cancelled, lost (got {outcome:?})"
             )));
-        }
-        match field(&o, "exit_code") {
-            None => {}
-            Some(Value::Number(n)) if n.as_i64().is_some_and(|c| i32::try_from(c).is_ok()) => {}
+        };
+        let exit_code = match field(&o, "exit_code") {
+            None => None,
+            Some(Value::Number(n)) => match n.as_i64().and_then(|c| i32::try_from(c).ok()) {
+                Some(c) => Some(c),
+                None => return Err(bad("`exit_code` must be null or a 32-bit integer")),
+            },
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
-        }
-        self.engine
-            .release(&id, token, &who.name)
+        };
+        let q = self
+            .engine
+            .release_queued(&id, token, &who.name, Some(outcome), exit_code)
             .map_err(engine_error)?;
-        Ok(Response::json(200, "{}"))
+        Ok(Commit::Release(q))
     }
 
     fn revoke(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
@@ -252,6 +258,7 @@ impl Api {
     /// Answers a change once it is committed.
     async fn committed(&self, c: Commit) -> Response {
         let r = match c {
+            Commit::Release(q) => self.durable(q).await.map(|()| json!({})),
             Commit::Grant(q, task) => self.durable(q).await.map(|g| {
                 json!({"lease_id": g.lease_id, "task": task, "token": g.token, "ttl_ms": g.ttl_ms})
             }),
@@ -296,6 +303,8 @@ impl Api {
             "/v1/revoke" => (Endpoint::Revoke, Action::Operate, "POST"),
             "/v1/clear" => (Endpoint::Clear, Action::Operate, "POST"),
             "/v1/leases" => (Endpoint::Leases, Action::Read, "GET"),
+            "/v1/history" => (Endpoint::History, Action::Read, "GET"),
+            "/" => (Endpoint::Status, Action::Read, "GET"),
             "/metrics" => (Endpoint::Metrics, Action::Read, "GET"),
             "/healthz" => (Endpoint::Health, Action::Read, "GET"),
             p => {
@@ -347,7 +356,7 @@ impl Api {
         let now = |r: Result<Response, Response>| Routed::Now(r.unwrap_or_else(|r| r));
         match ep {
             Endpoint::Renew => now(self.renew(body, &who)),
-            Endpoint::Release => now(self.release(body, &who)),
+            Endpoint::Release => commit(self.release(body, &who)),
             Endpoint::Health => Routed::Now(self.health()),
             Endpoint::Acquire => commit(self.acquire(body, &who)),
             Endpoint::Revoke => commit(self.revoke(body, &who)),
@@ -356,11 +365,19 @@ impl Api {
                 let query = req.query.clone();
                 Routed::Blocking(Box::new(move |api| api.list(query.as_deref(), &who)))
             }
-            Endpoint::Metrics => Routed::Blocking(Box::new(|api| Response {
+            Endpoint::History => {
+                let query = req.query.clone();
+                Routed::Blocking(Box::new(move |api| api.history(query.as_deref(), &who)))
+            }
+            Endpoint::Status => Routed::Blocking(Box::new(move |api| {
+                api.status.page(&api.engine, &api.conns, &|t| who.covers(t))
+            })),
+            Endpoint::Metrics => Routed::Blocking(Box::new(move |api| Response {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
                 headers: Vec::new(),
-                body: metrics::render(&api.engine, &api.latency, &api.conns).into_bytes(),
+                body: metrics::render(&api.engine, &api.latency, &api.conns, &|t| who.covers(t))
+                    .into_bytes(),
             })),
         }
     }
@@ -411,8 +428,68 @@ impl Api {
     }
 }
 
+impl Api {
+    /// `GET /v1/history[?task=T&after=CURSOR&limit=N]`: attempts in the
+    /// caller's scope, newest first, without lease ids. The cursor is the
+    /// token of the last attempt of the page (opaque to clients).
+    fn history(&self, query: Option<&str>, who: &Principal) -> Response {
+        let mut limit: usize = 100;
+        let mut after: Option<u64> = None;
+        let mut task: Option<String> = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "limit" => match v.parse::<usize>() {
+                    Ok(n) if (1..=crate::engine::history::MAX_PAGE).contains(&n) => limit = n,
+                    _ => return bad("`limit` must be an integer from 1 to 1000"),
+                },
+                "after" => match v.parse::<u64>() {
+                    Ok(n) => after = Some(n),
+                    Err(_) => return bad("`after` must be a cursor from `next_after`"),
+                },
+                "task" => match percent_decode(v) {
+                    Some(t) => {
+                        if let Err(e) = crate::engine::validate_task(&t) {
+                            return invalid(e);
+                        }
+                        if !who.covers(&t) {
+                            return forbidden();
+                        }
+                        task = Some(t);
+                    }
+                    None => return bad("`task` is not valid percent-encoded UTF-8"),
+                },
+                _ => return bad(format!("unknown query parameter `{k}`")),
+            }
+        }
+        let page = match self.engine.history_page(task.as_deref(), after, limit) {
+            Ok(p) => p,
+            Err(e) => return engine_error(e),
+        };
+        let next_after = (page.len() == limit)
+            .then(|| page.last().map(|r| r.token.to_string()))
+            .flatten();
+        let body = HistoryBody {
+            attempts: page
+                .iter()
+                .filter(|r| who.covers(&r.task))
+                .map(|r| r.attempt())
+                .collect(),
+            next_after,
+        };
+        match serde_json::to_string(&body) {
+            Ok(text) => Response::json(200, text),
+            Err(e) => error(
+                ErrorCode::Unavailable,
+                &format!("cannot encode the history: {e}"),
+            ),
+        }
+    }
+}
+
 /// A change made in memory whose write is queued, and what its answer says.
 enum Commit {
+    Release(Queued<()>),
     Grant(Queued<Granted>, String),
     Revoke(Queued<u64>, String, bool),
     Clear(Queued<u64>, String),
@@ -435,6 +512,8 @@ enum Endpoint {
     Revoke,
     Clear,
     Leases,
+    History,
+    Status,
     Metrics,
     Health,
 }

@@ -10,8 +10,8 @@
 //! hand-offs cost CPU. With one epoll per thread the kernel wakes the very
 //! thread whose connection has data (as it woke a connection's own thread
 //! in the thread-per-connection server before), and a preempted loop delays
-//! only its own share. Measured on the 2-core development machine (README,
-//! Sizing; three alternated pairs): 10,000 keep-alive agents renewing
+//! only its own share. Measured on the 2-core development machine (docs/sizing.md;
+//! three alternated pairs): 10,000 keep-alive agents renewing
 //! 1,000 times a second, renew p99 0.40–1.15 ms instead of 0.68–2.28 ms,
 //! at 98–116 µs of server CPU per renewal instead of 122–151.
 //!
@@ -24,7 +24,7 @@
 //! keep-alive connections, 2 threads, saturating both cores), ten
 //! alternated rounds: renew p99 median 1.3 ms with 4 loops per core
 //! against 14 ms with 1 per core (lower in 8 of 10 rounds), at 45,000–
-//! 58,000 renewals/s against 56,000–72,000 (README, Sizing).
+//! 58,000 renewals/s against 56,000–72,000 (docs/sizing.md).
 //!
 //! Invariants: a connection's socket is registered with the loop that
 //! serves it (so its readiness never goes through another thread); the

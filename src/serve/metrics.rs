@@ -1,6 +1,10 @@
 //! `/metrics` in the Prometheus text format: the engine's counters, leases
 //! by state (an alert on `leaseagent_held_for_operator > 0` finds tasks
-//! stuck under policy hold), and a request latency histogram.
+//! stuck under policy hold), per task how long it has been held for an
+//! operator and when it last succeeded (from the run history: the alerts of
+//! `deploy/prometheus/leaseagent-alerts.yml` use them), and a request
+//! latency histogram. Task names are safe in label values as they are
+//! (the protocol allows no quote, backslash or newline in them).
 //!
 //! Latency is measured in the server from a fully read request to its
 //! answer being ready, so it excludes network and client time.
@@ -158,8 +162,14 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-/// Renders every metric.
-pub fn render(engine: &ServeEngine, latency: &Latency, conns: &ConnStats) -> String {
+/// Renders every metric; the per-task ones only for the tasks `covers`
+/// accepts (the caller's scope, as for the listing).
+pub fn render(
+    engine: &ServeEngine,
+    latency: &Latency,
+    conns: &ConnStats,
+    covers: &dyn Fn(&str) -> bool,
+) -> String {
     let sources = Sources {
         up: engine.healthy(),
         c: &engine.counters,
@@ -170,8 +180,40 @@ pub fn render(engine: &ServeEngine, latency: &Latency, conns: &ConnStats) -> Str
     for f in FAMILIES {
         write_family(&mut out, f, &sources);
     }
+    write_tasks(&mut out, engine, covers);
     write_latency(&mut out, latency);
     out
+}
+
+/// The per-task gauges: seconds held for an operator (since the lease
+/// expired), and when the task last succeeded.
+fn write_tasks(out: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) -> bool) {
+    let now = crate::engine::history::wall_ms();
+    let name = "leaseagent_task_held_for_operator_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Seconds since the lease of a task held for an operator expired.\n# TYPE {name} gauge"
+    );
+    for (info, since) in engine
+        .held_for_operator()
+        .into_iter()
+        .filter(|(i, _)| covers(&i.task))
+    {
+        let secs = since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e3);
+        let _ = writeln!(out, "{name}{{task=\"{}\"}} {secs}", info.task);
+    }
+    let name = "leaseagent_task_last_success_timestamp_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} When the task's last attempt reporting `succeeded` was released (Unix time).\n# TYPE {name} gauge"
+    );
+    for (task, ms) in engine
+        .last_successes()
+        .into_iter()
+        .filter(|(t, _)| covers(t))
+    {
+        let _ = writeln!(out, "{name}{{task=\"{task}\"}} {}", ms as f64 / 1e3);
+    }
 }
 
 fn write_family(out: &mut String, f: &Family, sources: &Sources) {
@@ -246,7 +288,7 @@ mod tests {
         for us in [10, 60, 300, 300, 4_000, 2_000_000] {
             latency.observe(Duration::from_micros(us));
         }
-        let got = render(&e, &latency, &conns);
+        let got = render(&e, &latency, &conns, &|_| true);
         e.shutdown();
         assert_eq!(got, EXPECTED);
     }
@@ -296,6 +338,10 @@ leaseagent_connections 7
 # HELP leaseagent_connections_over_limit_total Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).
 # TYPE leaseagent_connections_over_limit_total counter
 leaseagent_connections_over_limit_total 9
+# HELP leaseagent_task_held_for_operator_seconds Seconds since the lease of a task held for an operator expired.
+# TYPE leaseagent_task_held_for_operator_seconds gauge
+# HELP leaseagent_task_last_success_timestamp_seconds When the task's last attempt reporting `succeeded` was released (Unix time).
+# TYPE leaseagent_task_last_success_timestamp_seconds gauge
 # HELP leaseagent_request_duration_seconds Time from a fully read request to its answer.
 # TYPE leaseagent_request_duration_seconds histogram
 leaseagent_request_duration_seconds_bucket{le="0.00005"} 1

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod http;
 pub mod loops;
 pub mod metrics;
+pub mod status;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -46,11 +47,23 @@ pub struct ServeArgs {
     pub max_connections_per_peer: usize,
     /// `--max-leases`: the most live leases overall (`None`: no limit).
     pub max_leases: Option<u64>,
+    /// `--history-max-age`, `--history-max-rows`: how much run history is kept.
+    pub history: crate::engine::history::Bounds,
+    /// `--status-listen`: a loopback address serving the status page
+    /// without credentials.
+    pub status_listen: Option<String>,
+    /// `--status-held-alert`: a task held for an operator longer than this
+    /// is shown red on the status page.
+    pub status_held_alert: Duration,
 }
 
 /// The line printed to stderr once the server listens (tests parse it);
 /// followed by `http://ADDR` or `https://ADDR`.
 pub const LISTENING: &str = "leaseagent serve: listening on ";
+
+/// The line printed to stderr once the status listener listens; followed
+/// by `http://ADDR`.
+pub const STATUS_LISTENING: &str = "leaseagent serve: status page on ";
 
 /// Why `serve` could not start (or stopped listening): exit 125 with one
 /// line that names the flag or file at fault.
@@ -107,6 +120,16 @@ pub enum ServeError {
     },
     #[error("--listen {listen}: no address")]
     NoAddress { listen: String },
+    #[error(
+        "--status-listen {0}: must be a loopback address (the status page needs no credentials there)"
+    )]
+    StatusNotLoopback(String),
+    #[error("--status-listen {listen}: {source}")]
+    StatusListen {
+        listen: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(
         "--listen {listen}: not a loopback address; serving a network needs --tls-cert, --tls-key and \
          --auth-file (or --insecure-listen to accept the risk)"
@@ -261,11 +284,28 @@ fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let tls = tls_config(args)?;
     let auth = load_auth(args)?;
     let addr = listen_address(args, tls.is_some(), &auth)?;
+    let status_addr = status_address(args)?;
     raise_nofile();
     let engine = open_engine(args)?;
     let rt = build_runtime()?;
     let stop_rx = watch_signals(auth.clone())?;
-    run(args, addr, tls, auth, engine, rt, stop_rx)
+    run(args, (addr, status_addr), tls, auth, engine, rt, stop_rx)
+}
+
+/// Resolves `--status-listen`: loopback only, whatever else is configured.
+fn status_address(args: &ServeArgs) -> Result<Option<SocketAddr>, ServeError> {
+    let Some(listen) = &args.status_listen else {
+        return Ok(None);
+    };
+    let err = |source| ServeError::StatusListen {
+        listen: listen.clone(),
+        source,
+    };
+    let addrs: Vec<SocketAddr> = listen.to_socket_addrs().map_err(err)?.collect();
+    match addrs.first() {
+        Some(a) if addrs.iter().all(|a| is_loopback(a.ip())) => Ok(Some(*a)),
+        _ => Err(ServeError::StatusNotLoopback(listen.clone())),
+    }
 }
 
 fn load_auth(args: &ServeArgs) -> Result<Arc<auth::Auth>, ServeError> {
@@ -303,6 +343,7 @@ fn listen_address(
 fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
+        history: args.history,
     };
     ServeEngine::open_with(&args.db, limits)
         .map(Arc::new)
@@ -353,7 +394,7 @@ fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<b
 /// what the engine's writer has queued.
 fn run(
     args: &ServeArgs,
-    addr: SocketAddr,
+    (addr, status_addr): (SocketAddr, Option<SocketAddr>),
     tls: Option<tokio_rustls::TlsAcceptor>,
     auth: Arc<auth::Auth>,
     engine: Arc<ServeEngine>,
@@ -366,31 +407,62 @@ fn run(
         ..http::Limits::default()
     };
     let conns = Arc::new(http::ConnStats::default());
+    let status = Arc::new(status::Status::new(&engine, args.status_held_alert));
     let api = Arc::new(api::Api {
         engine: engine.clone(),
         latency: metrics::Latency::default(),
         auth,
         conns: conns.clone(),
+        status: status.clone(),
+    });
+    let status_only = Arc::new(status::StatusOnly {
+        engine: engine.clone(),
+        conns: conns.clone(),
+        status,
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let db = args.db.display().to_string();
     let loops = loops::Loops::start(loops::count()).map_err(ServeError::Loops)?;
     let handles = loops.handles().to_vec();
+    let listen_err = |source| ServeError::Listen {
+        listen: args.listen.clone(),
+        source,
+    };
+    let status_err = |source| ServeError::StatusListen {
+        listen: args.status_listen.clone().unwrap_or_default(),
+        source,
+    };
     let served = rt.block_on(async move {
-        let listener = listen(addr)?;
-        let local = listener.local_addr()?;
+        let listener = listen(addr).map_err(listen_err)?;
+        let local = listener.local_addr().map_err(listen_err)?;
         eprintln!("{LISTENING}{scheme}://{local} (db {db})");
+        let status_server = match status_addr {
+            None => None,
+            Some(a) => {
+                let l = listen(a).map_err(status_err)?;
+                let local = l.local_addr().map_err(status_err)?;
+                eprintln!("{STATUS_LISTENING}http://{local}");
+                let stats = Arc::new(http::ConnStats::default());
+                let server = http::Server::new(limits.clone(), status_only, None, stats);
+                Some((l, Arc::new(server)))
+            }
+        };
         let server = Arc::new(http::Server::new(limits, api, tls, conns));
-        http::run(listener, server, stop_rx, Duration::from_secs(3), &handles).await;
-        Ok::<(), std::io::Error>(())
+        let drain = Duration::from_secs(3);
+        let main = http::run(listener, server, stop_rx.clone(), drain, &handles);
+        match status_server {
+            None => main.await,
+            Some((l, s)) => {
+                let side = http::run(l, s, stop_rx, Duration::from_secs(1), &handles);
+                tokio::join!(main, side);
+            }
+        }
+        Ok::<(), ServeError>(())
     });
     loops.stop();
     rt.shutdown_timeout(Duration::from_secs(1));
     engine.shutdown();
-    served.map_err(|source| ServeError::Listen {
-        listen: args.listen.clone(),
-        source,
-    })
+    served
 }
 
 fn is_loopback(ip: IpAddr) -> bool {

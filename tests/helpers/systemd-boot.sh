@@ -24,6 +24,13 @@
 #     systemd boots test.target, which wants nothing.
 # The binaries under test are bound over /usr/local/bin/leaseagent (the path
 # the shipped units use) and /usr/local/bin/leaseagent-serve beside it, and the units of UNIT_DIR are installed verbatim.
+#
+# SYSNS_ROOT=overlay boots in a fresh root instead, for installing the Debian
+# package: a copy-on-write overlay of the machine's / whose upper layer is a
+# tmpfs of the mount namespace (it dies with it; nothing of the machine is
+# written), with whatever leaseagent state the machine has hidden, pivoted
+# into before the steps below. BINARY and UNIT_DIR are then "-": nothing is
+# bound and no unit installed, the package brings its own.
 set -eu
 W="$1"
 NAME="$2"
@@ -42,26 +49,61 @@ for cg in $SYSNS_CGROUPS; do
 done
 
 mount --make-rprivate /
-rm -rf "$W/etc"
-cp -a /etc "$W/etc"
-mount --bind "$W/etc" /etc
+
+if [ "${SYSNS_ROOT:-}" = overlay ]; then
+    R="$W/root"
+    L="$W/layers"
+    mkdir -p "$R" "$L"
+    mount -t tmpfs -o mode=0755 tmpfs "$L"
+    mkdir -p "$L/upper" "$L/work"
+    mount -t overlay overlay -o "lowerdir=/,upperdir=$L/upper,workdir=$L/work" "$R"
+    # Whiteouts in the upper layer: the machine's own files stay.
+    rm -rf "$R/var/lib/leaseagent" "$R/var/lib/leaseagent-serve" \
+        "$R/var/lib/private/leaseagent-serve" "$R/etc/leaseagent" \
+        "$R/usr/local/bin/leaseagent" "$R/usr/local/bin/leaseagent-serve"
+    mount -t proc proc "$R/proc"
+    mount --rbind /sys "$R/sys"
+    mount --rbind /dev "$R/dev"
+    mkdir -p "$R$W"
+    mount --bind "$W" "$R$W"
+    cp "$0" "$R/sysns-boot.sh"
+    cd "$R"
+    mkdir -p oldroot
+    pivot_root . oldroot
+    umount -l /oldroot
+    rmdir /oldroot
+    exec env -u SYSNS_ROOT SYSNS_FRESH=1 sh /sysns-boot.sh "$W" "$NAME" "$BIN" "$UNITS"
+fi
+FRESH="${SYSNS_FRESH:-}"
+
+if [ -z "$FRESH" ]; then
+    rm -rf "$W/etc"
+    cp -a /etc "$W/etc"
+    mount --bind "$W/etc" /etc
+fi
 
 # The binary under test where the units expect it, and the harness's work
 # directory and the shipped units at /mnt: done before /tmp and the other
 # directories below are covered, since the checkout (and so the binary, the
 # units and the work directory) may itself live under one of them.
-mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
-touch /usr/local/bin/leaseagent /usr/local/bin/leaseagent-serve
-mount --bind "$BIN" /usr/local/bin/leaseagent
-# `leaseagent serve` runs the server binary installed next to leaseagent.
-mount --bind "$(dirname "$BIN")/leaseagent-serve" /usr/local/bin/leaseagent-serve
-rm -rf "$W/units"
-cp -R "$UNITS" "$W/units"
+if [ "$BIN" != - ]; then
+    mount -t tmpfs -o mode=0755 tmpfs /usr/local/bin
+    touch /usr/local/bin/leaseagent /usr/local/bin/leaseagent-serve
+    mount --bind "$BIN" /usr/local/bin/leaseagent
+    # `leaseagent serve` runs the server binary installed next to leaseagent.
+    mount --bind "$(dirname "$BIN")/leaseagent-serve" /usr/local/bin/leaseagent-serve
+fi
+if [ "$UNITS" != - ]; then
+    rm -rf "$W/units"
+    cp -R "$UNITS" "$W/units"
+fi
 mkdir -p /mnt
 mount --bind "$W" /mnt
 W=/mnt
-UNITS=/mnt/units
-for d in /tmp /run /var/lib /var/log /var/tmp /var/cache /var/spool /srv; do
+private="/tmp /run /var/lib /var/log /var/tmp /var/cache /var/spool /srv"
+# A fresh root is already private; dpkg and apt need its /var/lib and /var/cache.
+[ -z "$FRESH" ] || private="/tmp /run /var/tmp /srv"
+for d in $private; do
     mkdir -p "$d"
     mount -t tmpfs -o mode=0755 tmpfs "$d"
 done
@@ -119,10 +161,12 @@ Description=test target: starts nothing by itself
 U
 
 # The shipped units, verbatim.
-cp -R "$UNITS"/. "$S"/
-mkdir -p /etc/sysusers.d /etc/leaseagent
-cp "$UNITS/leaseagent.sysusers" /etc/sysusers.d/leaseagent.conf
-systemd-sysusers /etc/sysusers.d/leaseagent.conf
+if [ "$UNITS" != - ]; then
+    cp -R "$W/units"/. "$S"/
+    mkdir -p /etc/sysusers.d /etc/leaseagent
+    cp "$W/units/leaseagent.sysusers" /etc/sysusers.d/leaseagent.conf
+    systemd-sysusers /etc/sysusers.d/leaseagent.conf
+fi
 
 # Test-specific files the harness staged (env files, drop-ins, scripts).
 if [ -d "$W/stage/etc" ]; then cp -R "$W/stage/etc"/. /etc/; fi

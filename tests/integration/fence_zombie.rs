@@ -30,9 +30,9 @@ use support::fence::*;
 const TTL: &str = "1s";
 
 /// A running `leaseagent serve` on a loopback port.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
-    url: String,
+    pub url: String,
 }
 
 impl Drop for Serve {
@@ -58,7 +58,7 @@ fn healthy(addr: &str) -> bool {
     buf[..n].starts_with(b"HTTP/1.1 200")
 }
 
-fn start_serve(dir: &Path) -> Serve {
+pub(crate) fn start_serve(dir: &Path) -> Serve {
     for attempt in 0..5 {
         // A free port now; a race with another process is retried.
         let port = TcpListener::bind("127.0.0.1:0")
@@ -193,10 +193,33 @@ fn token_of(content: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn trial(serve: &Serve, work: &Path, task: &str) -> Trial {
+/// What the frozen-then-resumed attempt A and the attempt B that took over
+/// did, as exit statuses.
+pub(crate) struct Takeover {
+    /// Exit status of A's late commit (`$WORK/a.rc`).
+    pub a_rc: i32,
+    pub a_agent: i32,
+    pub b_agent: i32,
+    /// From A's pause to B's agent exiting.
+    pub takeover: Duration,
+}
+
+/// The zombie sequence. `job_a` runs under an agent and, right before its
+/// commit, writes the pid of the process that stops itself to `$WORK/a.pid`
+/// and stops (SIGSTOP); once resumed it writes its commit's exit status to
+/// `$WORK/a.rc`. A's agent is then stopped past the lease; `job_b` runs under
+/// a second agent once A's lease expires; A's job is resumed first (the
+/// worst order) and A's agent last.
+pub(crate) fn freeze_and_take_over(
+    serve: &Serve,
+    work: &Path,
+    task: &str,
+    job_a: &str,
+    job_b: &str,
+) -> Takeover {
     std::fs::create_dir_all(work).unwrap();
     let long = Duration::from_secs(30);
-    let mut a = agent(&serve.url, task, work, "a", &[], JOB_A);
+    let mut a = agent(&serve.url, task, work, "a", &[], job_a);
     let a_agent_pid = a.id() as i32;
 
     // A's job reaches its commit and stops itself.
@@ -213,20 +236,34 @@ fn trial(serve: &Serve, work: &Path, task: &str) -> Trial {
     });
     let paused = Instant::now();
 
-    // B gets the task once A's lease expires, and publishes.
-    let mut b = agent(&serve.url, task, work, "b", &["--wait", "30s"], JOB_B);
+    // B gets the task once A's lease expires, and commits.
+    let mut b = agent(&serve.url, task, work, "b", &["--wait", "30s"], job_b);
     let b_agent = wait_child(&mut b, "B's agent", Duration::from_secs(60));
     let takeover = paused.elapsed();
 
     // The zombie's job wakes first and tries to commit.
     signal(job_pid, Signal::CONT);
-    let a_publish: i32 = poll("A's late publish", long, || {
+    let a_rc: i32 = poll("A's late commit", long, || {
         read_opt(&work.join("a.rc")).and_then(|s| s.trim().parse().ok())
     });
     // Then its agent.
     signal(a_agent_pid, Signal::CONT);
     let a_agent = wait_child(&mut a, "A's agent", long);
+    Takeover {
+        a_rc,
+        a_agent,
+        b_agent,
+        takeover,
+    }
+}
 
+fn trial(serve: &Serve, work: &Path, task: &str) -> Trial {
+    let Takeover {
+        a_rc: a_publish,
+        a_agent,
+        b_agent,
+        takeover,
+    } = freeze_and_take_over(serve, work, task, JOB_A, JOB_B);
     Trial {
         a_token: read_opt(&work.join("a.token"))
             .and_then(|s| s.trim().parse().ok())
@@ -248,7 +285,7 @@ fn trial(serve: &Serve, work: &Path, task: &str) -> Trial {
     }
 }
 
-fn logs(work: &Path) -> String {
+pub(crate) fn logs(work: &Path) -> String {
     ["a.agent.log", "b.agent.log"]
         .iter()
         .map(|f| format!("--- {f}\n{}", read_opt(&work.join(f)).unwrap_or_default()))

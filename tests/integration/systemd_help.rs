@@ -17,7 +17,16 @@ fn run(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-const SUBCOMMANDS: &[&str] = &["serve", "publish", "check", "leases", "revoke", "clear"];
+const SUBCOMMANDS: &[&str] = &[
+    "serve",
+    "publish",
+    "check",
+    "leases",
+    "revoke",
+    "clear",
+    "completions",
+    "man",
+];
 
 #[test]
 fn every_help_shows_examples_that_use_the_command() {

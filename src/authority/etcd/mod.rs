@@ -791,6 +791,20 @@ impl Authority for EtcdAuthority {
         }
     }
 
+    /// etcd keeps no run history: a lock key is deleted when its holder
+    /// releases or its lease expires, and etcd compacts old revisions, so
+    /// nothing records who held a task, how it ended or with what outcome.
+    fn history(
+        &mut self,
+        _task: Option<&str>,
+        _since_ms: u64,
+        _timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        Err(OperatorError::Unsupported(
+            "etcd keeps no run history: a lock key is deleted when its holder releases it or its lease expires (and etcd compacts old revisions), so nothing records who held a task or how it ended; use `leaseagent serve` or the embedded authority for history".into(),
+        ))
+    }
+
     /// etcd has no held-for-operator state: it frees a task as soon as its
     /// lease expires. There is never anything to clear (exit 1).
     fn clear(&mut self, task: &str, _timeout: Duration) -> Result<(), OperatorError> {

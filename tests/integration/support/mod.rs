@@ -5,6 +5,7 @@
 pub mod authority;
 pub mod etcd;
 pub mod fence;
+pub mod golden;
 pub mod netns;
 pub mod sysns;
 pub mod systemd;

@@ -68,6 +68,18 @@ pub struct Systemd {
 impl Systemd {
     /// Boots systemd and waits until it reports `running`.
     pub fn boot(stage: &Stage) -> Systemd {
+        Systemd::boot_in(stage, false)
+    }
+
+    /// Boots systemd in a fresh root: a copy-on-write overlay of the
+    /// machine's `/` (its upper layer a tmpfs of the namespace) with no
+    /// leaseagent in it, for installing the Debian package
+    /// (`SYSNS_ROOT=overlay` in `systemd-boot.sh`).
+    pub fn boot_fresh_root() -> Systemd {
+        Systemd::boot_in(&Stage::new(), true)
+    }
+
+    fn boot_in(stage: &Stage, fresh_root: bool) -> Systemd {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -100,8 +112,15 @@ impl Systemd {
             .arg(format!("{repo}/tests/helpers/systemd-boot.sh"))
             .arg(&work)
             .arg(&name)
-            .arg(env!("CARGO_BIN_EXE_leaseagent"))
-            .arg(format!("{repo}/systemd"))
+            .args(if fresh_root {
+                ["-".to_string(), "-".to_string()]
+            } else {
+                [
+                    env!("CARGO_BIN_EXE_leaseagent").to_string(),
+                    format!("{repo}/systemd"),
+                ]
+            })
+            .env("SYSNS_ROOT", if fresh_root { "overlay" } else { "" })
             .env(
                 "SYSNS_CGROUPS",
                 own_cgroups(&name)
@@ -270,20 +289,28 @@ impl Systemd {
         out
     }
 
+    /// The machine pids of every process of the booted system.
+    pub fn processes(&self) -> Vec<i32> {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/pid", self.pid)) else {
+            return Vec::new();
+        };
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|p| {
+                std::fs::read_link(format!("/proc/{p}/ns/pid"))
+                    .ok()
+                    .as_ref()
+                    == Some(&ns)
+            })
+            .collect()
+    }
+
     /// The machine pid of a pid inside the namespace.
     pub fn host_pid(&self, ns_pid: i32) -> Option<i32> {
-        let ns = std::fs::read_link(format!("/proc/{}/ns/pid", self.pid)).ok()?;
-        for e in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if std::fs::read_link(format!("/proc/{p}/ns/pid"))
-                .ok()
-                .as_ref()
-                != Some(&ns)
-            {
-                continue;
-            }
+        for p in self.processes() {
             let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
             let nspid = status
                 .lines()
