@@ -147,8 +147,12 @@ fn run(
                 Event::RenewFailed { error }
             }
         };
+        let renewed = matches!(event, Event::Renewed { .. });
         if events.send(event).is_err() {
             return;
+        }
+        if renewed {
+            authority.after_renewal();
         }
     }
 }

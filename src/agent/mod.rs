@@ -440,14 +440,12 @@ fn start(
     let state = state_writer();
     let env = job_env(&grant, &*auth, state.as_ref());
     let tx = events.0.clone();
-    let mut sup = Supervisor::new(
-        machine,
-        grant.clone(),
-        auth.clone_box(),
-        events,
-        notifier,
-        state,
-    );
+    // `auth` goes to the heartbeat thread, `releaser` to the supervisor.
+    let mut releaser = auth.clone_box();
+    if auth.release_keeps_connection() {
+        std::mem::swap(&mut auth, &mut releaser);
+    }
+    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
     // The keeper's list, and the trust flags' variables.

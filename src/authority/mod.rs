@@ -148,6 +148,22 @@ pub trait Authority: Send {
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
 
+    /// Whether the supervisor (which releases) should keep the handle that
+    /// made the grant, and the heartbeat thread get a new one. Network
+    /// authorities answer no: their warm connection serves the renewals.
+    /// The embedded one answers yes: its open is the costly part, every run
+    /// releases while a short one never renews, and a new handle opens its
+    /// connection lazily at its first renewal.
+    fn release_keeps_connection(&self) -> bool {
+        false
+    }
+
+    /// Housekeeping the heartbeat thread does after it has reported a
+    /// successful renewal (never inside the renewal itself, so a renewal's
+    /// answer never waits for it). The embedded authority checkpoints its
+    /// WAL here when it has grown; the default does nothing.
+    fn after_renewal(&mut self) {}
+
     fn release(
         &mut self,
         lease: &LeaseRef,
