@@ -32,6 +32,8 @@ pub struct RunConfig {
     pub clock_drift_ppm: u32,
     /// `--remap-exit`: the command's own 124 and 125 become 1.
     pub remap_exit: bool,
+    /// `--renew-priority`: how renewal packets are marked.
+    pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     /// The trust flags (files are read when the authority is opened).
     pub trust: TrustFiles,
@@ -55,6 +57,7 @@ pub struct RawRun {
     pub wait: Option<Option<Duration>>,
     pub clock_drift_ppm: Option<u32>,
     pub remap_exit: bool,
+    pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
 }
@@ -73,8 +76,8 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Authority(#[from] AuthorityFlagError),
-    #[error("--ttl must be at least 1ms")]
-    TtlTooShort,
+    #[error(transparent)]
+    Timing(#[from] crate::agent::timing::TimingError),
     #[error("--heartbeat must be above 0")]
     ZeroHeartbeat,
     #[error("--heartbeat ({}) must be below --ttl ({})", format(*heartbeat), format(*ttl))]
@@ -125,9 +128,7 @@ impl RawRun {
         validate_task(&task)?;
         let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
-        if ttl < Duration::from_millis(1) {
-            return Err(ConfigError::TtlTooShort);
-        }
+        crate::agent::timing::check_ttl(ttl)?;
         let heartbeat = self.heartbeat.unwrap_or(ttl / 3);
         if heartbeat.is_zero() {
             return Err(ConfigError::ZeroHeartbeat);
@@ -157,7 +158,7 @@ impl RawRun {
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
             return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }
-        Ok(RunConfig {
+        let cfg = RunConfig {
             authority,
             task,
             ttl,
@@ -169,9 +170,12 @@ impl RawRun {
             wait: self.wait,
             clock_drift_ppm,
             remap_exit: self.remap_exit,
+            renew_marks: self.renew_marks,
             command: self.command,
             trust: self.trust,
-        })
+        };
+        crate::agent::timing::check(&cfg.settings())?;
+        Ok(cfg)
     }
 }
 

@@ -10,10 +10,16 @@
 //!   send time; after a transient failure it retries sooner (a quarter of the
 //!   heartbeat, at least 50 ms), so two lost heartbeats in a row do not cost
 //!   the lease with default flags.
-//! - Each request's timeout is at most the heartbeat and never reaches past
-//!   the local deadline (`last successful send + ttl`, tracked here with the
-//!   same rule the supervisor uses): an answer that could only arrive after
-//!   the deadline is useless anyway.
+//! - Each try's timeout is a third of the heartbeat ([`try_timeout`]) and
+//!   never reaches past the local deadline (`last successful send + ttl`,
+//!   tracked here with the same rule the supervisor uses): an answer that
+//!   could only arrive after the deadline is useless anyway. A try that
+//!   timed out is followed by the next one at once (it already waited longer
+//!   than the retry pause), so a request that hangs (the authority accepts
+//!   and never answers) or a lost packet costs a third of a heartbeat, not a
+//!   whole one: with default proportions (heartbeat ttl/3, grace ttl/6) the
+//!   tries go out at 1, 1.33 and 1.67 heartbeats and SIGTERM is due at 2.5,
+//!   so two hung renewals in a row are survived with room to spare.
 //! - The send instant is read on the boot clock *before* the request goes
 //!   out; that instant, not the answer's arrival, is what the deadline counts
 //!   from.
@@ -48,6 +54,11 @@ pub fn retry_interval(heartbeat: Duration) -> Duration {
     (heartbeat / 4)
         .max(Duration::from_millis(50))
         .min(heartbeat)
+}
+
+/// The timeout of one renewal try (module doc).
+pub fn try_timeout(heartbeat: Duration) -> Duration {
+    heartbeat / 3
 }
 
 /// Handle to stop the thread: dropping it stops renewals. An in-flight
@@ -106,7 +117,7 @@ fn run(
             next = sent_at + heartbeat;
             continue;
         }
-        let timeout = heartbeat.min(left);
+        let timeout = try_timeout(heartbeat).min(left);
         let event = match authority.renew(lease, timeout) {
             Ok(r) => {
                 // The same rule as the machine: the latest answer counts,
@@ -130,12 +141,18 @@ fn run(
                 return;
             }
             Err(RenewError::Transient(error)) => {
-                next = BootInstant::now() + retry_interval(heartbeat);
+                // The pause counts from the try's send: a try that timed out
+                // has waited longer already and the next goes out at once.
+                next = (sent_at + retry_interval(heartbeat)).max(BootInstant::now());
                 Event::RenewFailed { error }
             }
         };
+        let renewed = matches!(event, Event::Renewed { .. });
         if events.send(event).is_err() {
             return;
+        }
+        if renewed {
+            authority.after_renewal();
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod report;
 pub mod signals;
 pub mod state_file;
 pub mod supervisor;
+pub mod timing;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -52,11 +53,19 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
+    let memory = crate::sys::memory::protect(true);
+    log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
+    if let Err(why) = memory.locked {
+        log::info!(
+            "memory not locked: {why}; renewals may wait on page faults under memory pressure"
+        );
+    }
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     if let Err(e) = crate::agent::signals::spawn(tx.clone()) {
         log::error!("cannot install signal handlers: {e}");
         return exit::AGENT_FAILED;
     }
+    authority::netpath::set_marks(cfg.renew_marks);
     let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {
@@ -431,14 +440,12 @@ fn start(
     let state = state_writer();
     let env = job_env(&grant, &*auth, state.as_ref());
     let tx = events.0.clone();
-    let mut sup = Supervisor::new(
-        machine,
-        grant.clone(),
-        auth.clone_box(),
-        events,
-        notifier,
-        state,
-    );
+    // `auth` goes to the heartbeat thread, `releaser` to the supervisor.
+    let mut releaser = auth.clone_box();
+    if auth.release_keeps_connection() {
+        std::mem::swap(&mut auth, &mut releaser);
+    }
+    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
     // The keeper's list, and the trust flags' variables.

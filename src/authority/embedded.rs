@@ -10,13 +10,18 @@
 //! timeout, so every call returns within its timeout and a busy or broken
 //! database is a transient failure, never a grant or a renewal. There are no
 //! principals here: every lease is owned by `""`.
+//!
+//! The WAL is checkpointed (never waiting for anyone) after a release and
+//! after the heartbeat thread has reported a renewal, once it has grown past
+//! a small bound: never inside a grant or a renewal, whose answers someone
+//! waits for.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
 use crate::engine::EngineError;
-use crate::engine::file::SharedEngine;
+use crate::engine::file::{SharedEngine, TIDY_AFTER_RELEASE, TIDY_AFTER_RENEWAL};
 use crate::engine::rules::AcquireSpec;
 
 pub struct EmbeddedAuthority {
@@ -143,7 +148,7 @@ impl Authority for EmbeddedAuthority {
         let engine = self
             .engine(timeout)
             .map_err(|e| RenewError::Transient(e.to_string()))?;
-        engine
+        let released = engine
             .release_reporting(
                 &lease.lease_id,
                 lease.token,
@@ -152,7 +157,21 @@ impl Authority for EmbeddedAuthority {
                 exit_code,
                 timeout,
             )
-            .map_err(renew_error)
+            .map_err(renew_error);
+        // After the answer is known and nothing of this run is left to
+        // wait for: keep the WAL small for everyone who opens it next.
+        engine.tidy(TIDY_AFTER_RELEASE);
+        released
+    }
+
+    fn release_keeps_connection(&self) -> bool {
+        true
+    }
+
+    fn after_renewal(&mut self) {
+        if let Some(engine) = &mut self.engine {
+            engine.tidy(TIDY_AFTER_RENEWAL);
+        }
     }
 
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {

@@ -24,6 +24,7 @@ pub mod embedded;
 pub mod etcd;
 pub mod http;
 pub mod http_operator;
+pub mod netpath;
 pub mod transport;
 pub mod trust;
 pub mod untrusted;
@@ -147,6 +148,22 @@ pub trait Authority: Send {
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
 
+    /// Whether the supervisor (which releases) should keep the handle that
+    /// made the grant, and the heartbeat thread get a new one. Network
+    /// authorities answer no: their warm connection serves the renewals.
+    /// The embedded one answers yes: its open is the costly part, every run
+    /// releases while a short one never renews, and a new handle opens its
+    /// connection lazily at its first renewal.
+    fn release_keeps_connection(&self) -> bool {
+        false
+    }
+
+    /// Housekeeping the heartbeat thread does after it has reported a
+    /// successful renewal (never inside the renewal itself, so a renewal's
+    /// answer never waits for it). The embedded authority checkpoints its
+    /// WAL here when it has grown; the default does nothing.
+    fn after_renewal(&mut self) {}
+
     fn release(
         &mut self,
         lease: &LeaseRef,
@@ -262,6 +279,39 @@ pub enum OpenError {
     /// The embedded database's file or directory is not safe to use.
     #[error(transparent)]
     Database(#[from] crate::sys::paths::PathError),
+    /// A credential would cross the network unencrypted.
+    #[error(
+        "{flag}: refusing to send a credential in the clear to {url}: use https:// or etcds:// \
+         (or an authority on a loopback address)"
+    )]
+    Cleartext { flag: &'static str, url: String },
+}
+
+/// Refuses a credential (bearer token, etcd password) bound for a plain
+/// `http://` or `etcd://` authority that is not on a loopback address:
+/// anyone on the path would read it.
+fn refuse_cleartext(spec: &AuthoritySpec, trust: &trust::ClientTrust) -> Result<(), OpenError> {
+    let Some(flag) = trust.credential_flag() else {
+        return Ok(());
+    };
+    let (url, hosts): (String, Vec<&str>) = match spec {
+        AuthoritySpec::Http(base) => match base.strip_prefix("http://") {
+            Some(rest) => {
+                let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                (base.clone(), vec![trust::endpoint_host(&rest[..end])])
+            }
+            None => return Ok(()),
+        },
+        AuthoritySpec::Etcd(endpoints) => (
+            format!("etcd://{}", endpoints.join(",")),
+            endpoints.iter().map(|e| trust::endpoint_host(e)).collect(),
+        ),
+        _ => return Ok(()),
+    };
+    if hosts.iter().all(|h| trust::is_loopback_host(h)) {
+        return Ok(());
+    }
+    Err(OpenError::Cleartext { flag, url })
 }
 
 impl AuthoritySpec {
@@ -362,6 +412,7 @@ pub fn open(
     files: &trust::TrustFiles,
 ) -> Result<Box<dyn Authority>, OpenError> {
     let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
+    refuse_cleartext(spec, &trust)?;
     let inner: Box<dyn Authority> = match spec {
         AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::with_trust(base, trust)),
         AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(

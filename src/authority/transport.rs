@@ -27,8 +27,13 @@ use super::trust::ClientTrust;
 pub const BODY_LIMIT: u64 = 64 * 1024;
 
 /// A connection-pooling client configured as above.
+///
+/// Resolution and connections are [`super::netpath`]'s: no thread per
+/// request, renewal packets marked, a lost SYN retried early. One
+/// connection is kept alive (renewals are one at a time) for up to ten
+/// minutes, so a heartbeat up to that long reuses it.
 pub fn agent(trust: &ClientTrust) -> ureq::Agent {
-    ureq::Agent::config_builder()
+    let config = ureq::Agent::config_builder()
         .tls_config(trust.tls().clone())
         .http_status_as_error(false)
         .proxy(None)
@@ -36,10 +41,11 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
         .max_redirects(0)
         .max_redirects_will_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
-        .max_idle_connections_per_host(2)
+        .max_idle_connections_per_host(1)
+        .max_idle_age(Duration::from_secs(600))
         .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .into()
+        .build();
+    super::netpath::agent(config)
 }
 
 /// What kind of failure a call met. Statuses are not failures here (each
@@ -92,6 +98,22 @@ pub fn call(
     limit: u64,
 ) -> Result<(u16, Vec<u8>), Failure> {
     let timeout = Some(timeout.max(Duration::from_millis(1)));
+    // Marked sensitive: `http`'s Debug then prints `Sensitive`, never the
+    // credential, wherever the request is formatted.
+    let authorization = match authorization.map(ureq::http::HeaderValue::from_str) {
+        None => None,
+        Some(Ok(mut v)) => {
+            v.set_sensitive(true);
+            Some(v)
+        }
+        Some(Err(_)) => {
+            return Err(Failure {
+                kind: FailureKind::Encode,
+                trust: None,
+                message: format!("{url}: the credential is not a valid header value"),
+            });
+        }
+    };
     let sent = match json_body {
         None => {
             let mut r = agent.get(url).config().timeout_global(timeout).build();

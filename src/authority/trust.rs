@@ -249,6 +249,17 @@ impl ClientTrust {
             .map(|t| format!("Bearer {}", t.expose()))
     }
 
+    /// The flag of the credential this trust would send, if any.
+    pub fn credential_flag(&self) -> Option<&'static str> {
+        if self.bearer.is_some() {
+            Some("--auth-token-file")
+        } else if self.etcd.is_some() {
+            Some("--etcd-password-file")
+        } else {
+            None
+        }
+    }
+
     pub fn etcd_login(&self) -> Option<&EtcdLogin> {
         self.etcd.as_ref()
     }
@@ -344,17 +355,94 @@ fn system_roots() -> RootCerts {
 /// `url` with any `user:password@` (or `user@`) part of its authority
 /// section removed, for every place a URL is shown or passed on.
 /// Handles `scheme://[userinfo@]host…` and etcd's `h:p,h:p` lists.
+///
+/// Parsed, not matched: the authority is what follows the *last* `@`
+/// behind which a well-formed host list starts (host names, IPv4 or
+/// bracketed IPv6 literals, optional `:port`, comma-separated), ending at
+/// the URL's end or at `/`, `?` or `#`. Everything between `://` and that
+/// `@` is userinfo, whatever it holds: a password with `/`, `?`, `#` or
+/// `@` in it is removed whole, never cut where such a character happens
+/// to be. Erring that way is deliberate: a path holding `@host` is shown
+/// without what precedes it, a secret is never shown.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (hosts, tail) = rest.split_at(end);
-    let hosts: Vec<&str> = hosts
-        .split(',')
-        .map(|h| h.rsplit_once('@').map_or(h, |(_, host)| host))
-        .collect();
-    format!("{scheme}://{}{tail}", hosts.join(","))
+    let start = rest
+        .rmatch_indices('@')
+        .map(|(i, _)| i + 1)
+        .find(|&i| host_list_at(&rest[i..]));
+    match start {
+        Some(i) => format!("{scheme}://{}", &rest[i..]),
+        None => url.to_string(),
+    }
+}
+
+/// Whether `s` starts with a well-formed `host[:port][,host[:port]…]`
+/// followed by its end, `/`, `?` or `#`.
+fn host_list_at(s: &str) -> bool {
+    let end = s.find(['/', '?', '#']).unwrap_or(s.len());
+    let hosts = &s[..end];
+    !hosts.is_empty() && hosts.split(',').all(host_port)
+}
+
+/// `name[:port]`, `a.b.c.d[:port]` or `[v6][:port]`.
+fn host_port(s: &str) -> bool {
+    let (host, port) = if let Some(v6) = s.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return false;
+        };
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return false;
+        }
+        match after {
+            "" => return true,
+            p => match p.strip_prefix(':') {
+                Some(port) => ("v6", Some(port)),
+                None => return false,
+            },
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
+}
+
+/// Whether `host` (as written in a URL: a name, an IPv4 literal or a
+/// bracketed IPv6 literal, without the port) is this machine's loopback.
+pub fn is_loopback_host(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    bare.parse::<std::net::IpAddr>().is_ok_and(|ip| match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    })
+}
+
+/// The host of a `host:port` or `[v6]:port` endpoint.
+pub fn endpoint_host(endpoint: &str) -> &str {
+    if endpoint.starts_with('[') {
+        return endpoint
+            .split_once(']')
+            .map_or(endpoint, |(h, _)| &endpoint[..=h.len()]);
+    }
+    endpoint.rsplit_once(':').map_or(endpoint, |(h, _)| h)
 }
 
 /// Whether a URL carries a `user[:password]@` part.
@@ -379,7 +467,27 @@ mod tests {
         assert_eq!(redact_url("http://h:1"), "http://h:1".to_string());
         assert_eq!(redact_url("sqlite:/x@y"), "sqlite:/x@y".to_string());
         assert!(has_userinfo("http://a@b:1"));
-        assert!(!has_userinfo("http://b:1/@x"));
+        assert!(!has_userinfo("http://b:1/x"));
+        // Passwords holding the characters that end an authority are
+        // removed whole.
+        for url in [
+            "http://u:pa/ss@h:1/x",
+            "http://u:pa?ss@h:1/x",
+            "http://u:pa#ss@h:1/x",
+            "http://u:p@ss@h:1/x",
+            "http://u:12/34@h:1/x",
+        ] {
+            assert_eq!(redact_url(url), "http://h:1/x", "{url}");
+        }
+        assert_eq!(
+            redact_url("etcd://u:a/b?c@h:1,[::1]:2"),
+            "etcd://h:1,[::1]:2"
+        );
+        assert_eq!(redact_url("https://[::1]:7/"), "https://[::1]:7/");
+        assert!(is_loopback_host("127.0.0.9") && is_loopback_host("[::1]"));
+        assert!(is_loopback_host("LOCALHOST") && !is_loopback_host("10.0.0.1"));
+        assert_eq!(endpoint_host("[::1]:2379"), "[::1]");
+        assert_eq!(endpoint_host("h:2379"), "h");
     }
 
     #[test]

@@ -183,6 +183,14 @@ impl Authority for Checked {
         })
     }
 
+    fn release_keeps_connection(&self) -> bool {
+        self.inner.release_keeps_connection()
+    }
+
+    fn after_renewal(&mut self) {
+        self.inner.after_renewal()
+    }
+
     fn release(
         &mut self,
         lease: &LeaseRef,
@@ -244,6 +252,14 @@ impl Authority for Checked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_embedded_authority_keeps_its_connection_through_the_checks() {
+        let d = tempfile::tempdir().unwrap();
+        let inner = crate::authority::embedded::EmbeddedAuthority::new(d.path().join("l.db"));
+        let checked = Checked::new(Box::new(inner));
+        assert!(checked.release_keeps_connection());
+    }
 
     #[test]
     fn escape_leaves_one_harmless_line() {

@@ -75,9 +75,13 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
         )
         .env("LEASEAGENT_TASK"),
-        Flag::value("ttl", "DUR", "Lease duration asked for").default_value("30s"),
-        Flag::value("heartbeat", "DUR", "Renewal interval; must be below --ttl")
-            .default_note("ttl/3"),
+        Flag::value("ttl", "DUR", "Lease duration asked for (1s to 24h)").default_value("30s"),
+        Flag::value(
+            "heartbeat",
+            "DUR",
+            "Renewal interval: at least 100ms, with room for a retry before the\ncommand's SIGTERM at ttl - grace",
+        )
+        .default_note("ttl/3"),
         Flag::value(
             "grace",
             "DUR",
@@ -114,6 +118,13 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             "Clock-rate difference budgeted between this host and the authority:\nthe deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
         )
         .default_value("1000"),
+        Flag::value(
+            "renew-priority",
+            "DSCP,PRIO",
+            "How renewal packets are marked, so that a host or link that honours\npriority sends them ahead of the command's own traffic: DSCP (0-63,\ncs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN),\nor off",
+        )
+        .env("LEASEAGENT_RENEW_PRIORITY")
+        .default_value(crate::authority::netpath::DEFAULT_MARKS),
         Flag::switch(
             "remap-exit",
             "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
@@ -205,7 +216,7 @@ pub static SERVE: CommandDef = CommandDef {
             Flag::value(
                 "max-connections-per-peer",
                 "N",
-                "Most open connections from one IP address; past this, as above",
+                "Most open connections from one IP address; past this, closed at once (before TLS)",
             )
             .default_value("1024"),
             Flag::value(
@@ -213,7 +224,14 @@ pub static SERVE: CommandDef = CommandDef {
                 "N",
                 "Most live leases overall; past this, acquires get 503 unavailable",
             )
-            .default_note("no limit"),
+            .default_value("100000"),
+            Flag::value(
+                "max-leases-per-principal",
+                "N",
+                "Most live leases of one principal without `max_leases` in the auth file (all \
+                 clients are one principal without an auth file); past this, 429",
+            )
+            .default_value("25000"),
             Flag::value(
                 "history-max-age",
                 "DUR",

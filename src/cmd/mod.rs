@@ -127,6 +127,7 @@ fn raw_run(m: &mut Matches) -> Result<RawRun, UsageError> {
         wait: m.parse_optional("wait", dur)?,
         clock_drift_ppm: m.parse("clock-drift", ppm)?,
         remap_exit: m.switch("remap-exit"),
+        renew_marks: m.get("renew-priority", crate::authority::netpath::parse_marks)?,
         command: m.take_trailing(),
         trust: trust(m),
     })
@@ -174,7 +175,8 @@ fn serve(m: &mut Matches) -> Result<Command, UsageError> {
         insecure_listen: m.switch("insecure-listen"),
         max_connections: m.get("max-connections", number)?,
         max_connections_per_peer: m.get("max-connections-per-peer", number)?,
-        max_leases: m.parse("max-leases", number)?,
+        max_leases: Some(m.get("max-leases", number)?),
+        max_leases_per_principal: m.get("max-leases-per-principal", number)?,
         history: crate::engine::history::Bounds {
             max_age: m.get("history-max-age", dur)?,
             max_rows: m.get("history-max-rows", number)?,
@@ -565,6 +567,8 @@ mod tests {
         assert_eq!(a.db, std::path::PathBuf::from("x.db"));
         assert_eq!(a.max_connections, 16384);
         assert_eq!(a.max_connections_per_peer, 1024);
+        assert_eq!(a.max_leases, Some(100_000));
+        assert_eq!(a.max_leases_per_principal, 25_000);
         assert!(a.tls_cert.is_none() && !a.insecure_listen);
         let argv = [
             "serve",

@@ -130,7 +130,8 @@ struct Change {
 }
 
 enum Job {
-    Write(Change, Option<Ack>),
+    /// Boxed: a row is a few hundred bytes, and the queue holds many jobs.
+    Write(Box<Change>, Option<Ack>),
     Stop,
 }
 
@@ -885,7 +886,7 @@ fn queue(
         row: row.cloned(),
         hist,
     };
-    if jobs.send(Job::Write(change, ack)).is_err() {
+    if jobs.send(Job::Write(Box::new(change), ack)).is_err() {
         failed.store(true, Ordering::Relaxed);
     }
     rx
@@ -1006,7 +1007,7 @@ fn writer_loop(
         let rows: Vec<&Change> = batch
             .iter()
             .filter_map(|j| match j {
-                Job::Write(r, _) => Some(r),
+                Job::Write(r, _) => Some(r.as_ref()),
                 Job::Stop => None,
             })
             .collect();

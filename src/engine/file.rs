@@ -3,8 +3,7 @@
 //!
 //! Every call is one immediate transaction (`BEGIN IMMEDIATE`, through
 //! rusqlite's `Transaction`): read the task's row, apply the rule from
-//! [`super::rules`], write it back, commit (fsync'd, WAL with
-//! `synchronous=FULL`). SQLite's write lock serialises agents, so two
+//! [`super::rules`], write it back, commit. SQLite's write lock serialises agents, so two
 //! processes racing for a free task cannot both see it free: exactly one
 //! grant. Processes take turns at the write lock through [`super::gate`], so
 //! a peer that commits in a tight loop cannot starve the others (a turn is
@@ -21,12 +20,37 @@
 //! "Now" is read before waiting for the lock, so lock waits only make a
 //! renewal's new expiry earlier and a lease look more alive to an acquirer:
 //! both are the safe direction.
+//!
+//! Durability (the reasoning is in docs/design.md, "The embedded
+//! authority's file"): the connection runs with `synchronous=NORMAL`, so a
+//! commit writes its WAL frames to the page cache and returns. After a
+//! grant, a revoke or a clear commits, the engine `fdatasync`s the WAL file
+//! itself before the call answers, so a token is never answered before the
+//! sequence that rules out its reuse is on disk. (Not `synchronous=FULL`:
+//! that also fsyncs the directory on each connection's first sync, a second
+//! device flush per run; SQLite still syncs the WAL header, with the
+//! directory, whenever it starts a new or emptied WAL, which is when the
+//! directory entry can be new.) Renewals and releases are not synced: a
+//! process crash loses nothing the page cache holds, and after a power loss
+//! every lease of the previous boot has expired anyway (the boot id
+//! changed). WAL frames are appended in commit order and an fdatasync
+//! covers every frame written before it, so whatever survives a power loss
+//! is a prefix of the history that contains every answered grant.
+//!
+//! Size: nothing checkpoints on close or inside a call. After a release (and
+//! after a renewal has been reported, see [`SharedEngine::tidy`]) the WAL is
+//! checkpointed and truncated once it passes a small bound, without waiting
+//! for anyone: a busy database just leaves it to the next process. A first
+//! opener rebuilds the WAL index by reading the whole WAL, so a bounded WAL
+//! is what keeps start-up from growing with the host's history.
 
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rustix::fs::{Mode, OFlags};
 
 use crate::lease::LeaseInfo;
 
@@ -41,7 +65,82 @@ pub struct SharedEngine {
     conn: Connection,
     gate: Gate,
     boot_id: String,
+    wal: Wal,
 }
+
+/// How durable a commit is when the call answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// The WAL is fdatasync'd after the commit, before the call answers:
+    /// grants and operator calls.
+    Synced,
+    /// Written to the page cache only: renewals and releases.
+    Cached,
+}
+
+/// The database's WAL file, as the engine syncs and measures it.
+struct Wal {
+    path: PathBuf,
+    /// Opened at the first sync (SQLite creates the file on the first
+    /// read). SQLite never deletes the WAL while a connection is open (the
+    /// last one to close would, after a checkpoint, which this engine
+    /// never does on close), so the descriptor names the file SQLite
+    /// writes; one whose file was unlinked anyway is replaced.
+    fd: Option<OwnedFd>,
+    /// How many syncs were made (for the tests).
+    syncs: u64,
+}
+
+impl Wal {
+    /// Makes every frame written so far durable.
+    fn sync(&mut self) -> Result<(), StoreError> {
+        let err = |source: rustix::io::Errno| StoreError::SyncWal {
+            path: self.path.clone(),
+            source: source.into(),
+        };
+        let stale = match &self.fd {
+            Some(fd) => rustix::fs::fstat(fd).map_err(err)?.st_nlink == 0,
+            None => true,
+        };
+        if stale {
+            let fd = rustix::fs::open(
+                &self.path,
+                OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(err)?;
+            self.fd = Some(fd);
+        }
+        if let Some(fd) = &self.fd {
+            rustix::fs::fdatasync(fd).map_err(err)?;
+        }
+        self.syncs += 1;
+        Ok(())
+    }
+}
+
+/// What [`SharedEngine::tidy`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tidied {
+    /// The WAL was within the bound: nothing to do.
+    Small,
+    /// Checkpointed and truncated to zero bytes.
+    Truncated,
+    /// Another process was reading, writing or checkpointing: left for later.
+    Busy,
+}
+
+/// Checkpoint after a release once the WAL is larger than this. Each run
+/// (a grant and a release) adds one or two 4 KiB pages, so this is a
+/// checkpoint about every fifty runs, and a first opener reads at most
+/// this much to rebuild the WAL index.
+pub const TIDY_AFTER_RELEASE: u64 = 256 * 1024;
+
+/// Checkpoint after a renewal once the WAL is larger than this: a lone
+/// long job adds one page per renewal, so with a 10 s heartbeat its
+/// heartbeat thread checkpoints about every 40 minutes (other runs'
+/// releases usually do it first).
+pub const TIDY_AFTER_RENEWAL: u64 = 1024 * 1024;
 
 /// Calls `f` again while it fails because the database was busy, until
 /// `deadline`.
@@ -99,9 +198,9 @@ impl SharedEngine {
         // No checkpoint when a connection closes: every agent closes two
         // (its own and its heartbeat thread's) at the end of every run, and
         // each last close copied the WAL into the file with two more fsyncs
-        // while the other connection waited for the lock. Commits are
-        // durable in the WAL already (synchronous=FULL); SQLite's automatic
-        // checkpoint (every 1,000 WAL pages) keeps the WAL bounded.
+        // while the other connection waited for the lock. The WAL is kept
+        // small by `tidy` instead; SQLite's automatic checkpoint (1,000
+        // pages) stays as a backstop that `tidy` keeps from ever running.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
             .ctx("keeping checkpoints off close")?;
         let gate = Gate::open(path).map_err(StoreError::from)?;
@@ -120,11 +219,55 @@ impl SharedEngine {
                 Ok(())
             })
         })?;
+        // `store::set_modes` set FULL (serve's setting); here the engine
+        // syncs the WAL itself where it must (`Durability`).
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .ctx("setting synchronous=NORMAL")?;
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
         Ok(SharedEngine {
             conn,
             gate,
             boot_id,
+            wal: Wal {
+                path: PathBuf::from(wal),
+                fd: None,
+                syncs: 0,
+            },
         })
+    }
+
+    /// Checkpoints the WAL into the database and truncates it, if it is
+    /// larger than `bound` bytes. Never waits: the busy handler is off, so
+    /// a peer that is writing, reading an old snapshot or checkpointing
+    /// makes this a no-op (`Busy`), and whoever comes next tries again.
+    ///
+    /// Two steps: a PASSIVE checkpoint copies the pages and does the fsyncs
+    /// without the write lock (peers keep committing meanwhile); then
+    /// TRUNCATE, which takes the write lock only to copy what was committed
+    /// since (usually nothing) and cut the file to zero bytes.
+    pub fn tidy(&mut self, bound: u64) -> Tidied {
+        let big = std::fs::metadata(&self.wal.path).is_ok_and(|m| m.len() > bound);
+        if !big {
+            return Tidied::Small;
+        }
+        let conn = &self.conn;
+        let checkpoint = |mode: &str| -> rusqlite::Result<bool> {
+            conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                Ok(r.get::<_, i64>(0)? == 0 && r.get::<_, i64>(1)? == r.get::<_, i64>(2)?)
+            })
+        };
+        let done = gate::with_deadline(Instant::now(), || {
+            Ok::<_, rusqlite::Error>(checkpoint("PASSIVE")? && checkpoint("TRUNCATE")?)
+        });
+        match done {
+            Ok(true) => Tidied::Truncated,
+            Ok(false) => Tidied::Busy,
+            Err(e) => {
+                log::debug!("checkpointing {}: {e}", self.wal.path.display());
+                Tidied::Busy
+            }
+        }
     }
 
     /// Runs `f` on the task's row inside one immediate transaction; the row
@@ -138,6 +281,7 @@ impl SharedEngine {
         now: u64,
         cause: Cause,
         timeout: Duration,
+        durability: Durability,
         mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
     ) -> Result<T, EngineError> {
         let deadline = deadline_in(timeout);
@@ -145,6 +289,7 @@ impl SharedEngine {
             conn,
             gate,
             boot_id,
+            wal,
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
@@ -164,6 +309,9 @@ impl SharedEngine {
                         history::apply(&tx, &op, history::DEFAULT_BOUNDS)?;
                     }
                     tx.commit().ctx("committing")?;
+                    if durability == Durability::Synced {
+                        wal.sync()?;
+                    }
                 }
                 out
             })
@@ -178,28 +326,35 @@ impl SharedEngine {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
-        self.with_row(&spec.task, now, Cause::Acquire, timeout, |row, tx| {
-            let token = store::last_issued(tx)?
-                .checked_add(1)
-                .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
-            row.acquire(
-                spec,
-                now,
-                NewLease {
-                    token,
-                    key: key.clone(),
-                },
-            )?;
-            store::set_last_issued(tx, token)?;
-            Ok((
-                Granted {
-                    lease_id: lease_id(&key, &spec.task),
-                    token,
-                    ttl_ms: spec.ttl_ms,
-                },
-                true,
-            ))
-        })
+        self.with_row(
+            &spec.task,
+            now,
+            Cause::Acquire,
+            timeout,
+            Durability::Synced,
+            |row, tx| {
+                let token = store::last_issued(tx)?
+                    .checked_add(1)
+                    .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
+                row.acquire(
+                    spec,
+                    now,
+                    NewLease {
+                        token,
+                        key: key.clone(),
+                    },
+                )?;
+                store::set_last_issued(tx, token)?;
+                Ok((
+                    Granted {
+                        lease_id: lease_id(&key, &spec.task),
+                        token,
+                        ttl_ms: spec.ttl_ms,
+                    },
+                    true,
+                ))
+            },
+        )
     }
 
     /// Renews for `principal` (the embedded authority has none: `""`).
@@ -212,9 +367,14 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         let now = now_ms();
         let (key, task) = task_of(id)?;
-        self.with_row(task, now, Cause::Renew, timeout, |row, _| {
-            Ok((row.renew(key, token, principal, now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Renew,
+            timeout,
+            Durability::Cached,
+            |row, _| Ok((row.renew(key, token, principal, now)?, true)),
+        )
     }
 
     /// Releases without a report of how the run went (see
@@ -243,7 +403,7 @@ impl SharedEngine {
         let now = now_ms();
         let (key, task) = task_of(id)?;
         let cause = Cause::Release(outcome, exit_code);
-        self.with_row(task, now, cause, timeout, |row, _| {
+        self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
             row.release(key, token, principal, now)?;
             Ok(((), true))
         })
@@ -257,17 +417,27 @@ impl SharedEngine {
     ) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, Cause::Revoke, timeout, |row, _| {
-            Ok((row.revoke(force, now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Revoke,
+            timeout,
+            Durability::Synced,
+            |row, _| Ok((row.revoke(force, now)?, true)),
+        )
     }
 
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
         super::validate_task(task).map_err(EngineError::BadRequest)?;
         let now = now_ms();
-        self.with_row(task, now, Cause::Clear, timeout, |row, _| {
-            Ok((row.clear(now)?, true))
-        })
+        self.with_row(
+            task,
+            now,
+            Cause::Clear,
+            timeout,
+            Durability::Synced,
+            |row, _| Ok((row.clear(now)?, true)),
+        )
     }
 
     /// Up to `limit` rows' worth of leases after task `after`, in task
@@ -471,6 +641,84 @@ mod tests {
             e.renew(&g.lease_id, g.token, "alice", T),
             Err(EngineError::Refused(RefusalReason::UnknownLease))
         ));
+    }
+
+    #[test]
+    fn grants_and_operator_calls_are_synced_renewals_and_releases_are_not() {
+        let d = tempfile::tempdir().unwrap();
+        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let synchronous: i64 = e
+            .conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!(synchronous, 1, "NORMAL: the engine syncs where it must");
+        let mut long = spec("f", ExpiryPolicy::Redispatch);
+        long.ttl_ms = 60_000;
+        let g = e.acquire(&long, T).unwrap();
+        assert_eq!(e.wal.syncs, 1, "a grant");
+        let syncs = e.wal.syncs;
+        e.renew(&g.lease_id, g.token, "", T).unwrap();
+        assert_eq!(e.wal.syncs, syncs, "a renewal");
+        e.revoke("f", false, T).unwrap();
+        assert_eq!(e.wal.syncs, syncs + 1, "a revoke");
+        let g2 = e.acquire(&spec("g", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(e.wal.syncs, syncs + 2, "a grant");
+        e.release(&g2.lease_id, g2.token, "", T).unwrap();
+        assert_eq!(e.wal.syncs, syncs + 2, "a release");
+        // A refused acquire writes nothing and syncs nothing.
+        assert!(e.acquire(&long, T).is_err());
+        assert_eq!(e.wal.syncs, syncs + 2, "a refusal");
+    }
+
+    fn wal_len(db: &Path) -> u64 {
+        let mut wal = db.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::metadata(PathBuf::from(wal)).map_or(0, |m| m.len())
+    }
+
+    #[test]
+    fn tidy_truncates_a_large_wal_and_never_waits_for_a_peer() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let churn = |e: &mut SharedEngine, n: usize| -> u64 {
+            let mut last = 0;
+            for _ in 0..n {
+                let g = e.acquire(&spec("w", ExpiryPolicy::Redispatch), T).unwrap();
+                assert!(g.token > last);
+                last = g.token;
+                e.release(&g.lease_id, g.token, "", T).unwrap();
+            }
+            last
+        };
+        churn(&mut e, 5);
+        assert!(wal_len(&db) < TIDY_AFTER_RELEASE);
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Small);
+        churn(&mut e, 100);
+        assert!(wal_len(&db) > TIDY_AFTER_RELEASE, "{}", wal_len(&db));
+
+        // A reader on an old snapshot: the pages after it cannot be copied.
+        let peer = Connection::open(&db).unwrap();
+        peer.execute_batch("BEGIN; SELECT COUNT(*) FROM seq;")
+            .unwrap();
+        churn(&mut e, 1);
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Busy);
+        peer.execute_batch("COMMIT").unwrap();
+        // A writer in its transaction: the truncation would need its lock.
+        peer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Busy);
+        peer.execute_batch("COMMIT").unwrap();
+
+        assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Truncated);
+        assert_eq!(wal_len(&db), 0);
+        // Nothing was lost: the sequence goes on from where it was.
+        let last = store::last_issued(&peer).unwrap();
+        assert_eq!(last, 106);
+        assert!(churn(&mut e, 1) > last);
+        let ok: String = peer
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(ok, "ok");
     }
 
     #[test]

@@ -108,8 +108,14 @@ impl Gate {
         let mut name = db.as_os_str().to_owned();
         name.push("-gate");
         let path = PathBuf::from(name);
+        // Through the database's checked directory, as SQLite opens it.
+        let via = crate::sys::sqlite_at::path_for(db).map(|v| {
+            let mut n = v.into_os_string();
+            n.push("-gate");
+            PathBuf::from(n)
+        });
         let fd: OwnedFd = rustix::fs::open(
-            &path,
+            via.as_deref().unwrap_or(&path),
             OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::from_raw_mode(0o600),
         )

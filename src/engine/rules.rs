@@ -51,6 +51,9 @@ pub struct TaskRow {
     /// The last lease that ended early (forced revoke, cleared hold) and the
     /// refusal its holder's renewal now gets.
     pub ended: Option<(u64, RefusalReason)>,
+    /// The principal whose lease `ended` is: only it is told why (see
+    /// [`TaskRow::owned`]).
+    pub ended_by: String,
 }
 
 /// Where a lease stands at a given instant.
@@ -170,6 +173,7 @@ impl TaskRow {
             last_token: 0,
             lease: None,
             ended: None,
+            ended_by: String::new(),
         }
     }
 
@@ -241,8 +245,21 @@ impl TaskRow {
     }
 
     /// The current lease if `key` and `token` name it and `principal` owns it.
+    ///
+    /// No oracle: an id that is not the current lease's tells the caller
+    /// why (`superseded`, `revoked`, ...) only if the task's current lease
+    /// is the caller's principal's own; anyone else gets `unknown_lease`,
+    /// the same answer as for a task that does not exist, so a forged id
+    /// reveals neither the task nor its token. (Without principals, every
+    /// caller is `""` and keeps the detailed answer.)
     fn owned(&mut self, key: &str, token: u64, principal: &str) -> Result<&mut Lease, EngineError> {
         let gone = self.gone(token);
+        let mine = match (&self.lease, &self.ended) {
+            (_, Some((t, _))) if *t == token => self.ended_by == principal,
+            (Some(l), _) => l.principal == principal,
+            (None, Some(_)) => self.ended_by == principal,
+            (None, None) => principal.is_empty(),
+        };
         match &mut self.lease {
             Some(l) if l.token == token && !l.key.is_empty() && l.key == key => {
                 if l.principal == principal {
@@ -253,7 +270,8 @@ impl TaskRow {
                     })
                 }
             }
-            _ => Err(EngineError::Refused(gone)),
+            _ if mine => Err(EngineError::Refused(gone)),
+            _ => Err(EngineError::Refused(RefusalReason::UnknownLease)),
         }
     }
 
@@ -316,6 +334,7 @@ impl TaskRow {
         }
         self.lease = None;
         self.ended = None;
+        self.ended_by.clear();
         Ok(())
     }
 
@@ -344,6 +363,7 @@ impl TaskRow {
         }
         let token = l.token;
         if force {
+            self.ended_by = std::mem::take(&mut l.principal);
             self.lease = None;
             self.ended = Some((token, RefusalReason::Revoked));
         } else {
@@ -357,6 +377,7 @@ impl TaskRow {
         match &self.lease {
             Some(l) if l.phase(now_ms) == Phase::Held => {
                 let token = l.token;
+                self.ended_by = l.principal.clone();
                 self.lease = None;
                 self.ended = Some((token, RefusalReason::Expired));
                 Ok(token)
@@ -422,6 +443,36 @@ mod tests {
             },
         )?;
         Ok((key, token))
+    }
+
+    #[test]
+    fn a_forged_id_tells_another_principal_nothing() {
+        let refused = |r: Result<u64, EngineError>| match r {
+            Err(EngineError::Refused(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        let mut r = TaskRow::new("t");
+        let (k1, t1) = grant(&mut r, ExpiryPolicy::Redispatch, 0).unwrap();
+        let (_, t2) = grant(&mut r, ExpiryPolicy::Redispatch, 2000).unwrap();
+        // The owner ("p") learns its lease was superseded; anyone else,
+        // whatever token it tries, gets what a missing task gives.
+        assert_eq!(
+            refused(r.renew(&k1, t1, "p", 2001)),
+            RefusalReason::Superseded
+        );
+        for token in [t1, t2, t2 + 1, 0] {
+            assert_eq!(
+                refused(r.renew(&k1, token, "mallory", 2001)),
+                RefusalReason::UnknownLease
+            );
+        }
+        // A forced revoke: its holder is told, nobody else.
+        r.revoke(true, 2001).unwrap();
+        assert_eq!(refused(r.renew(&k1, t2, "p", 2002)), RefusalReason::Revoked);
+        assert_eq!(
+            refused(r.renew(&k1, t2, "mallory", 2002)),
+            RefusalReason::UnknownLease
+        );
     }
 
     #[test]

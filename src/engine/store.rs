@@ -11,7 +11,8 @@
 //!
 //! The file is in WAL mode with `synchronous=FULL`: each commit fsyncs the
 //! WAL before returning, which is the durability the protocol demands of a
-//! grant. `expires_ms`/`boot_id` are only meaningful to the embedded engine
+//! grant (the embedded engine runs at `NORMAL` and fdatasyncs the WAL
+//! itself after the commits that must be durable; see `file`). `expires_ms`/`boot_id` are only meaningful to the embedded engine
 //! (serve keeps expiry in memory and writes NULL there); `held` records that
 //! a lease expired under policy hold, so the state survives a restart.
 //!
@@ -65,6 +66,12 @@ pub enum StoreError {
     Random(#[source] std::io::Error),
     #[error("lease database: an earlier commit failed; restart the server")]
     Failed,
+    #[error("lease database: syncing {path}")]
+    SyncWal {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl StoreError {
@@ -124,6 +131,16 @@ const ADDED: [(&str, &str); 3] = [
 /// `synchronous=FULL`. The busy handler is the caller's to set; the schema
 /// is created or brought up to date by [`ensure_schema`].
 pub fn connect(path: &Path) -> Result<Connection, StoreError> {
+    // A database whose directory was checked on a descriptor is opened
+    // through that descriptor (`sys::sqlite_at`), never by name again.
+    if let Some(via) = crate::sys::sqlite_at::path_for(path) {
+        return Connection::open_with_flags_and_vfs(
+            via,
+            rusqlite::OpenFlags::default(),
+            crate::sys::sqlite_at::VFS,
+        )
+        .ctx("opening the file");
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             path: dir.to_path_buf(),
@@ -149,19 +166,43 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         .ctx("setting synchronous=FULL")
 }
 
-/// True when the file already has this version's schema (a read: no write
-/// lock needed, so a process that opens a current file does not queue for
-/// it).
+/// The schema's version, stored in the file's `user_version` by
+/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], the history's
+/// schema and [`ADDED`], so any change to them is a new version without
+/// anyone having to bump a number (everything `ensure_schema` creates must
+/// be in those).
+const SCHEMA_VERSION: i64 = {
+    // FNV-1a, 31 bits (user_version is a signed 32-bit integer; 0 is a
+    // file that never had a schema).
+    let mut h: u32 = 0x811c_9dc5;
+    let mut parts: [&[u8]; 2 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 2 + 2 * ADDED.len()];
+    parts[1] = super::history::SCHEMA.as_bytes();
+    let mut i = 0;
+    while i < ADDED.len() {
+        parts[2 + 2 * i] = ADDED[i].0.as_bytes();
+        parts[3 + 2 * i] = ADDED[i].1.as_bytes();
+        i += 1;
+    }
+    let mut p = 0;
+    while p < parts.len() {
+        let mut b = 0;
+        while b < parts[p].len() {
+            h = (h ^ parts[p][b] as u32).wrapping_mul(0x0100_0193);
+            b += 1;
+        }
+        p += 1;
+    }
+    ((h & 0x7fff_ffff) | 1) as i64
+};
+
+/// True when the file already has this version's schema: one read of the
+/// file header (no write lock needed, so a process that opens a current
+/// file does not queue for it, and no table is inspected).
 pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
-    let n: i64 = conn
-        .query_row(
-            "SELECT (SELECT COUNT(*) FROM pragma_table_info('tasks') WHERE name IN ('principal', 'lease_key', 'held'))
-                  + (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('seq', 'meta', 'history'))",
-            [],
-            |r| r.get(0),
-        )
-        .ctx("reading the schema")?;
-    Ok(n == 6)
+    let v: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .ctx("reading the schema version")?;
+    Ok(v == SCHEMA_VERSION)
 }
 
 /// Creates the tables, adds columns missing from an older file, and starts
@@ -194,6 +235,8 @@ pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
         [],
     )
     .ctx("starting the token sequence")?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .ctx("recording the schema version")?;
     Ok(())
 }
 
@@ -358,10 +401,16 @@ fn check(raw: RawRow) -> Result<Stored, StoreError> {
         }
     };
     let boot_id = c.opt_text(8, "boot_id")?;
+    let ended_by = if lease.is_none() && ended.is_some() {
+        c.opt_text(12, "principal")?.unwrap_or_default()
+    } else {
+        String::new()
+    };
     Ok(Stored {
         row: TaskRow {
             task: c.task,
             last_token,
+            ended_by,
             lease,
             ended,
         },
@@ -458,7 +507,10 @@ pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(
         i64::from(l.is_some_and(|l| l.revoked)),
         opt(row.ended.map(|e| e.0))?,
         row.ended.map(|e| e.1.as_str()),
-        l.map(|l| l.principal.as_str()),
+        // Without a lease, the column names whose early end `ended` is.
+        l.map_or(row.ended.map(|_| row.ended_by.as_str()), |l| Some(
+            l.principal.as_str()
+        )),
         l.map(|l| l.key.as_str()),
         i64::from(l.is_some_and(|l| l.held)),
     ];

@@ -150,6 +150,8 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     name_self(&mut out);
+    // The agent logged whether memory could be locked; the same holds here.
+    let _ = crate::sys::memory::protect(false);
     let timer = match deadline_timer() {
         Ok(t) => t,
         Err(e) => {
@@ -337,7 +339,10 @@ fn spawn_job(
             )));
         }
     }
-    let spawned = Command::new(program).args(rest).process_group(0).spawn();
+    let mut job = Command::new(program);
+    job.args(rest).process_group(0);
+    crate::sys::priority::oom_score_adj_on_exec(&mut job, crate::sys::memory::job_oom_score_adj());
+    let spawned = job.spawn();
     if let Some(cg) = cgroup {
         if let Err(e) = cg.leave() {
             // We are inside the job's cgroup: cgroup.kill would kill us too.

@@ -23,6 +23,8 @@ pub struct Api {
     pub latency: Latency,
     pub auth: Arc<Auth>,
     pub conns: Arc<super::http::ConnStats>,
+    /// The cap on a principal's live leases when its entry sets none.
+    pub default_max_leases: u64,
     /// The status page (`GET /`) and its per-minute figures.
     pub status: Arc<super::status::Status>,
 }
@@ -172,7 +174,7 @@ impl Api {
         let spec = AcquireSpec {
             task,
             principal: who.name.clone(),
-            max_leases: who.max_leases,
+            max_leases: Some(who.max_leases.unwrap_or(self.default_max_leases)),
             holder,
             ttl_ms,
             policy,
@@ -182,17 +184,26 @@ impl Api {
         Ok(Commit::Grant(q, spec.task))
     }
 
-    fn lease_ref(o: &Obj) -> Result<(String, u64), Response> {
+    /// The lease id and token of a renewal or release, checked against the
+    /// caller's scope as it is now (a reload may have narrowed it since
+    /// the acquire): a task outside it is 403, whether or not it exists.
+    fn lease_ref(o: &Obj, who: &Principal) -> Result<(String, u64), Response> {
         let id = req_str(o, "lease_id")?.to_string();
         if id.is_empty() || id.len() > 512 {
             return Err(bad("`lease_id` must be 1 to 512 bytes"));
         }
-        Ok((id, req_u64(o, "token")?))
+        let token = req_u64(o, "token")?;
+        if let Some((_, task)) = crate::engine::rules::parse_lease_id(&id) {
+            if !who.covers(task) {
+                return Err(forbidden());
+            }
+        }
+        Ok((id, token))
     }
 
     fn renew(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
         let o = object(body)?;
-        let (id, token) = Self::lease_ref(&o)?;
+        let (id, token) = Self::lease_ref(&o, who)?;
         let ttl = self
             .engine
             .renew(&id, token, &who.name)
@@ -202,7 +213,7 @@ impl Api {
 
     fn release(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
-        let (id, token) = Self::lease_ref(&o)?;
+        let (id, token) = Self::lease_ref(&o, who)?;
         let outcome = req_str(&o, "outcome")?;
         let Some(outcome) = Outcome::parse(outcome) else {
             return Err(bad(format!(
@@ -376,8 +387,14 @@ impl Api {
                 status: 200,
                 content_type: "text/plain; version=0.0.4",
                 headers: Vec::new(),
-                body: metrics::render(&api.engine, &api.latency, &api.conns, &|t| who.covers(t))
-                    .into_bytes(),
+                body: metrics::render(
+                    &api.engine,
+                    &api.latency,
+                    &api.conns,
+                    &api.auth.stats,
+                    &|t| who.covers(t),
+                )
+                .into_bytes(),
             })),
         }
     }
@@ -401,23 +418,32 @@ impl Api {
                 _ => return bad(format!("unknown query parameter `{k}`")),
             }
         }
-        // One engine page (bounded work under the engine lock), filtered to
-        // the caller's scope: a page may hold fewer than `limit` leases;
-        // `next_after` says where to go on.
-        let page = self.engine.leases_page(after.as_deref(), limit);
-        let leases: Vec<LeaseInfo> = page
-            .leases
-            .into_iter()
-            .filter(|l| who.covers(&l.task))
-            .map(|mut l| {
+        // Engine pages (each bounded work under the engine lock), filtered
+        // to the caller's scope, until `limit` leases in scope are found or
+        // the leases end. `next_after` is always a task the caller may see
+        // (the last one returned): a name outside its scope never shows.
+        let mut leases: Vec<LeaseInfo> = Vec::new();
+        let mut cursor = after;
+        let more = loop {
+            let page = self.engine.leases_page(cursor.as_deref(), limit);
+            for mut l in page.leases.into_iter().filter(|l| who.covers(&l.task)) {
+                if leases.len() == limit {
+                    break;
+                }
                 l.lease_id.clear();
-                l
-            })
-            .collect();
-        let body = LeasesBody {
-            leases,
-            next_after: page.next_after,
+                leases.push(l);
+            }
+            match page.next_after {
+                Some(next) if leases.len() < limit => cursor = Some(next),
+                next => break next.is_some() || leases.len() == limit,
+            }
         };
+        let next_after = if more {
+            leases.last().map(|l| l.task.clone())
+        } else {
+            None
+        };
+        let body = LeasesBody { leases, next_after };
         match serde_json::to_string(&body) {
             Ok(text) => Response::json(200, text),
             Err(e) => error(

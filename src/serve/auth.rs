@@ -2,17 +2,27 @@
 //! principals, roles and task scopes (`trust.md`).
 //!
 //! - A principal is found by its bearer token (compared by sha256, so the
-//!   file holds no secret) or, with mutual TLS, by a name of its verified
-//!   client certificate (DNS SANs, then CN) equal to `cert_name`.
+//!   file holds no secret) or, with mutual TLS, by the names of its
+//!   verified client certificate (its DNS SANs, or its CN when it has no
+//!   DNS SAN) equal to `cert_name`. A request that two principals match is
+//!   refused (401), never settled by their order in the file: the order of
+//!   entries must not decide who is operator.
 //! - The file is read at start (an error there stops `serve`) and again on
-//!   SIGHUP: a file that fails to load then keeps the old principals and
-//!   logs an error, so a typo never locks the fleet out. Requests read the
-//!   current [`Principals`] through an `Arc` swapped under a lock, so a
-//!   reload drops no connection and no lease.
+//!   SIGHUP: a file that fails to load then keeps the old principals, logs
+//!   an error and counts the failure for `/metrics` ([`AuthStats`]), so a
+//!   typo never locks the fleet out and a failed edit is visible. Requests
+//!   read the current [`Principals`] through an `Arc` swapped under a lock,
+//!   so a reload drops no connection and no lease.
 //! - The file holds hashes, not secrets, but whoever can write it can grant
-//!   themselves any role: a file writable by group or others is refused.
+//!   themselves any role. So it is trusted only if it is safe, checked on
+//!   the descriptor that is read (no window between check and read): a
+//!   regular file reached without following a symlink at its last
+//!   component, owned by root or by the user serve runs as, not writable by
+//!   group or others, in a directory chain no other user can write to
+//!   ([`crate::sys::paths::open_checked_dir`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::Deserialize;
@@ -196,6 +206,14 @@ pub enum AuthFileError {
         mode & 0o7777
     )]
     Loose { path: PathBuf, mode: u32 },
+    #[error(
+        "{}: owned by uid {uid}, not by root or by the user serve runs as (uid {me})",
+        path.display()
+    )]
+    NotOwned { path: PathBuf, uid: u32, me: u32 },
+    /// A symlink, not a regular file, or a directory on its path is not safe.
+    #[error(transparent)]
+    Unsafe(#[from] crate::sys::paths::PathError),
     #[error("{}: {source}", path.display())]
     Parse {
         path: PathBuf,
@@ -253,21 +271,22 @@ impl Principals {
         Ok(Principals { list })
     }
 
-    /// Reads and parses the file, refusing one that others may write.
+    /// Reads and parses the file, refusing one that is not safe (see the
+    /// module doc).
     pub fn load(path: &Path) -> Result<Self, AuthFileError> {
-        use std::os::unix::fs::MetadataExt;
-        let read = |source| AuthFileError::Read {
-            path: path.to_path_buf(),
-            source,
+        use std::io::Read;
+        let text = {
+            let fd = open_safe(path)?;
+            let mut text = String::new();
+            std::fs::File::from(fd)
+                .take(FILE_LIMIT)
+                .read_to_string(&mut text)
+                .map_err(|source| AuthFileError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            text
         };
-        let meta = std::fs::metadata(path).map_err(read)?;
-        if meta.mode() & 0o022 != 0 {
-            return Err(AuthFileError::Loose {
-                path: path.to_path_buf(),
-                mode: meta.mode(),
-            });
-        }
-        let text = std::fs::read_to_string(path).map_err(read)?;
         Principals::parse(&text).map_err(|source| AuthFileError::Parse {
             path: path.to_path_buf(),
             source,
@@ -276,25 +295,37 @@ impl Principals {
 
     /// The principal a request speaks for: by its bearer token if it sends
     /// one (an unknown token is not excused by a certificate), else by the
-    /// client certificate's names.
+    /// client certificate's names. `None` when nobody matches, or when more
+    /// than one principal does (ambiguous: refused, whatever the order).
     pub fn identify(&self, bearer: Option<&str>, cert_names: &[String]) -> Option<&Arc<Principal>> {
+        let mut matches: Vec<&Arc<Principal>> = Vec::with_capacity(1);
         if let Some(tok) = bearer {
             let h = token_hash(tok);
             // Compare every hash fully: no early exit on the first byte.
-            return self.list.iter().find(|p| {
+            matches.extend(self.list.iter().filter(|p| {
                 p.token_sha256.is_some_and(|t| {
                     t.iter()
                         .zip(h.iter())
                         .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                         == 0
                 })
-            });
+            }));
+        } else {
+            matches.extend(self.list.iter().filter(|p| {
+                p.cert_name
+                    .as_deref()
+                    .is_some_and(|c| cert_names.iter().any(|n| n.eq_ignore_ascii_case(c)))
+            }));
         }
-        self.list.iter().find(|p| {
-            p.cert_name
-                .as_deref()
-                .is_some_and(|c| cert_names.iter().any(|n| n.eq_ignore_ascii_case(c)))
-        })
+        match matches.as_slice() {
+            [one] => Some(one),
+            [] => None,
+            many => {
+                let names: Vec<&str> = many.iter().map(|p| p.name.as_str()).collect();
+                log::warn!("a credential matches more than one principal ({names:?}): refused");
+                None
+            }
+        }
     }
 
     #[allow(clippy::len_without_is_empty)]
@@ -307,6 +338,27 @@ impl Principals {
 pub struct Auth {
     path: Option<PathBuf>,
     current: RwLock<Arc<Principals>>,
+    /// Reload figures for `/metrics`.
+    pub stats: AuthStats,
+}
+
+/// What `/metrics` shows about the auth file.
+#[derive(Debug, Default)]
+pub struct AuthStats {
+    /// SIGHUP reloads that failed (the old principals were kept).
+    pub reload_failures: AtomicU64,
+    /// Wall-clock time (Unix seconds) of the last good load; for people
+    /// and alerts only, never for lease arithmetic.
+    pub last_good_load_unix: AtomicU64,
+}
+
+impl AuthStats {
+    fn loaded(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.last_good_load_unix.store(now, Ordering::Relaxed);
+    }
 }
 
 impl Auth {
@@ -315,10 +367,13 @@ impl Auth {
             Some(p) => Principals::load(p)?,
             None => Principals::default(),
         };
-        Ok(Auth {
+        let auth = Auth {
             path,
             current: RwLock::new(Arc::new(current)),
-        })
+            stats: AuthStats::default(),
+        };
+        auth.stats.loaded();
+        Ok(auth)
     }
 
     pub fn enabled(&self) -> bool {
@@ -332,17 +387,20 @@ impl Auth {
             .clone()
     }
 
-    /// Re-reads the file (SIGHUP); on error keeps the old principals.
+    /// Re-reads the file (SIGHUP); on error keeps the old principals (as
+    /// trust.md says) and counts the failure for `/metrics`.
     pub fn reload(&self) {
         let Some(path) = &self.path else { return };
         match Principals::load(path) {
             Ok(p) => {
                 let n = p.len();
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+                self.stats.loaded();
                 log::warn!("auth file reloaded: {n} principal(s)");
                 eprintln!("leaseagent serve: auth file reloaded: {n} principal(s)");
             }
             Err(e) => {
+                self.stats.reload_failures.fetch_add(1, Ordering::Relaxed);
                 log::error!("auth file not reloaded, keeping the old one: {e}");
                 eprintln!(
                     "leaseagent serve: error: auth file not reloaded, keeping the old one: {e}"
@@ -350,6 +408,30 @@ impl Auth {
             }
         }
     }
+}
+
+/// Largest auth file read.
+const FILE_LIMIT: u64 = 4 << 20;
+
+/// Opens the auth file if it is safe (module doc), checked on the open
+/// descriptor.
+fn open_safe(path: &Path) -> Result<std::os::fd::OwnedFd, AuthFileError> {
+    let (fd, st) = crate::sys::paths::open_checked_file(path)?;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(AuthFileError::NotOwned {
+            path: path.to_path_buf(),
+            uid: st.st_uid,
+            me,
+        });
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(AuthFileError::Loose {
+            path: path.to_path_buf(),
+            mode: st.st_mode,
+        });
+    }
+    Ok(fd)
 }
 
 /// `leaseagent token new`: a fresh random bearer token on stdout, its
@@ -405,6 +487,19 @@ mod tests {
         let names = vec!["w1.example.org".to_string()];
         assert_eq!(p.identify(None, &names).unwrap().name, "w");
         assert!(p.identify(None, &[]).is_none());
+        // Two principals match: nobody, whatever the order.
+        let both = format!(
+            "{text}[[principal]]\nname = \"ops\"\nrole = \"operator\"\ncert_name = \"ops\"\ntasks = [\"*\"]\n"
+        );
+        let p2 = Principals::parse(&both).unwrap();
+        let two = vec!["w1.example.org".to_string(), "ops".to_string()];
+        assert!(p2.identify(None, &two).is_none());
+        assert_eq!(p2.identify(None, &two[1..]).unwrap().name, "ops");
+        let same_token = format!(
+            "{text}[[principal]]\nname = \"b\"\nrole = \"operator\"\ntoken_sha256 = \"{h}\"\ntasks = [\"*\"]\n"
+        );
+        let p3 = Principals::parse(&same_token).unwrap();
+        assert!(p3.identify(Some("secret"), &[]).is_none());
         let e = Principals::parse("[[principal]]\nname=\"x\"\nrole=\"agent\"\ntasks=[\"*\"]\n")
             .unwrap_err();
         assert_eq!(

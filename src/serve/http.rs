@@ -11,13 +11,21 @@
 //!   for its fsync as a future ([`Answer::Later`]: no thread, no hand-off),
 //!   and only work that takes a while (a listing) goes to tokio's blocking
 //!   pool.
-//! - **Per-peer and global connection limits.** A peer (IP address) past
-//!   `max_per_peer` open connections, or any connection past
-//!   `max_connections`, is still read and answered, once (it has 2 s to
-//!   send its request): `/healthz` normally, everything else `503
-//!   overloaded`, then closed. So one client
-//!   cannot take every slot, `/healthz` is always answered, and nobody gets
-//!   a reset instead of an answer.
+//! - **Per-peer and global connection limits, without lockout.** A peer
+//!   (IP address) at `max_per_peer` open connections has any further one
+//!   closed at once, on the accepting thread, before TLS and before it is
+//!   counted anywhere: a flood from one address costs an accept and a close
+//!   each, and never uses up the global budget that other peers share. A
+//!   connection past `max_connections` (from a peer within its own limit)
+//!   is still read and answered, once (it has 2 s to send its request):
+//!   `/healthz` normally, everything else `503 overloaded`, then closed; it
+//!   counts against its peer's limit but not against the global one, so
+//!   answering it cannot push anyone else over. Limits are checked only
+//!   when a connection is accepted: a connection already open (an agent's
+//!   keep-alive connection) is never refused because of new ones.
+//! - **A TLS handshake has [`HANDSHAKE_TIMEOUT`] to finish.** A client
+//!   that connects and never (or slowly) speaks TLS holds its slot for that
+//!   long, not for `request_timeout`.
 //! - **Deadlines.** `idle_timeout` between requests (longer than the
 //!   agents' 15 s connection pool, so the client closes first), and
 //!   `request_timeout` from a request's first byte to its last body byte
@@ -61,6 +69,11 @@ use tokio::time::Instant;
 /// How long a connection past a limit may wait before sending its request.
 const OVER_LIMIT_IDLE: Duration = Duration::from_secs(2);
 
+/// How long a TLS handshake may take, from the accept: long enough for a
+/// client across a slow network, short enough that connections which never
+/// finish it cannot hold slots for long.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A complete request.
 pub struct Request {
     pub method: String,
@@ -70,7 +83,8 @@ pub struct Request {
     pub query: Option<String>,
     /// The bearer token of `Authorization: Bearer …`, if any.
     pub bearer: Option<String>,
-    /// The verified client certificate's names (DNS SANs, then CN), with mutual TLS.
+    /// The verified client certificate's names (DNS SANs, or the CN when it
+    /// has none), with mutual TLS.
     pub cert_names: Arc<Vec<String>>,
     pub body: Bytes,
 }
@@ -348,10 +362,12 @@ async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, eof: bool) {
 /// Connection figures for `/metrics`.
 #[derive(Default)]
 pub struct ConnStats {
-    /// Open connections.
+    /// Open connections within the limits.
     pub open: AtomicU64,
-    /// Connections past a limit (answered once, then closed).
+    /// Connections past `max_connections` (answered once, then closed).
     pub over_limit: AtomicU64,
+    /// Connections closed at once for being past their peer's limit.
+    pub refused_peer: AtomicU64,
 }
 
 /// Open connections per peer address, and in all.
@@ -365,32 +381,47 @@ struct Peers {
 struct Slot {
     peers: Arc<Peers>,
     ip: IpAddr,
-    /// Past a limit: answer one request (503 except `/healthz`), then close.
+    /// Past the global limit: answer one request (503 except `/healthz`),
+    /// then close. Not counted in `open`.
     over: bool,
 }
 
 impl Peers {
-    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Limits) -> Slot {
-        let total = self.stats.open.fetch_add(1, Ordering::Relaxed) + 1;
+    /// A slot for a new connection from `ip`, or `None` when that peer is
+    /// at its limit (the connection is to be closed at once, uncounted).
+    fn admit(self: &Arc<Self>, ip: IpAddr, limits: &Limits) -> Option<Slot> {
         let mut map = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(ip).or_insert(0);
+        if *n >= limits.max_per_peer {
+            drop(map);
+            self.stats.refused_peer.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         *n += 1;
-        let over = *n > limits.max_per_peer
-            || usize::try_from(total).unwrap_or(usize::MAX) > limits.max_connections;
-        if over {
+        drop(map);
+        let open = &self.stats.open;
+        let admitted = open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+                (usize::try_from(total).unwrap_or(usize::MAX) < limits.max_connections)
+                    .then_some(total + 1)
+            })
+            .is_ok();
+        if !admitted {
             self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
         }
-        Slot {
+        Some(Slot {
             peers: self.clone(),
             ip,
-            over,
-        }
+            over: !admitted,
+        })
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.peers.stats.open.fetch_sub(1, Ordering::Relaxed);
+        if !self.over {
+            self.peers.stats.open.fetch_sub(1, Ordering::Relaxed);
+        }
         let mut map = self.peers.by_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
@@ -455,7 +486,11 @@ pub async fn run(
                 continue;
             }
         };
-        let slot = server.peers.admit(peer.ip(), &server.limits);
+        let Some(slot) = server.peers.admit(peer.ip(), &server.limits) else {
+            // Past its peer's limit: closed here, before TLS, uncounted.
+            drop(tcp);
+            continue;
+        };
         // Off the accepting reactor, onto the serving loop's.
         let tcp = match tcp.into_std() {
             Ok(t) => t,
@@ -520,16 +555,19 @@ mod tokio_util_lite {
     }
 }
 
-/// The names of a verified client certificate: DNS SANs, then the subject CN.
+/// The names a verified client certificate is known by: its DNS SANs, or
+/// its subject CN only when it has no DNS SAN (trust.md: a CN never adds
+/// to the SANs, so a certificate issued for `worker-1` with CN `ops` is
+/// `worker-1` alone).
 fn cert_names(der: &rustls_pki_types::CertificateDer<'_>) -> Vec<String> {
     let Ok(cert) = webpki::EndEntityCert::try_from(der) else {
         return Vec::new();
     };
-    let mut names: Vec<String> = cert.valid_dns_names().map(str::to_string).collect();
-    if let Some(cn) = common_name(cert.subject()) {
-        names.push(cn);
+    let sans: Vec<String> = cert.valid_dns_names().map(str::to_string).collect();
+    if !sans.is_empty() {
+        return sans;
     }
-    names
+    common_name(cert.subject()).into_iter().collect()
 }
 
 /// Reads one DER TLV: (tag, contents, rest).
@@ -586,7 +624,7 @@ async fn connection(
     match &server.tls {
         None => serve_io(tcp, Arc::new(Vec::new()), slot, server, shutdown).await,
         Some(acceptor) => {
-            let hs = tokio::time::timeout(server.limits.request_timeout, acceptor.accept(tcp));
+            let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
             let tls = match hs.await {
                 Ok(Ok(t)) => t,
                 Ok(Err(e)) => {
@@ -709,11 +747,7 @@ async fn serve_request(
     };
     let resp = if over && request.path != "/healthz" {
         let code = crate::protocol::v1::ErrorCode::Overloaded;
-        Response::error(
-            code.status(),
-            code.as_str(),
-            "too many open connections from this address or in all",
-        )
+        Response::error(code.status(), code.as_str(), "too many open connections")
     } else {
         match server.handler.clone().answer(&request) {
             Answer::Now(r) => r,
@@ -808,6 +842,39 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_past_a_peer_limit_do_not_use_the_global_budget() {
+        let peers = Arc::new(Peers::default());
+        let limits = Limits {
+            max_connections: 3,
+            max_per_peer: 2,
+            ..Limits::default()
+        };
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "127.0.0.2".parse().unwrap(),
+            "127.0.0.3".parse().unwrap(),
+            "127.0.0.4".parse().unwrap(),
+        );
+        let held: Vec<Slot> = (0..2).map(|_| peers.admit(a, &limits).unwrap()).collect();
+        // A flood past a's limit: refused, counted nowhere else.
+        for _ in 0..1000 {
+            assert!(peers.admit(a, &limits).is_none());
+        }
+        assert_eq!(peers.stats.refused_peer.load(Ordering::Relaxed), 1000);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 2);
+        // Another peer still gets a real slot; past the global limit, a
+        // connection is answered once and does not count against it.
+        let ok = peers.admit(b, &limits).unwrap();
+        assert!(!ok.over);
+        let over = peers.admit(c, &limits).unwrap();
+        assert!(over.over);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
+        drop(over);
+        assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
+        drop(held);
+        assert!(!peers.admit(c, &limits).unwrap().over);
+    }
 
     #[test]
     fn content_length_must_be_plain_digits() {

@@ -13,6 +13,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::auth::AuthStats;
 use super::http::ConnStats;
 use crate::engine::batched::{Counters, ServeEngine, StateCounts};
 
@@ -47,6 +48,7 @@ struct Sources<'a> {
     c: &'a Counters,
     states: StateCounts,
     conns: &'a ConnStats,
+    auth: &'a AuthStats,
 }
 
 /// One sample: its label set (`""` for none) and how to read its value.
@@ -157,8 +159,26 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "leaseagent_connections_over_limit_total",
         kind: "counter",
-        help: "Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).",
+        help: "Connections past --max-connections (answered 503 once, then closed).",
         samples: &[("", |s| load(&s.conns.over_limit))],
+    },
+    Family {
+        name: "leaseagent_connections_refused_total",
+        kind: "counter",
+        help: "Connections closed at once, before TLS, for being past --max-connections-per-peer.",
+        samples: &[("", |s| load(&s.conns.refused_peer))],
+    },
+    Family {
+        name: "leaseagent_auth_reload_failures_total",
+        kind: "counter",
+        help: "Auth file reloads (SIGHUP) that failed; the principals loaded before were kept.",
+        samples: &[("", |s| load(&s.auth.reload_failures))],
+    },
+    Family {
+        name: "leaseagent_auth_last_good_load_timestamp_seconds",
+        kind: "gauge",
+        help: "Unix time of the last successful load of the auth file.",
+        samples: &[("", |s| load(&s.auth.last_good_load_unix))],
     },
 ];
 
@@ -168,6 +188,7 @@ pub fn render(
     engine: &ServeEngine,
     latency: &Latency,
     conns: &ConnStats,
+    auth: &AuthStats,
     covers: &dyn Fn(&str) -> bool,
 ) -> String {
     let sources = Sources {
@@ -175,6 +196,7 @@ pub fn render(
         c: &engine.counters,
         states: engine.state_counts(),
         conns,
+        auth,
     };
     let mut out = String::with_capacity(4096);
     for f in FAMILIES {
@@ -284,11 +306,16 @@ mod tests {
         let conns = ConnStats::default();
         conns.open.store(7, Ordering::Relaxed);
         conns.over_limit.store(9, Ordering::Relaxed);
+        conns.refused_peer.store(11, Ordering::Relaxed);
+        let auth = AuthStats::default();
+        auth.reload_failures.store(2, Ordering::Relaxed);
+        auth.last_good_load_unix
+            .store(1_700_000_000, Ordering::Relaxed);
         let latency = Latency::default();
         for us in [10, 60, 300, 300, 4_000, 2_000_000] {
             latency.observe(Duration::from_micros(us));
         }
-        let got = render(&e, &latency, &conns, &|_| true);
+        let got = render(&e, &latency, &conns, &auth, &|_| true);
         e.shutdown();
         assert_eq!(got, EXPECTED);
     }
@@ -335,9 +362,18 @@ leaseagent_db_committed_changes_total 112
 # HELP leaseagent_connections Open client connections.
 # TYPE leaseagent_connections gauge
 leaseagent_connections 7
-# HELP leaseagent_connections_over_limit_total Connections past --max-connections or --max-connections-per-peer (answered 503 once, then closed).
+# HELP leaseagent_connections_over_limit_total Connections past --max-connections (answered 503 once, then closed).
 # TYPE leaseagent_connections_over_limit_total counter
 leaseagent_connections_over_limit_total 9
+# HELP leaseagent_connections_refused_total Connections closed at once, before TLS, for being past --max-connections-per-peer.
+# TYPE leaseagent_connections_refused_total counter
+leaseagent_connections_refused_total 11
+# HELP leaseagent_auth_reload_failures_total Auth file reloads (SIGHUP) that failed; the principals loaded before were kept.
+# TYPE leaseagent_auth_reload_failures_total counter
+leaseagent_auth_reload_failures_total 2
+# HELP leaseagent_auth_last_good_load_timestamp_seconds Unix time of the last successful load of the auth file.
+# TYPE leaseagent_auth_last_good_load_timestamp_seconds gauge
+leaseagent_auth_last_good_load_timestamp_seconds 1700000000
 # HELP leaseagent_task_held_for_operator_seconds Seconds since the lease of a task held for an operator expired.
 # TYPE leaseagent_task_held_for_operator_seconds gauge
 # HELP leaseagent_task_last_success_timestamp_seconds When the task's last attempt reporting `succeeded` was released (Unix time).

@@ -47,6 +47,10 @@ pub struct ServeArgs {
     pub max_connections_per_peer: usize,
     /// `--max-leases`: the most live leases overall (`None`: no limit).
     pub max_leases: Option<u64>,
+    /// `--max-leases-per-principal`: the cap of a principal whose entry in
+    /// the auth file has no `max_leases` (without an auth file, of all
+    /// clients together).
+    pub max_leases_per_principal: u64,
     /// `--history-max-age`, `--history-max-rows`: how much run history is kept.
     pub history: crate::engine::history::Bounds,
     /// `--status-listen`: a loopback address serving the status page
@@ -82,6 +86,20 @@ pub enum ServeError {
         mode & 0o7777
     )]
     KeyLoose { path: PathBuf, mode: u32 },
+    /// A symlink, not a regular file, or a directory on its path is not safe.
+    #[error("--tls-key {source}")]
+    KeyFile {
+        path: PathBuf,
+        #[source]
+        source: crate::sys::paths::PathError,
+    },
+    /// `--db`'s file or a directory above it is not safe.
+    #[error("--db {}: {source}", path.display())]
+    DbFile {
+        path: PathBuf,
+        #[source]
+        source: crate::sys::paths::PathError,
+    },
     /// A PEM file (`--tls-cert`, `--tls-key`, `--client-ca`) unreadable or
     /// malformed.
     #[error("{flag} {}: {source}", path.display())]
@@ -183,9 +201,9 @@ fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, Ser
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok(None);
     };
-    key_file_mode(key)?;
+    let key_pem = read_key_file(key)?;
     let chain = read_certs("--tls-cert", cert)?;
-    let pkey = PrivateKeyDer::from_pem_file(key).map_err(pem_error("--tls-key", key))?;
+    let pkey = PrivateKeyDer::from_pem_slice(&key_pem).map_err(pem_error("--tls-key", key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -250,21 +268,33 @@ fn read_certs(
     Ok(certs)
 }
 
-/// A private key readable by others is refused (as ssh refuses such keys);
-/// group-readable is allowed, for the common `root:ssl-cert 0640` setup.
-fn key_file_mode(path: &Path) -> Result<(), ServeError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).map_err(|source| ServeError::KeyMeta {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if meta.mode() & 0o004 != 0 {
+/// Reads the `--tls-key` file without following a symlink at its last
+/// component, from a directory chain no other user can write to, checked
+/// on the descriptor that is read. A private key readable by others is
+/// refused (as ssh refuses such keys); group-readable is allowed, for the
+/// common `root:ssl-cert 0640` setup.
+fn read_key_file(path: &Path) -> Result<Vec<u8>, ServeError> {
+    use std::io::Read;
+    let (fd, st) =
+        crate::sys::paths::open_checked_file(path).map_err(|source| ServeError::KeyFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if st.st_mode & 0o004 != 0 {
         return Err(ServeError::KeyLoose {
             path: path.to_path_buf(),
-            mode: meta.mode(),
+            mode: st.st_mode,
         });
     }
-    Ok(())
+    let mut pem = Vec::new();
+    std::fs::File::from(fd)
+        .take(1 << 20)
+        .read_to_end(&mut pem)
+        .map_err(|source| ServeError::KeyMeta {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(pem)
 }
 
 /// Runs `leaseagent serve`: exit 0 after a clean stop, 125 with one line
@@ -341,6 +371,12 @@ fn listen_address(
 }
 
 fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
+    // Created 0600, no symlink followed, no directory on the path writable
+    // by another user; SQLite then opens it through the checked directory.
+    crate::sys::paths::prepare_db_file(&args.db).map_err(|source| ServeError::DbFile {
+        path: args.db.clone(),
+        source,
+    })?;
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
         history: args.history,
@@ -413,6 +449,7 @@ fn run(
         latency: metrics::Latency::default(),
         auth,
         conns: conns.clone(),
+        default_max_leases: args.max_leases_per_principal,
         status: status.clone(),
     });
     let status_only = Arc::new(status::StatusOnly {
@@ -498,14 +535,20 @@ mod tests {
         std::fs::write(&key, "").unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(
-            key_file_mode(&key).unwrap_err().to_string(),
+            read_key_file(&key).unwrap_err().to_string(),
             format!(
                 "--tls-key {}: readable by others (mode 644); chmod o-r it",
                 key.display()
             )
         );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
-        assert!(key_file_mode(&key).is_ok());
+        assert!(read_key_file(&key).is_ok());
+        let link = d.path().join("link.pem");
+        std::os::unix::fs::symlink(&key, &link).unwrap();
+        assert_eq!(
+            read_key_file(&link).unwrap_err().to_string(),
+            format!("--tls-key refusing {}: it is a symlink", link.display())
+        );
         let e = read_certs("--client-ca", &key).unwrap_err();
         assert_eq!(
             e.to_string(),

@@ -109,6 +109,77 @@ pub enum PathError {
     NotRegular { path: PathBuf },
     #[error("refusing {}: owned by uid {uid}, not by this user (uid {me})", path.display())]
     NotOwned { path: PathBuf, uid: u32, me: u32 },
+    #[error("cannot resolve {}: {source}", path.display())]
+    Resolve {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory on the path that another user could write to: they
+    /// could replace what is in it (ssh's rule for `~/.ssh`).
+    #[error(
+        "refusing {}: owned by uid {uid} with mode {mode:04o}, so another user can change what is in it",
+        path.display()
+    )]
+    UnsafeDir { path: PathBuf, uid: u32, mode: u32 },
+    #[error("refusing {}: it changed while it was being checked", path.display())]
+    Changed { path: PathBuf },
+}
+
+/// Opens `dir` through a chain of descriptors from `/`, one component at a
+/// time with `O_NOFOLLOW`, checking each directory on the descriptor that
+/// the next step uses: owned by root or by this user, and not writable by
+/// group or others, except a root-owned sticky directory such as `/tmp`
+/// (there nobody can rename or remove what they do not own). Symlinks in
+/// `dir` are resolved first (as ssh does with `realpath`), then the walk
+/// refuses any that appears. The returned descriptor is the directory that
+/// was checked: open files in it with `*at` calls, never by name again.
+pub fn open_checked_dir(dir: &Path) -> Result<OwnedFd, PathError> {
+    use std::path::Component;
+    let real = std::fs::canonicalize(dir).map_err(|source| PathError::Resolve {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    let me = rustix::process::geteuid().as_raw();
+    let mut shown = PathBuf::from("/");
+    let mut fd = rustix::fs::open("/", flags, Mode::empty()).map_err(|source| PathError::Open {
+        path: shown.clone(),
+        source,
+    })?;
+    let check = |fd: &OwnedFd, shown: &Path| -> Result<(), PathError> {
+        let st = rustix::fs::fstat(fd).map_err(|source| PathError::Stat {
+            path: shown.to_path_buf(),
+            source,
+        })?;
+        let mode = st.st_mode & 0o7777;
+        let owner_ok = st.st_uid == 0 || st.st_uid == me;
+        let sticky_root = st.st_uid == 0 && mode & 0o1000 != 0;
+        if !owner_ok || (mode & 0o022 != 0 && !sticky_root) {
+            return Err(PathError::UnsafeDir {
+                path: shown.to_path_buf(),
+                uid: st.st_uid,
+                mode,
+            });
+        }
+        Ok(())
+    };
+    check(&fd, &shown)?;
+    for c in real.components() {
+        let Component::Normal(name) = c else { continue };
+        shown.push(name);
+        fd = rustix::fs::openat(&fd, name, flags, Mode::empty()).map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => PathError::Changed {
+                path: shown.clone(),
+            },
+            source => PathError::Open {
+                path: shown.clone(),
+                source,
+            },
+        })?;
+        check(&fd, &shown)?;
+    }
+    Ok(fd)
 }
 
 /// How strict [`open_private_dir`] is about the mode.
@@ -200,10 +271,58 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
     Ok((dir, fd))
 }
 
-/// Prepares an embedded database file: its directory is checked (owned by
-/// this user, not writable by others; made 0700 if missing), and the file
-/// and its WAL/SHM companions are created 0600 without following symlinks
-/// if missing; an existing one must be a regular file owned by this user.
+/// Opens an existing file to read it, as a file that grants something
+/// must be opened (the auth file, a private key): its directory chain is
+/// checked ([`open_checked_dir`]), the file is opened relative to that
+/// descriptor without following a symlink, and it must be a regular file.
+/// Returns the descriptor and its status, for the caller's owner and mode
+/// rules.
+pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), PathError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| PathError::NotAFile {
+        path: path.to_path_buf(),
+    })?;
+    let dirfd = open_checked_dir(dir)?;
+    let fd = rustix::fs::openat(
+        &dirfd,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP => PathError::Symlink {
+            path: path.to_path_buf(),
+        },
+        source => PathError::Open {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    let st = rustix::fs::fstat(&fd).map_err(|source| PathError::Stat {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if st.st_mode & 0o170000 != 0o100000 {
+        return Err(PathError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((fd, st))
+}
+
+/// Prepares an embedded database file (the embedded authority's, and
+/// `serve --db`): its directory (symlinks in its path resolved) is checked
+/// (owned by this user, not writable by others; made 0700 if missing), and
+/// so is every directory
+/// above it ([`open_checked_dir`]: none writable by another user, root's
+/// sticky `/tmp` excepted); the file and its WAL/SHM companions are created
+/// 0600 without following symlinks if missing; an existing one must be a
+/// regular file owned by this user. The checked directory descriptor is
+/// registered ([`crate::sys::sqlite_at`]), so SQLite opens the file and its
+/// companions through it, not by name again.
 pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
     let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(d) => d.to_path_buf(),
@@ -212,7 +331,34 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
     let name = path.file_name().ok_or_else(|| PathError::NotAFile {
         path: path.to_path_buf(),
     })?;
-    let dirfd = open_private_dir(&dir, DirRule::NotWritableByOthers)?;
+    // Symlinks in the directory's path are resolved first, as ssh does
+    // (systemd's `DynamicUser=` state directory is a symlink into
+    // `/var/lib/private`); the real path is then checked all the way up.
+    let real = match std::fs::canonicalize(&dir) {
+        Ok(real) => real,
+        Err(_) => {
+            open_private_dir(&dir, DirRule::NotWritableByOthers)?;
+            std::fs::canonicalize(&dir).map_err(|source| PathError::Resolve {
+                path: dir.clone(),
+                source,
+            })?
+        }
+    };
+    let private = open_private_dir(&real, DirRule::NotWritableByOthers)?;
+    let dirfd = open_checked_dir(&real)?;
+    let same = |a: &OwnedFd, b: &OwnedFd| -> Result<bool, PathError> {
+        let stat = |fd: &OwnedFd| {
+            rustix::fs::fstat(fd).map_err(|source| PathError::Stat {
+                path: dir.clone(),
+                source,
+            })
+        };
+        let (x, y) = (stat(a)?, stat(b)?);
+        Ok(x.st_dev == y.st_dev && x.st_ino == y.st_ino)
+    };
+    if !same(&private, &dirfd)? {
+        return Err(PathError::Changed { path: dir });
+    }
     let me = rustix::process::geteuid().as_raw();
     // The database is created here; SQLite makes its WAL and SHM files with
     // the database's mode, so those are only checked if they exist.
@@ -261,6 +407,7 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
             });
         }
     }
+    super::sqlite_at::register(path, dirfd, name);
     Ok(())
 }
 

@@ -540,3 +540,78 @@ pub fn run_agent(mut c: Command, within: Duration) -> Finished {
         stderr: t2.join().unwrap(),
     }
 }
+
+/// A TCP connection to `server` from the local address `ip` (any of
+/// 127.0.0.0/8 on Linux), with a 15 s read timeout: a client from a
+/// distinct loopback address, as the server sees peers.
+pub fn connect_from(
+    ip: [u8; 4],
+    server: std::net::SocketAddr,
+) -> std::io::Result<std::net::TcpStream> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        None,
+    )?;
+    rustix::net::bind(&sock, &SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), 0))?;
+    rustix::net::connect(&sock, &server)?;
+    let s = std::net::TcpStream::from(sock);
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    Ok(s)
+}
+
+/// A connection flood: a thread opens connections from one address as
+/// fast as the server takes them and holds up to `hold` of them (the
+/// oldest are closed first) without sending a byte (so, over TLS, without
+/// starting a handshake), until dropped.
+pub struct Flood {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    pub fn start(from: [u8; 4], server: std::net::SocketAddr, hold: usize) -> Flood {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (st, op) = (stop.clone(), opened.clone());
+        let thread = std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            while !st.load(Ordering::Relaxed) {
+                if let Ok(c) = connect_from(from, server) {
+                    held.push_back(c);
+                    op.fetch_add(1, Ordering::Relaxed);
+                }
+                if held.len() > hold {
+                    held.pop_front();
+                }
+            }
+        });
+        Flood {
+            stop,
+            opened,
+            thread: Some(thread),
+        }
+    }
+
+    /// Connections opened so far.
+    pub fn opened(&self) -> usize {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits (at most `within`) until `n` connections were opened.
+    pub fn past(&self, n: usize, within: Duration) -> bool {
+        wait_for(within, || (self.opened() >= n).then_some(())).is_some()
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

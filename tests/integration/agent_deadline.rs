@@ -378,7 +378,8 @@ fn a_grant_that_arrives_with_less_than_grace_left_never_starts_the_command() {
     let dir = Dir::new();
     let mut c = agent(&fake.url(), "late-grant");
     c.env("OUT", dir.path("out"));
-    c.args(["--ttl", "2s", "--grace", "1500ms", "--", "sh", "-c"])
+    c.args(["--ttl", "2s", "--heartbeat", "300ms", "--grace", "1500ms"])
+        .args(["--", "sh", "-c"])
         .arg("echo started >> \"$OUT\"");
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(124), "{}", out.stderr);

@@ -147,6 +147,7 @@ fn child_process_entry() {
                     Ok(g) => {
                         println!("@{}", g.token);
                         // On a loaded machine the lease may expire first: that is fine.
+                        let _ = a.renew(&g.lease_ref(), T);
                         let _ = a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), T);
                         done += 1;
                     }
@@ -158,6 +159,18 @@ fn child_process_entry() {
                     }
                 }
             }
+        }
+        // Acquire (ttl an hour), release, print the token, then wait to be
+        // killed.
+        "release-then-stay" => {
+            let mut a = EmbeddedAuthority::new(db.into());
+            let g = a
+                .acquire(&req(&args[0], "stay", 3_600_000, ExpiryPolicy::Hold, 0), T)
+                .unwrap();
+            a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), T)
+                .unwrap();
+            println!("@{}", g.token);
+            std::thread::sleep(Duration::from_secs(600));
         }
         _ => panic!("unknown child op {op}"),
     }
@@ -251,6 +264,13 @@ fn kill_9_during_churn_never_reuses_a_token() {
         );
         last_max = *got.iter().max().unwrap();
     }
+    // Kills landed in grants, renewals, releases and checkpoints: the file
+    // is whole.
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
 }
 
 #[test]
@@ -401,4 +421,176 @@ fn grace_hold_clear_and_revoke_on_the_default_authority_with_the_cli() {
         })
     ));
     assert_eq!(cli(state.path(), &["revoke", "nothing-here"]).0, 1);
+}
+
+/// Every file under `dir`, with its size.
+fn sizes(dir: &Path) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let meta = e.metadata().unwrap();
+        if meta.is_dir() {
+            out.extend(sizes(&e.path()));
+        } else {
+            out.push((e.path().display().to_string(), meta.len()));
+        }
+    }
+    out
+}
+
+/// The state directory's bound: the WAL is checkpointed and truncated once
+/// it passes 256 KiB (after a release) or 1 MiB (after a renewal); the
+/// database holds a few task rows and the run history of these attempts
+/// (about 250 KB).
+const STATE_DIR_BOUND: u64 = 1536 * 1024;
+
+#[test]
+fn the_state_dir_stays_small_after_thousands_of_runs() {
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("leases.sqlite3");
+    // 3,000 runs the way agents make them: a handle per run (its own
+    // connection, the first and only one open, as in a fresh process),
+    // seven tasks, a renewal now and then; without checkpoints this leaves
+    // a WAL of tens of MiB.
+    let mut last = 0;
+    for i in 0..3000 {
+        let mut a = EmbeddedAuthority::new(db.clone());
+        let g = a
+            .acquire(
+                &req(
+                    &format!("cron-{}", i % 7),
+                    "h",
+                    30_000,
+                    ExpiryPolicy::Redispatch,
+                    0,
+                ),
+                T,
+            )
+            .unwrap();
+        assert!(g.token > last, "run {i}: {} after {last}", g.token);
+        last = g.token;
+        if i % 10 == 0 {
+            a.renew(&g.lease_ref(), T).unwrap();
+            a.after_renewal();
+        }
+        a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), T)
+            .unwrap();
+    }
+    // A long job alone: 600 renewals, each reported, nobody else releasing.
+    let mut long = EmbeddedAuthority::new(db.clone());
+    let g = long
+        .acquire(&req("long", "h", 30_000, ExpiryPolicy::Redispatch, 0), T)
+        .unwrap();
+    for _ in 0..600 {
+        long.renew(&g.lease_ref(), T).unwrap();
+        long.after_renewal();
+    }
+    long.release(&g.lease_ref(), Outcome::Succeeded, Some(0), T)
+        .unwrap();
+    drop(long);
+    // And the real agent, end to end.
+    for i in 0..40 {
+        let (code, out) = cli(
+            state.path(),
+            &["--task", &format!("cron-{}", i % 7), "--", "true"],
+        );
+        assert_eq!(code, 0, "{out}");
+    }
+    let files = sizes(state.path());
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    assert!(
+        total < STATE_DIR_BOUND,
+        "the state directory holds {total} bytes after 3,640 runs: {files:?}"
+    );
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    let seq: i64 = c
+        .query_row("SELECT last_token FROM seq", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seq, 3041, "every grant is on record");
+}
+
+#[test]
+fn kill_9_right_after_a_release_loses_nothing() {
+    // A release commits without an fsync: a process killed right after it
+    // loses nothing, since the page cache holds the WAL frames it wrote.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("l.db");
+    let mut k = child(&db, "release-then-stay", &["k"]);
+    let mut lines = BufReader::new(k.stdout.take().unwrap()).lines();
+    let released: u64 = loop {
+        let l = lines.next().expect("the child ended early").unwrap();
+        if let Some(t) = at(&l) {
+            break token(t);
+        }
+    };
+    k.kill().unwrap();
+    k.wait().unwrap();
+    let mut a = EmbeddedAuthority::new(db.clone());
+    // Free at once (the lease's ttl is an hour): the release survived.
+    let g = a
+        .acquire(&req("k", "next", 1000, ExpiryPolicy::Hold, 0), T)
+        .unwrap();
+    assert!(g.token > released, "{} after {released}", g.token);
+}
+
+#[test]
+fn real_agents_killed_at_any_moment_never_reuse_a_token() {
+    // kill -9 lands anywhere in a run: before, inside or after the grant's
+    // commit and sync, between the grant and its answer, in the release, in
+    // a checkpoint. Whatever it hit, a token a job saw is never seen again
+    // and the file stays whole.
+    let state = tempfile::tempdir().unwrap();
+    let run = |task: &str, delay: Option<Duration>| -> (Option<i32>, Vec<u64>) {
+        let mut c = Command::new(support::authority::bin())
+            .args(["--task", task, "--ttl", "2s", "--heartbeat", "400ms"])
+            .args(["--grace", "600ms", "--", "sh", "-c", "echo @$LEASE_TOKEN"])
+            .env("LEASEAGENT_STATE_DIR", state.path())
+            .env_remove("LEASEAGENT_AUTHORITY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        if let Some(d) = delay {
+            // The moment of the kill is the point of the test.
+            std::thread::sleep(d);
+            let _ = c.kill();
+        }
+        let out = c.wait_with_output().unwrap();
+        let tokens = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(at)
+            .map(token)
+            .collect();
+        (out.status.code(), tokens)
+    };
+    let mut seen: Vec<u64> = Vec::new();
+    // A task of its own for each run (a killed run's lease would hold the
+    // next one off), and a kill from 0 to 30 ms after the start.
+    for i in 0..60u64 {
+        let delay = Duration::from_micros((i * 7919) % 30_000);
+        let (_, tokens) = run(&format!("k{}", i % 20), Some(delay));
+        for t in tokens {
+            assert!(!seen.contains(&t), "token {t} reused: {seen:?}");
+            seen.push(t);
+        }
+    }
+    // Leases of killed agents expire (ttl 2 s); then a run goes through.
+    let (_, tokens) = poll("a run after the kills", Duration::from_secs(20), || {
+        let (code, tokens) = run("k0", None);
+        (code == Some(0)).then_some(((), tokens))
+    });
+    let last = tokens[0];
+    assert!(
+        seen.iter().all(|t| *t < last),
+        "token {last} not above {seen:?}"
+    );
+    let c = rusqlite::Connection::open(state.path().join("leases.sqlite3")).unwrap();
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
 }

@@ -3,6 +3,7 @@
 //! the binary under test, and one module per area.
 
 pub mod authority;
+pub mod cgroups;
 pub mod etcd;
 pub mod fence;
 pub mod golden;

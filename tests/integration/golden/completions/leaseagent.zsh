@@ -33,8 +33,9 @@ _leaseagent() {
                 '--auth-file=[The principals (TOML; re-read on SIGHUP); without it, anyone may do anything]:FILE:_files' \
                 '--insecure-listen[Allow a non-loopback --listen without TLS and an auth file]' \
                 '--max-connections=[Most open connections; past this, one answer (503) and closed]:N: ' \
-                '--max-connections-per-peer=[Most open connections from one IP address; past this, as above]:N: ' \
+                '--max-connections-per-peer=[Most open connections from one IP address; past this, closed at once (before TLS)]:N: ' \
                 '--max-leases=[Most live leases overall; past this, acquires get 503 unavailable]:N: ' \
+                '--max-leases-per-principal=[Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429]:N: ' \
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \
                 '--history-max-rows=[Run history: at most this many attempts are kept]:N: ' \
                 '--status-listen=[Also serve the status page (GET /, read-only, no credentials) on this loopback address, e.g. 127.0.0.1:7879]:ADDR: ' \
@@ -188,14 +189,15 @@ _leaseagent() {
     _arguments -s -S \
         '--authority=[Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT\[,HOST:PORT...\], sqlite:PATH]:URL: ' \
         '--task=[What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)]:NAME: ' \
-        '--ttl=[Lease duration asked for]:DUR: ' \
-        '--heartbeat=[Renewal interval; must be below --ttl]:DUR: ' \
+        '--ttl=[Lease duration asked for (1s to 24h)]:DUR: ' \
+        '--heartbeat=[Renewal interval: at least 100ms, with room for a retry before the command'\''s SIGTERM at ttl - grace]:DUR: ' \
         '--grace=[SIGTERM -> SIGKILL grace when the command is stopped]:DUR: ' \
         '--holder=[Who holds the lease, as the authority shows it]:NAME: ' \
         '--on-expiry=[What the authority does when this lease expires: redispatch, grace, hold]:P: ' \
         '--expiry-grace=[With --on-expiry grace: how long after expiry the task stays blocked]:DUR: ' \
         '--wait=-[Wait up to DUR (forever without DUR) while another holder has the task]::DUR: ' \
         '--clock-drift=[Clock-rate difference budgeted between this host and the authority: the deadline is sent + ttl*(1 - PPM/1e6) - 1ms]:PPM: ' \
+        '--renew-priority=[How renewal packets are marked, so that a host or link that honours priority sends them ahead of the command'\''s own traffic: DSCP (0-63, cs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN), or off]:DSCP,PRIO: ' \
         '--remap-exit[The command'\''s own exit codes 124 and 125 become 1, so 124/125 always mean the agent'\''s (lease lost / agent failed)]' \
         '--ca-file=[PEM CAs that sign the authority'\''s certificate]:FILE:_files' \
         '--client-cert=[PEM client certificate for mutual TLS (with --client-key)]:FILE:_files' \
