@@ -228,6 +228,8 @@ fn boot_now_us() -> u64 {
 fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     if fcntl_setfd(ctl, FdFlags::CLOEXEC).is_err()
         || fcntl_setfd(&report, FdFlags::CLOEXEC).is_err()
+        // Read to the end of what is queued, never waiting (`read_ctl`).
+        || rustix::fs::fcntl_setfl(ctl, rustix::fs::OFlags::NONBLOCK).is_err()
     {
         return None;
     }
@@ -410,6 +412,12 @@ impl Keeper {
                 return;
             }
             self.kill_round_timer(tree_gone);
+            // The newest deadline first: a keeper resumed after a stop has
+            // the `Arm`s sent meanwhile queued (a read that finds nothing
+            // costs one syscall).
+            if self.ctl.is_some() {
+                self.read_ctl();
+            }
             if !tree_gone || !self.leader_reaped {
                 self.deadline_due();
             }
@@ -555,20 +563,38 @@ impl Keeper {
         let _ = timerfd_settime(&self.timer, TimerfdTimerFlags::ABSTIME, &spec);
     }
 
+    /// Reads everything the agent queued (non-blocking, to the end), then
+    /// carries it out in order. All of it first: a keeper stopped for a
+    /// while finds several `Arm`s queued, and acting on the first (an old
+    /// deadline) before reading the last would stop a job whose lease was
+    /// renewed since. The deadline itself is checked by the loop after.
     fn read_ctl(&mut self) {
         let Some(ctl) = self.ctl.as_mut() else { return };
-        let mut buf = [0u8; 256];
-        let n = match ctl.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
-            Err(_) => 0,
-        };
-        if n == 0 {
+        let mut bytes = Vec::new();
+        let mut eof = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            match ctl.read(&mut buf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        let commands = self.decoder.push(&bytes);
+        if commands.is_empty() && eof {
             self.ctl = None;
             self.agent_gone();
             return;
         }
-        for cmd in self.decoder.push(&buf[..n]) {
+        for cmd in commands {
             match cmd {
                 Ctl::Relay(sig) => self.relay(sig),
                 Ctl::Term => {
@@ -577,10 +603,7 @@ impl Keeper {
                     }
                 }
                 Ctl::Kill => self.start_kill(),
-                Ctl::Arm(a) => {
-                    self.guard.arm(a);
-                    self.deadline_due();
-                }
+                Ctl::Arm(a) => self.guard.arm(a),
                 Ctl::Done => {
                     self.ctl = None;
                     self.finishing = true;
@@ -589,6 +612,10 @@ impl Keeper {
                     return;
                 }
             }
+        }
+        if eof {
+            self.ctl = None;
+            self.agent_gone();
         }
     }
 

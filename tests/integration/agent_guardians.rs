@@ -608,3 +608,37 @@ fn after_a_pause_the_agent_never_signals_a_recycled_job_pid() {
     );
     assert!(matches!(status.code(), Some(0) | Some(124)), "{err}");
 }
+
+#[test]
+fn a_keeper_resumed_after_a_long_stop_acts_on_the_newest_deadline() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "keeper-resumed");
+    c.env("OUT", dir.path("out"))
+        .env("PIDS", dir.path("pids"))
+        .env("RESUMED", dir.path("resumed"));
+    // The keeper is stopped for longer than the ttl while renewals succeed:
+    // deadlines it could not read pile up in its pipe.
+    c.args(TIMING).args(["--", "bash", "-c"]).arg(format!(
+        "echo $$ >> \"$PIDS\"; kill -STOP $PPID; sleep 3; kill -CONT $PPID; touch \"$RESUMED\"; exec {}",
+        helper("clock-job.sh")
+    ));
+    let mut child = spawn(c);
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    wait_for(T, || {
+        (dir.path("resumed").exists() || !alive(job)).then_some(())
+    })
+    .expect("the job resumed its keeper, or died");
+    let n = fake.requests_to("/v1/renew").len();
+    wait_renewals(&fake, n + 3);
+    let alive_after = alive(job);
+    kill(child.id() as i32, 15);
+    let (_, err) = wait_agent(&mut child, T);
+    assert!(
+        alive_after,
+        "the keeper acted on a deadline older than the renewals it had queued: {err}"
+    );
+    let released = fake.requests_to("/v1/release");
+    assert_eq!(released.len(), 1, "{err}");
+    assert_eq!(released[0].body["outcome"], "cancelled", "{err}");
+}
