@@ -192,31 +192,10 @@ impl RunConfig {
     }
 }
 
-/// Heartbeat and grace that fit a ttl the authority clamped below what was
-/// asked. Each keeps its value when it still fits the default proportions of
-/// the granted ttl (heartbeat at most a third, grace at most a sixth), and
-/// otherwise shrinks no further than in proportion to the ttl.
-pub fn fit_to_granted(
-    cfg_ttl: Duration,
-    heartbeat: Duration,
-    grace: Duration,
-    granted: Duration,
-) -> (Duration, Duration) {
-    if granted >= cfg_ttl {
-        return (heartbeat, grace);
-    }
-    let scale = |d: Duration| -> Duration {
-        let ns = d.as_nanos() * granted.as_nanos() / cfg_ttl.as_nanos().max(1);
-        Duration::from_nanos(ns as u64)
-    };
-    let heartbeat = scale(heartbeat).max(heartbeat.min(granted / 3));
-    let grace = scale(grace).max(grace.min(granted / 6));
-    (heartbeat.max(Duration::from_millis(1)), grace)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::machine::fit_to_granted;
 
     fn raw() -> RawRun {
         RawRun {

@@ -28,21 +28,33 @@
 //!   SIGKILL follows `grace` later; the lease is released as `cancelled`.
 //! - Once lost, always lost: a renewal answer that arrives after the lease
 //!   was given up (refused, expired, or the job already told to stop for the
-//!   deadline) changes nothing.
+//!   deadline, by the agent or by the keeper's timer at the term time)
+//!   changes nothing.
 //! - **The exit status is decided by timestamps**, not by the order events
 //!   reach the loop: the job counts as lost only if the keeper's stamp of its
 //!   end is at or after the moment the lease was lost (the moment the agent
-//!   acted on the loss, or the deadline, whichever is earlier). A job that
+//!   acted on the loss, or for a deadline the SIGTERM time, which the
+//!   keeper's own timer keeps even when the agent is late). A job that
 //!   ended during a pause, before the deadline, keeps its own status even if
 //!   the loop sees the clock before it sees the exit.
 //! - The job is finished only when its whole process tree is gone (the
 //!   keeper's `TreeGone`): leftovers in the group get SIGTERM when the leader
 //!   exits, and SIGKILL after grace, before the lease is released.
+//! - The keeper is the second guardian: after the grant (once the job
+//!   started) and after every successful renewal the machine hands it the
+//!   deadline, grace and kill lead ([`Action::ArmKeeper`]), and the keeper
+//!   stops the tree by them on its own if the agent cannot.
 //! - Everything after SIGKILL is bounded: if the tree is not reported gone
-//!   [`TREE_GONE_TIMEOUT`] after SIGKILL (keeper stopped or lost, a process
-//!   stuck in uninterruptible sleep), the run ends with a log line, and the
-//!   lease is released only if the supervisor finds the group provably empty;
-//!   otherwise it is left to expire.
+//!   [`TREE_GONE_TIMEOUT`] after SIGKILL (a process that survives SIGKILL
+//!   or may not be signalled, a keeper lost), the run ends with exit status
+//!   125 and the lease is **not** released: it is left to expire, since a
+//!   process of the tree may still run. A lost keeper is never a reason to
+//!   release either: the tree is killed and the lease expires.
+//! - Signals: SIGTSTP, SIGTTIN, SIGTTOU and SIGCONT are relayed and change
+//!   nothing else (the lease is still renewed); a second SIGINT or SIGTERM
+//!   sends SIGKILL at once; a signal whose default would end the agent
+//!   (`Sig::FATAL`) stops the job like SIGTERM (SIGTERM to the tree, not
+//!   the signal itself) and releases.
 
 use std::time::Duration;
 
@@ -102,8 +114,30 @@ impl Settings {
     /// Heartbeat and grace for a granted ttl (scaled down when the authority
     /// granted less than was asked; as configured otherwise).
     pub fn fitted(&self, granted: Duration) -> (Duration, Duration) {
-        crate::agent::config::fit_to_granted(self.asked_ttl, self.heartbeat, self.grace, granted)
+        fit_to_granted(self.asked_ttl, self.heartbeat, self.grace, granted)
     }
+}
+
+/// Heartbeat and grace that fit a ttl the authority clamped below what was
+/// asked. Each keeps its value when it still fits the default proportions of
+/// the granted ttl (heartbeat at most a third, grace at most a sixth), and
+/// otherwise shrinks no further than in proportion to the ttl.
+pub fn fit_to_granted(
+    cfg_ttl: Duration,
+    heartbeat: Duration,
+    grace: Duration,
+    granted: Duration,
+) -> (Duration, Duration) {
+    if granted >= cfg_ttl {
+        return (heartbeat, grace);
+    }
+    let scale = |d: Duration| -> Duration {
+        let ns = d.as_nanos() * granted.as_nanos() / cfg_ttl.as_nanos().max(1);
+        Duration::from_nanos(ns as u64)
+    };
+    let heartbeat = scale(heartbeat).max(heartbeat.min(granted / 3));
+    let grace = scale(grace).max(grace.min(granted / 6));
+    (heartbeat.max(Duration::from_millis(1)), grace)
 }
 
 /// Something that happened, as the supervisor loop saw it.
@@ -138,11 +172,18 @@ pub enum Event {
 }
 
 /// What the supervisor must do. Within one step it sends every
-/// [`Action::SignalGroup`] first, then carries out the rest in order.
+/// [`Action::SignalGroup`] and [`Action::ArmKeeper`] first, then carries out
+/// the rest in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Send this signal to the job's process group.
     SignalGroup(Sig),
+    /// Hand the keeper the deadline it enforces alone if need be.
+    ArmKeeper {
+        deadline: BootInstant,
+        grace: Duration,
+        kill_lead: Duration,
+    },
     /// Say something (the reporter words it).
     Report(Notice),
     /// Publish the lease view (state file, systemd STATUS).
@@ -156,12 +197,11 @@ pub enum Action {
     /// The run's result, before any release: published in the state file and
     /// the last STATUS line.
     Finished { outcome: Outcome, status: u8 },
-    /// Release the lease with this outcome. With `if_group_empty`, only if
-    /// the job's process group is provably empty (else it is left to expire).
+    /// Release the lease with this outcome (only ever after the tree was
+    /// reported gone).
     Release {
         outcome: Outcome,
         exit_code: Option<i32>,
-        if_group_empty: bool,
     },
     /// Exit with this status (after any release).
     Exit(u8),
@@ -279,7 +319,20 @@ impl Machine {
     /// ttl) before the deadline, so the group is dead, not merely
     /// signalled, by the deadline.
     pub fn kill_time(&self) -> BootInstant {
-        self.deadline - KILL_LEAD.min(self.ttl / 20)
+        self.deadline - self.kill_lead()
+    }
+
+    fn kill_lead(&self) -> Duration {
+        KILL_LEAD.min(self.ttl / 20)
+    }
+
+    /// The deadline as the keeper enforces it.
+    pub fn arm_keeper(&self) -> Action {
+        Action::ArmKeeper {
+            deadline: self.deadline,
+            grace: self.deadline.saturating_since(self.term_time()),
+            kill_lead: self.kill_lead(),
+        }
     }
 
     /// When SIGTERM goes out without a renewal: `grace` before the
@@ -327,6 +380,13 @@ impl Machine {
         self.stop.is_some_and(|s| s.killed_at.is_some())
     }
 
+    /// Whether the keeper's own timer has sent SIGTERM for the deadline by
+    /// `now` (it does at the term time whatever this loop does): a renewal
+    /// answer that reaches the loop later cannot undo that stop.
+    fn keeper_acted(&self, now: BootInstant) -> bool {
+        self.stop.is_none() && self.job_alive() && now >= self.term_time()
+    }
+
     /// When the loop must wake up next, even if nothing happens.
     pub fn next_wake(&self) -> Option<BootInstant> {
         if !self.job_alive() {
@@ -364,7 +424,12 @@ impl Machine {
             Event::SpawnFailed { not_found, message } => {
                 self.on_spawn_failed(not_found, message, &mut out)
             }
-            Event::ChildExited { status, at } => self.on_exited(status, at, now, &mut out),
+            Event::ChildExited { status, at } => {
+                // The clock first: the keeper's timer acted on the deadline
+                // at its time, whatever order the loop sees things in.
+                self.check_time(now, &mut out);
+                self.on_exited(status, at, now, &mut out)
+            }
             Event::TreeGone => self.on_tree_gone(&mut out),
             Event::KeeperLost => self.on_keeper_lost(now, &mut out),
         }
@@ -378,7 +443,9 @@ impl Machine {
             return;
         }
         if now >= self.kill_time() && !self.killed() {
-            if !self.lease_lost() && self.lose(Lease::Expired, now) {
+            // The keeper's own timer sent SIGTERM at the term time even if
+            // this loop was late: the lease was given up then.
+            if !self.lease_lost() && self.lose(Lease::Expired, now.min(self.term_time())) {
                 out.push(Action::Report(Notice::LeaseLost(LostWhy::DeadlinePassed)));
                 out.push(Action::Publish(
                     LeaseView::Lost,
@@ -398,7 +465,7 @@ impl Machine {
             return;
         }
         if self.stop.is_none() && now >= self.term_time() {
-            self.lose(Lease::Expired, now);
+            self.lose(Lease::Expired, now.min(self.term_time()));
             out.push(Action::Report(Notice::LeaseLost(LostWhy::NoRenewal {
                 kill_in: now.until(self.kill_time()),
             })));
@@ -422,7 +489,7 @@ impl Machine {
         if let Some(k) = stop.killed_at {
             if now >= k + TREE_GONE_TIMEOUT {
                 // After a keeper loss nobody could report the tree gone:
-                // that was said already, and release depends on the group.
+                // that was said already.
                 if !self.keeper_lost {
                     out.push(Action::Report(match self.job {
                         Job::Exited { .. } => Notice::LeftoversOutsideGroup,
@@ -465,14 +532,14 @@ impl Machine {
         }
     }
 
+    /// SIGKILL, even before the keeper reported the job started: a keeper
+    /// stopped before its first report still gets SIGCONT, and the agent
+    /// walks the tree itself.
     fn kill(&mut self, now: BootInstant, out: &mut Vec<Action>) {
-        let known = self.group_known();
         if let Some(stop) = self.stop.as_mut() {
             if stop.killed_at.is_none() {
                 stop.killed_at = Some(now);
-                if known {
-                    out.push(Action::SignalGroup(Sig::Kill));
-                }
+                out.push(Action::SignalGroup(Sig::Kill));
             }
         }
     }
@@ -489,10 +556,16 @@ impl Machine {
             || self
                 .stop
                 .is_some_and(|s| s.reason == StopReason::DeadlineNear)
+            || self.keeper_acted(now)
         {
             // Once lost, always lost; but an answer saying the lease ends
             // even sooner still brings SIGKILL forward.
-            self.deadline = self.deadline.min(deadline);
+            if deadline < self.deadline {
+                self.deadline = deadline;
+                if self.job_alive() {
+                    out.push(self.arm_keeper());
+                }
+            }
             return;
         }
         // Renewals are sequential: this answer is the authority's latest
@@ -515,6 +588,9 @@ impl Machine {
             }));
         }
         self.lease = Lease::Valid;
+        if self.job_alive() {
+            out.push(self.arm_keeper());
+        }
         out.push(Action::Publish(
             LeaseView::Valid,
             format!("holding token {}", self.token),
@@ -590,15 +666,28 @@ impl Machine {
         if !self.job_alive() {
             return;
         }
+        // A signal that would end the agent stops the job as SIGTERM does.
+        let relay = if sig.ends_run() && !sig.is_stop() {
+            Sig::Term
+        } else {
+            sig
+        };
         if self.group_known() {
-            out.push(Action::SignalGroup(sig));
-        } else if !sig.is_stop() {
+            out.push(Action::SignalGroup(relay));
+        } else if !sig.ends_run() {
             // The job may already run while its start report is still on
             // the way: relay once the group is known, never drop it. (Stop
             // signals are carried out by the stop itself, on start.)
             self.early_signals.push(sig);
         }
-        if !sig.is_stop() || self.cancel.is_some() {
+        if !sig.ends_run() {
+            return;
+        }
+        if self.cancel.is_some() {
+            // A second SIGINT or SIGTERM: SIGKILL now.
+            if matches!(sig, Sig::Int | Sig::Term) && self.stop.is_some() && !self.killed() {
+                self.kill(now, out);
+            }
             return;
         }
         self.cancel = Some(sig);
@@ -633,7 +722,7 @@ impl Machine {
             // A stop decided before the group existed is carried out now.
             Some(stop) => {
                 let sig = match stop.reason {
-                    StopReason::Cancelled(sig) => sig,
+                    StopReason::Cancelled(sig) if sig.is_stop() => sig,
                     _ => Sig::Term,
                 };
                 out.push(Action::SignalGroup(sig));
@@ -642,6 +731,7 @@ impl Machine {
                 }
             }
             None => {
+                out.push(self.arm_keeper());
                 out.push(Action::Ready(format!(
                     "holding token {}, command running",
                     self.token
@@ -676,7 +766,6 @@ impl Machine {
         out.push(Action::Release {
             outcome: Outcome::Failed,
             exit_code: Some(i32::from(code)),
-            if_group_empty: false,
         });
         out.push(Action::Exit(code));
     }
@@ -720,20 +809,19 @@ impl Machine {
         }
         self.keeper_lost = true;
         out.push(Action::Report(Notice::KeeperLost));
-        if !self.group_known() {
-            // No group to kill or to prove empty: the lease is left to expire.
-            self.finish(true, out);
-            return;
-        }
-        // SIGKILL now; nobody will report the tree gone, so the run ends
-        // TREE_GONE_TIMEOUT later, releasing only if the group is empty by then.
+        // SIGKILL now (the agent walks the tree itself: the keeper's orphans
+        // are its own children), again if it went out before; nobody will
+        // report the tree gone, so the run ends TREE_GONE_TIMEOUT later
+        // without a release.
         if self.stop.is_none() {
             out.push(Action::Stopping(format!(
                 "stopping the command (token {})",
                 self.token
             )));
         }
-        if !self.killed() {
+        if self.killed() {
+            out.push(Action::SignalGroup(Sig::Kill));
+        } else {
             self.stop = Some(Stop {
                 reason: StopReason::KeeperLost,
                 kill_at: now,
@@ -774,9 +862,10 @@ impl Machine {
     }
 
     /// The tree is gone (or given up on): decide the exit status and release.
-    /// `if_group_empty`: the tree was not reported gone, so the lease is
-    /// released only if the supervisor finds the group empty.
-    fn finish(&mut self, if_group_empty: bool, out: &mut Vec<Action>) {
+    /// `given_up`: the tree was not reported gone (a survivor, a process
+    /// that may not be signalled, a lost keeper), so something may still
+    /// run: exit 125, never `succeeded`, and no release.
+    fn finish(&mut self, given_up: bool, out: &mut Vec<Action>) {
         let exited = match self.job {
             Job::Exited { status, at } => Some((status, at)),
             _ => None,
@@ -785,7 +874,10 @@ impl Machine {
         out.push(Action::StopHeartbeat);
         let ended_at = exited.map(|(_, at)| at);
         let lost = self.lost_while_running(ended_at);
-        let (outcome, code, exit_status) = if lost {
+        let (outcome, code, exit_status) = if given_up {
+            let outcome = if lost { Outcome::Lost } else { Outcome::Failed };
+            (outcome, None, exit::AGENT_FAILED)
+        } else if lost {
             let code = exited.and_then(|(s, _)| s.exit_code());
             (Outcome::Lost, code, exit::LEASE_LOST)
         } else if self.keeper_lost {
@@ -816,11 +908,12 @@ impl Machine {
         });
         // After a refusal the authority already dropped the lease; releasing
         // would only be refused.
-        if !matches!(self.lease, Lease::Refused(_)) {
+        if given_up {
+            out.push(Action::Report(Notice::NotReleasing));
+        } else if !matches!(self.lease, Lease::Refused(_)) {
             out.push(Action::Release {
                 outcome,
                 exit_code: code,
-                if_group_empty,
             });
         }
         out.push(Action::Exit(exit_status));
@@ -876,11 +969,7 @@ mod tests {
     }
 
     fn release(outcome: Outcome, exit_code: Option<i32>) -> Action {
-        Action::Release {
-            outcome,
-            exit_code,
-            if_group_empty: false,
-        }
+        Action::Release { outcome, exit_code }
     }
 
     fn signals(actions: &[Action]) -> Vec<Sig> {
@@ -1031,8 +1120,22 @@ mod tests {
         assert_eq!(signals(&m.step(Event::Tick, at(2879))), vec![SIGKILL]);
     }
 
+    fn released(actions: &[Action]) -> bool {
+        actions.iter().any(|a| matches!(a, Action::Release { .. }))
+    }
+
+    fn arms(actions: &[Action]) -> Vec<BootInstant> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::ArmKeeper { deadline, .. } => Some(*deadline),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_frozen_keeper_ends_the_run_after_the_tree_gone_timeout_without_a_plain_release() {
+    fn a_tree_not_reported_gone_after_sigkill_is_never_released_and_exits_125() {
         let mut m = started(3000, 500);
         m.step(Event::Tick, at(2499));
         assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
@@ -1041,40 +1144,153 @@ mod tests {
         let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
         assert!(m.is_finished());
         assert_eq!(m.next_wake(), None);
-        assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Lost,
-            exit_code: None,
-            if_group_empty: true
-        }));
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(!released(&a), "{a:?}");
+        assert!(a.contains(&Action::Report(Notice::NotReleasing)));
         assert!(
             a.iter()
                 .any(|x| matches!(x, Action::Report(Notice::GroupNotGone { .. })))
         );
+        // The job ended by itself with 0, a descendant survives: not
+        // `succeeded`, not released, 125.
+        let mut m = started(30_000, 1000);
+        m.step(
+            Event::ChildExited {
+                status: ChildStatus::Exited(0),
+                at: at(100),
+            },
+            at(100),
+        );
+        assert_eq!(signals(&m.step(Event::Tick, at(1100))), vec![SIGKILL]);
+        let a = m.step(Event::Tick, at(1100) + TREE_GONE_TIMEOUT);
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(!released(&a));
+        assert!(a.contains(&Action::Finished {
+            outcome: Outcome::Failed,
+            status: exit::AGENT_FAILED
+        }));
     }
 
     #[test]
-    fn keeper_loss_kills_and_waits_for_the_group_before_deciding_on_release() {
+    fn keeper_loss_kills_and_never_releases() {
         let mut m = started(30_000, 1000);
         let a = m.step(Event::KeeperLost, at(100));
         assert_eq!(signals(&a), vec![SIGKILL]);
         assert!(!m.is_finished());
         let a = m.step(Event::Tick, at(100) + TREE_GONE_TIMEOUT);
         assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Failed,
-            exit_code: None,
-            if_group_empty: true
-        }));
-        // Keeper lost before the group was known: nothing is released.
+        assert!(!released(&a));
+        // Keeper lost before its start report: the agent still kills what
+        // it can reach, and nothing is released.
         let mut m = machine(30_000, 1000);
         let a = m.step(Event::KeeperLost, at(5));
+        assert_eq!(signals(&a), vec![SIGKILL]);
+        let a = m.step(Event::Tick, at(5) + TREE_GONE_TIMEOUT);
         assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
-        assert!(a.contains(&Action::Release {
-            outcome: Outcome::Failed,
-            exit_code: None,
-            if_group_empty: true
-        }));
+        assert!(!released(&a));
+    }
+
+    #[test]
+    fn sigkill_goes_out_at_the_kill_time_even_without_a_start_report() {
+        // The job stopped its keeper before the keeper reported it started.
+        let mut m = machine(3000, 500);
+        m.step(Event::Tick, at(2499));
+        assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
+        let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
+        assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+        assert!(!released(&a));
+    }
+
+    #[test]
+    fn the_keeper_is_armed_on_start_and_after_every_renewal() {
+        let mut m = machine(3000, 500);
+        let a = m.step(Event::ChildStarted { pid: 4 }, at(1));
+        assert_eq!(arms(&a), vec![at(2999)]);
+        assert_eq!(
+            m.arm_keeper(),
+            Action::ArmKeeper {
+                deadline: at(2999),
+                grace: ms(500),
+                kill_lead: KILL_LEAD
+            }
+        );
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(1000),
+                ttl: ms(3000),
+            },
+            at(1010),
+        );
+        assert_eq!(arms(&a), vec![at(3999)]);
+        // Lower ttl: lower deadline, handed over too.
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(1500),
+                ttl: ms(1000),
+            },
+            at(1510),
+        );
+        assert_eq!(arms(&a), vec![at(2499)]);
+        // Once lost, only an earlier deadline is handed over.
+        m.step(Event::Tick, at(2400));
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(2300),
+                ttl: ms(3000),
+            },
+            at(2410),
+        );
+        assert!(arms(&a).is_empty());
+    }
+
+    #[test]
+    fn job_control_signals_are_relayed_and_change_nothing_else() {
+        let mut m = started(30_000, 1000);
+        for sig in Sig::JOB_CONTROL {
+            let a = m.step(Event::Signal(sig), at(100));
+            assert_eq!(signals(&a), vec![sig]);
+            assert!(exit_of(&a).is_none());
+        }
+        let a = m.step(
+            Event::Renewed {
+                sent_at: at(200),
+                ttl: ms(30_000),
+            },
+            at(210),
+        );
+        assert_eq!(arms(&a).len(), 1, "renewals still count while paused");
+        assert_eq!(m.next_wake(), Some(at(200 + 30_000 - 1 - 1000)));
+    }
+
+    #[test]
+    fn a_second_sigint_or_sigterm_kills_at_once() {
+        for second in [SIGINT, SIGTERM] {
+            let mut m = started(30_000, 5000);
+            let a = m.step(Event::Signal(SIGINT), at(100));
+            assert_eq!(signals(&a), vec![SIGINT]);
+            let a = m.step(Event::Signal(second), at(200));
+            assert_eq!(signals(&a), vec![second, SIGKILL]);
+        }
+        // A second SIGHUP is only relayed.
+        let mut m = started(30_000, 5000);
+        m.step(Event::Signal(SIGTERM), at(100));
+        assert_eq!(
+            signals(&m.step(Event::Signal(Sig::Hup), at(200))),
+            vec![Sig::Hup]
+        );
+    }
+
+    #[test]
+    fn a_signal_that_would_end_the_agent_stops_and_releases_like_sigterm() {
+        for sig in Sig::FATAL {
+            let mut m = started(30_000, 1000);
+            let a = m.step(Event::Signal(sig), at(100));
+            assert_eq!(signals(&a), vec![SIGTERM], "{sig:?}");
+            assert!(a.contains(&Action::Report(Notice::Cancelling { sig })));
+            assert_eq!(signals(&m.step(Event::Tick, at(1100))), vec![SIGKILL]);
+            let a = end(&mut m, ChildStatus::Exited(3), 1101, 1101);
+            assert!(a.contains(&release(Outcome::Cancelled, Some(3))), "{a:?}");
+        }
     }
 
     #[test]
@@ -1238,7 +1454,9 @@ mod tests {
             if !m.is_finished() {
                 actions.extend(m.step(Event::TreeGone, resume + ms(1)));
             }
-            let expected = if at(end) >= floor_ms(m.deadline()) { exit::LEASE_LOST } else { code as u8 };
+            // The keeper's timer stops the job at the term time even while
+            // the agent is paused: an end from then on counts as lost.
+            let expected = if at(end) >= floor_ms(m.term_time()) { exit::LEASE_LOST } else { code as u8 };
             prop_assert_eq!(exit_of(&actions), Some(expected));
         }
     }
@@ -1270,7 +1488,7 @@ mod tests {
             4 => ((0u64..3000), (500u64..6000)).prop_map(|(lag, ttl)| Op::Renewed { lag, ttl }),
             2 => Just(Op::RenewFailed),
             1 => Just(Op::Refused),
-            1 => prop::sample::select(Sig::RELAYED.to_vec()).prop_map(Op::Signal),
+            1 => prop::sample::select(Sig::caught().collect::<Vec<_>>()).prop_map(Op::Signal),
             1 => (0i32..3).prop_map(Op::Exit),
             1 => Just(Op::TreeGone),
         ]
@@ -1368,7 +1586,8 @@ mod tests {
                         // The machine's own view of "lost" decides which rule
                         // applies; the model then checks the deadline it keeps.
                         let frozen = m.lease_lost()
-                            || m.stop.is_some_and(|s| s.reason == StopReason::DeadlineNear);
+                            || m.stop.is_some_and(|s| s.reason == StopReason::DeadlineNear)
+                            || m.keeper_acted(now);
                         if !frozen {
                             proven = sent + ms(t);
                             budget = st.deadline(sent, ms(t));
@@ -1384,7 +1603,7 @@ mod tests {
                         (Event::Refused { reason: RefusalReason::Superseded, message: String::new() }, None)
                     }
                     Op::Signal(s) => {
-                        if s.is_stop() { justified_stop = true; }
+                        if s.ends_run() { justified_stop = true; }
                         (Event::Signal(s), Some(s))
                     }
                     Op::Exit(c) => {

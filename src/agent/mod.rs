@@ -276,7 +276,7 @@ impl Waiting {
                 return None;
             }
             match events.recv_timeout(left.min(crate::time::clock::MAX_WAIT)) {
-                Ok(Event::Signal(sig)) if sig.is_stop() => {
+                Ok(Event::Signal(sig)) if sig.ends_run() => {
                     auth.abandon_wait(acquire_timeout(cfg));
                     log::warn!(
                         "signal {sig} while waiting for task {}; not acquired",
@@ -306,7 +306,7 @@ fn signals_before_start(
     let mut stop = None;
     while let Ok(event) = events.try_recv() {
         match event {
-            Event::Signal(sig) if sig.is_stop() => {
+            Event::Signal(sig) if sig.ends_run() => {
                 stop.get_or_insert(sig);
             }
             Event::Signal(sig) => {
@@ -455,6 +455,13 @@ fn start(
             .iter()
             .map(|v| v.to_string()),
     );
+    // A child subreaper, like the keeper: if the keeper dies, the job's
+    // processes re-parent to the agent, which can still see and kill them.
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        log::warn!(
+            "cannot become a child subreaper ({e}): a dead keeper's orphans escape the agent"
+        );
+    }
     match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone(), event_of)
     {
         Ok(k) => sup.set_keeper(k),
@@ -550,7 +557,7 @@ mod tests {
                 at: BootInstant::from_since_boot(Duration::from_millis(1500))
             })
         );
-        assert_eq!(ev("S 7 sleep 1001"), None);
+        assert_eq!(ev("S 7 eperm sleep 1001"), None);
         assert_eq!(event_of(News::Lost), Some(Event::KeeperLost));
     }
 }

@@ -80,11 +80,6 @@ pub enum Notice {
     GroupNotGone {
         waited: Duration,
     },
-    /// `kill(2)` on the job's group failed (other than "no such group").
-    SignalFailed {
-        pgid: i32,
-        error: String,
-    },
     /// The run's result, decided before any release.
     Finished {
         outcome: Outcome,
@@ -100,7 +95,7 @@ pub enum Notice {
     ReleaseFailed {
         error: String,
     },
-    /// The group was not provably empty: no release, the lease expires.
+    /// The tree was not reported gone: no release, the lease expires.
     NotReleasing,
 }
 
@@ -175,22 +170,18 @@ impl Reporter {
             }
             Notice::KeeperLost => (
                 Error,
-                "the keeper process died; killing the job's process group".into(),
+                "the keeper process died; killing the job's tree from the agent, the lease will not be released".into(),
             ),
             Notice::LeftoversOutsideGroup => (
                 Warn,
-                "processes the command started are still running outside its process group; not waiting for them".into(),
+                "processes the command started were not reported gone after SIGKILL; not waiting for them".into(),
             ),
             Notice::GroupNotGone { waited } => (
                 Error,
                 format!(
-                    "task {task} token {token}: the command was not reported gone {} after SIGKILL (keeper stopped, or a process stuck in uninterruptible sleep); giving up on it",
+                    "task {task} token {token}: the command was not reported gone {} after SIGKILL (a process that survives SIGKILL or may not be signalled); giving up on it",
                     format(*waited)
                 ),
-            ),
-            Notice::SignalFailed { pgid, error } => (
-                Warn,
-                format!("cannot signal process group {pgid}: {error}"),
             ),
             Notice::Finished { outcome, status } => (
                 Info,
@@ -218,7 +209,7 @@ impl Reporter {
             Notice::NotReleasing => (
                 Warn,
                 format!(
-                    "not releasing task {task} token {token}: the command's process group may still have members; the lease will expire by itself"
+                    "not releasing task {task} token {token}: processes of the command may still run; the lease will expire by itself"
                 ),
             ),
         }

@@ -5,6 +5,14 @@
 //! renewal, when renewals start failing, when the lease is lost. The job finds
 //! it through `LEASEAGENT_STATE_FILE`; `leaseagent check` reads it.
 //!
+//! The supervisor loop never writes the file itself: a filesystem can stall
+//! (a hung NFS home, a stuck disk, `fsfreeze`), and a loop asleep in D
+//! state cannot act on a refusal or a deadline. It hands each new view to
+//! [`StateQueue`], whose thread writes it; when writes are slow, views that
+//! were overtaken are skipped (the latest value wins), like the log queue.
+//! Only the first write, before the job starts, is made directly, so
+//! `leaseagent check` works from the job's first line.
+//!
 //! Times are on `CLOCK_BOOTTIME` (one clock for the whole host), tagged with
 //! the boot id, so a reader in another process computes the time left as
 //! `deadline_boot_ms - now_boot_ms` without any wall clock. A file whose boot
@@ -12,6 +20,9 @@
 //! which cannot be valid.
 
 use std::io::Write;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
@@ -135,6 +146,67 @@ impl StateWriter {
     }
 }
 
+enum Msg {
+    Write(Box<LeaseStateFile>),
+    /// Remove the file, then answer and end.
+    Remove(Sender<()>),
+}
+
+/// The state file's writer thread: [`StateQueue::publish`] never blocks.
+pub struct StateQueue {
+    tx: Sender<Msg>,
+}
+
+impl StateQueue {
+    /// Starts the thread that owns `writer`.
+    pub fn spawn(writer: StateWriter) -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
+        std::thread::Builder::new()
+            .name("state-file".into())
+            .spawn(move || write_latest(&writer, &rx))?;
+        Ok(StateQueue { tx })
+    }
+
+    /// Queues `state`; an older view still waiting is dropped.
+    pub fn publish(&self, state: LeaseStateFile) {
+        let _ = self.tx.send(Msg::Write(Box::new(state)));
+    }
+
+    /// Removes the file, waiting at most `within` (a stalled filesystem
+    /// delays the agent's exit by that much, never more).
+    pub fn remove(self, within: Duration) {
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        if self.tx.send(Msg::Remove(done_tx)).is_ok() {
+            let _ = done_rx.recv_deadline(Instant::now() + within);
+        }
+    }
+}
+
+/// The thread: takes every waiting message, writes only the latest view.
+fn write_latest(writer: &StateWriter, rx: &Receiver<Msg>) {
+    while let Ok(first) = rx.recv() {
+        let mut latest = first;
+        while let Ok(next) = rx.try_recv() {
+            if matches!(latest, Msg::Remove(_)) {
+                break;
+            }
+            latest = next;
+        }
+        match latest {
+            Msg::Write(state) => {
+                if let Err(e) = writer.write(&state) {
+                    log::debug!("cannot write the lease state file: {e}");
+                }
+            }
+            Msg::Remove(done) => {
+                writer.remove();
+                let _ = done.send(());
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +235,33 @@ mod tests {
         assert_eq!(back.remaining(now, "other-boot"), Duration::ZERO);
         w.remove();
         assert!(!w.path().exists());
+    }
+
+    #[test]
+    fn the_queue_writes_the_latest_view_and_removes_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = StateWriter::in_dir(dir.path()).unwrap();
+        let path = w.path().to_path_buf();
+        let q = StateQueue::spawn(w).unwrap();
+        let view = |token| LeaseStateFile {
+            task: "t".into(),
+            lease_id: "l".into(),
+            token,
+            state: LeaseView::Valid,
+            deadline_boot_ms: 1,
+            boot_id: "b".into(),
+            agent_pid: 1,
+            outcome: None,
+        };
+        for t in 1..=50 {
+            q.publish(view(t));
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        while LeaseStateFile::read(&path).map(|s| s.token).ok() != Some(50) {
+            assert!(Instant::now() < until, "the latest view was never written");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        q.remove(Duration::from_secs(10));
+        assert!(!path.exists());
     }
 }

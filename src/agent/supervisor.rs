@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::authority::{Authority, Grant, Outcome, RenewError};
-use crate::keeper::handle::{JobGroup, Keeper};
+use crate::keeper::handle::Keeper;
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
 use crate::agent::machine::{Action, Event, Machine};
 use crate::agent::report::{Notice, Reporter};
-use crate::agent::state_file::{LeaseStateFile, LeaseView, StateWriter};
+use crate::agent::state_file::{LeaseStateFile, LeaseView, StateQueue, StateWriter};
 use crate::sys::notify::Notifier;
 
 /// The shortest wait of the loop when the machine names a wake-up time that
@@ -37,7 +37,10 @@ pub struct Supervisor {
     authority: Box<dyn Authority>,
     events: Receiver<Event>,
     notifier: Notifier,
+    /// Until the first (direct) write; then `queue` owns it.
     state: Option<StateWriter>,
+    /// The state file's writer thread: the loop never waits on a filesystem.
+    queue: Option<StateQueue>,
     boot_id: String,
     reporter: Reporter,
     /// Dropped to stop renewals.
@@ -47,8 +50,6 @@ pub struct Supervisor {
     _events_tx: Sender<Event>,
     /// The run's outcome, once decided (published in the state file).
     outcome: Option<Outcome>,
-    /// The job's group, once the keeper reported it.
-    group: Option<JobGroup>,
     /// The last `STATUS=` sent to systemd.
     last_status: String,
     next_watchdog: Option<Instant>,
@@ -79,21 +80,23 @@ impl Supervisor {
             events: events.1,
             notifier,
             state,
+            queue: None,
             boot_id: crate::time::clock::boot_id().unwrap_or_default(),
             heartbeat: None,
             keeper: None,
             _events_tx: events.0,
             outcome: None,
-            group: None,
             last_status: String::new(),
             next_watchdog: None,
             last_step: BootInstant::from_since_boot(Duration::ZERO),
         }
     }
 
-    /// Hands the running keeper over.
+    /// Hands the running keeper over, and the deadline to guard with it.
     pub fn set_keeper(&mut self, keeper: Keeper) {
         self.keeper = Some(keeper);
+        let arm = self.machine.arm_keeper();
+        self.send_signals(&[arm]);
     }
 
     /// Hands the heartbeat thread over (dropped to stop renewals).
@@ -111,9 +114,6 @@ impl Supervisor {
             .map(|w| Instant::now() + w);
         loop {
             let event = self.next_event();
-            if let Event::ChildStarted { pid } = event {
-                self.group = JobGroup::for_kill(pid);
-            }
             let now = BootInstant::now();
             self.last_step = now;
             let actions = self.machine.step(event, now);
@@ -152,18 +152,30 @@ impl Supervisor {
         }
     }
 
-    /// The kill path first: every signal of a step goes out before anything
-    /// that does I/O (log, state file, systemd, release).
+    /// The kill path first: every signal of a step, and the keeper's
+    /// deadline, go out before anything that does I/O (log, state file,
+    /// systemd, release).
     fn send_signals(&mut self, actions: &[Action]) {
         // Through the keeper, which stops the whole tree (see keeper/handle.rs).
         let Some(k) = self.keeper.as_mut() else {
             return;
         };
         for action in actions {
-            if let Action::SignalGroup(sig) = action {
-                if let Some((pgid, error)) = k.signal(*sig) {
-                    self.reporter.report(&Notice::SignalFailed { pgid, error });
+            match action {
+                Action::SignalGroup(sig) => k.signal(*sig),
+                Action::ArmKeeper {
+                    deadline,
+                    grace,
+                    kill_lead,
+                } => {
+                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                    k.arm(crate::keeper::protocol::Arm {
+                        deadline_us: us(deadline.since_boot()),
+                        grace_us: us(*grace),
+                        kill_lead_us: us(*kill_lead),
+                    });
                 }
+                _ => {}
             }
         }
     }
@@ -171,7 +183,7 @@ impl Supervisor {
     /// Carries out one action other than a signal; `Some(status)` to exit.
     fn carry_out(&mut self, action: Action) -> Option<u8> {
         match action {
-            Action::SignalGroup(_) => {}
+            Action::SignalGroup(_) | Action::ArmKeeper { .. } => {}
             Action::Report(notice) => self.reporter.report(&notice),
             Action::Finished { outcome, status } => {
                 self.outcome = Some(outcome);
@@ -203,22 +215,14 @@ impl Supervisor {
                 self.last_status = status;
             }
             Action::StopHeartbeat => self.heartbeat = None,
-            Action::Release {
-                outcome,
-                exit_code,
-                if_group_empty,
-            } => {
-                if if_group_empty && !self.group.is_some_and(|g| g.is_empty()) {
-                    self.reporter.report(&Notice::NotReleasing);
-                } else {
-                    self.release(outcome, exit_code);
-                }
-            }
+            Action::Release { outcome, exit_code } => self.release(outcome, exit_code),
             Action::Exit(code) => {
                 if let Some(k) = self.keeper.take() {
                     k.finish(Duration::from_secs(1));
                 }
-                if let Some(s) = &self.state {
+                if let Some(q) = self.queue.take() {
+                    q.remove(Duration::from_millis(500));
+                } else if let Some(s) = &self.state {
                     s.remove();
                 }
                 return Some(code);
@@ -238,14 +242,29 @@ impl Supervisor {
         }
     }
 
-    /// Writes the state file once before the job starts.
-    pub fn publish_initial(&self) {
-        self.publish(LeaseView::Valid);
+    /// Writes the state file once, directly, before the job starts; later
+    /// views go through the writer thread.
+    pub fn publish_initial(&mut self) {
+        let Some(writer) = self.state.take() else {
+            return;
+        };
+        if let Err(e) = writer.write(&self.view(LeaseView::Valid)) {
+            log::debug!("cannot write the lease state file: {e}");
+        }
+        match StateQueue::spawn(writer) {
+            Ok(q) => self.queue = Some(q),
+            Err(e) => log::warn!("no writer thread for the lease state file: {e}"),
+        }
     }
 
     fn publish(&self, view: LeaseView) {
-        let Some(writer) = &self.state else { return };
-        let state = LeaseStateFile {
+        if let Some(q) = &self.queue {
+            q.publish(self.view(view));
+        }
+    }
+
+    fn view(&self, view: LeaseView) -> LeaseStateFile {
+        LeaseStateFile {
             task: self.grant.task.clone(),
             lease_id: self.grant.lease_id.clone(),
             token: self.grant.token,
@@ -254,9 +273,6 @@ impl Supervisor {
             deadline_boot_ms: self.machine.deadline().since_boot().as_millis() as u64,
             boot_id: self.boot_id.clone(),
             agent_pid: std::process::id(),
-        };
-        if let Err(e) = writer.write(&state) {
-            log::debug!("cannot write the lease state file: {e}");
         }
     }
 

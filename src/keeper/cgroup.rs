@@ -2,10 +2,10 @@
 //!
 //! A cgroup holds every process started in it, whatever it does with its
 //! parent, group or session, and `cgroup.kill` kills them all at once, with
-//! no walk and no fork race. The keeper uses one when its own cgroup is
-//! writable by it (delegated, e.g. systemd `Delegate=yes`, or root in a
-//! non-root cgroup) and has `cgroup.kill` (Linux 5.14+); otherwise the tree
-//! walk alone.
+//! no walk and no fork race. The keeper uses one by default wherever its
+//! own cgroup is writable by it (delegated, e.g. systemd `Delegate=yes`, or
+//! root, even in the root cgroup) and the new cgroup has `cgroup.kill`
+//! (Linux 5.14+); otherwise the tree walk alone.
 //!
 //! How the job is born inside it without a race: the keeper moves itself
 //! into `<own>/leaseagent-job-<pid>`, starts the job (which inherits the
@@ -64,7 +64,8 @@ fn own_dir() -> Result<PathBuf, CgroupError> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or(CgroupError::NoV2)?;
-    if path == "/" {
+    // Only root may make cgroups beside the root cgroup's own processes.
+    if path == "/" && !rustix::process::geteuid().is_root() {
         return Err(CgroupError::InRoot);
     }
     let info = read("/proc/self/mountinfo")?;
@@ -97,12 +98,14 @@ impl JobCgroup {
     /// `Err` says why there is none (the tree walk is used instead).
     pub fn create() -> Result<Self, CgroupError> {
         let parent = own_dir()?;
-        if !parent.join("cgroup.kill").exists() {
-            return Err(CgroupError::NoKill { dir: parent });
-        }
         let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
         if let Err(source) = std::fs::create_dir(&dir) {
             return Err(CgroupError::Create { dir, source });
+        }
+        // The root cgroup has no cgroup.kill of its own: ask the new one.
+        if !dir.join("cgroup.kill").exists() {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(CgroupError::NoKill { dir });
         }
         let cg = JobCgroup { dir, parent };
         if let Err(source) = cg.enter().and_then(|()| cg.leave()) {
@@ -147,6 +150,31 @@ impl JobCgroup {
 
     /// Removes the (empty) cgroup; a cgroup with members stays.
     pub fn remove(&self) {
-        let _ = std::fs::remove_dir(&self.dir);
+        remove_dir_when_released(&self.dir);
+    }
+}
+
+/// `rmdir` of an emptied cgroup, retried for a moment: the kernel may still
+/// count a just-reaped process (EBUSY) for a few milliseconds.
+fn remove_dir_when_released(dir: &Path) {
+    for _ in 0..50 {
+        match std::fs::remove_dir(dir) {
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Removes the job cgroup a keeper with pid `keeper` may have left behind
+/// (it was killed, or exited before the kernel released its cgroup); run
+/// by the agent, whose cgroup the keeper's is. A cgroup with members stays.
+pub fn remove_left_by(keeper: u32) {
+    if let Ok(parent) = own_dir() {
+        let dir = parent.join(format!("leaseagent-job-{keeper}"));
+        if dir.exists() {
+            remove_dir_when_released(&dir);
+        }
     }
 }

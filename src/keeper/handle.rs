@@ -5,13 +5,18 @@
 //! SIGTERM and SIGKILL reach every descendant whatever its group or
 //! session, and relayed signals reach the members of the job's group. The
 //! ctl pipe is non-blocking on our side, so a frozen keeper can never block
-//! the supervisor loop.
+//! the supervisor loop. After every grant and renewal the keeper gets the
+//! deadline ([`Keeper::arm`]) and enforces it alone if need be.
 //!
-//! SIGKILL also goes straight to the job's process group from here, so the
-//! deadline holds even when the keeper is stopped or gone. That is the only
-//! group signal the agent sends, and only while the job's leader has not
-//! been reported exited: an unreaped leader keeps its pid (the group id)
-//! from being recycled, so `kill(-pgid)` cannot reach a stranger's group.
+//! The agent keeps the keeper honest. With every SIGTERM and SIGKILL it
+//! sends the keeper SIGCONT (through a pidfd: the keeper is our unreaped
+//! child, so the pidfd is the keeper), and with SIGKILL it also walks the
+//! tree itself, from its own pid down (the agent is a child subreaper too:
+//! if the keeper dies, its orphans re-parent to the agent, and the walk
+//! still finds them), sparing only the keeper. Each process is signalled
+//! through a pidfd whose parent is checked after the open (`keeper::tree`),
+//! so the agent never signals a bare pid or process group that may have
+//! been reaped and reused.
 //!
 //! The report pipe is read on a thread of its own; this module never waits
 //! on a process itself (except the bounded reap of the keeper at the end),
@@ -30,40 +35,19 @@ use crossbeam_channel::Sender;
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::{FdFlags, fcntl_setfd};
 use rustix::pipe::{PipeFlags, pipe_with};
-use rustix::process::{Pid, PidfdFlags, kill_process_group, test_kill_process_group};
+use std::os::fd::OwnedFd;
+
+use rustix::process::{Pid, PidfdFlags, Signal};
 
 use crate::keeper::KEEPER_ARG;
 use crate::keeper::protocol::{Command as Ctl, Report};
 use crate::sys::signal::Sig;
-
-/// The job's process group, for the one question the agent asks of it
-/// after a keeper loss: is it provably empty?
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JobGroup(Pid);
-
-impl JobGroup {
-    /// The group led by `pid` (the job runs with `pgid == pid`).
-    pub fn for_kill(pid: i32) -> Option<Self> {
-        Pid::from_raw(pid).map(JobGroup)
-    }
-
-    /// Whether the group provably has no member left (not even a zombie):
-    /// `kill(-pgid, 0)` finds nobody.
-    pub fn is_empty(&self) -> bool {
-        matches!(
-            test_kill_process_group(self.0),
-            Err(rustix::io::Errno::SRCH)
-        )
-    }
-}
 
 /// What the report reader has learnt, shared with the handle.
 #[derive(Default)]
 struct Seen {
     /// The job's pid (= its process group id), 0 until started.
     job_pid: AtomicI32,
-    /// The keeper reported the leader reaped: never signal `-pgid` again.
-    leader_exited: AtomicBool,
     /// The keeper reported the whole tree gone.
     tree_gone: AtomicBool,
 }
@@ -71,6 +55,8 @@ struct Seen {
 /// The running keeper.
 pub struct Keeper {
     child: Child,
+    /// The keeper itself, for SIGCONT; opened while it is our unreaped child.
+    pidfd: Option<OwnedFd>,
     ctl: Option<std::fs::File>,
     seen: Arc<Seen>,
 }
@@ -117,6 +103,10 @@ pub fn spawn_keeper<T: Send + 'static>(
         cmd.env(k, v);
     }
     let child = cmd.spawn()?;
+    let pidfd = i32::try_from(child.id())
+        .ok()
+        .and_then(Pid::from_raw)
+        .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
     drop(ctl_r);
     drop(rep_w);
     let reader = std::fs::File::from(rep_r);
@@ -134,6 +124,7 @@ pub fn spawn_keeper<T: Send + 'static>(
     }
     Ok(Keeper {
         child,
+        pidfd,
         ctl: Some(std::fs::File::from(ctl_w)),
         seen,
     })
@@ -155,11 +146,12 @@ fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -
         };
         match &report {
             Report::Started { pid } => seen.job_pid.store(*pid, Ordering::SeqCst),
-            Report::Exited { .. } => seen.leader_exited.store(true, Ordering::SeqCst),
+            Report::Exited { .. } => {}
             Report::TreeGone => seen.tree_gone.store(true, Ordering::SeqCst),
-            Report::Survivor { pid, command } => log::error!(
-                "process {pid} of the job's tree survived SIGKILL: {}",
-                escape(command)
+            Report::Survivor { pid, command, why } => log::error!(
+                "process {pid} ({}) of the job's tree is still alive: {}",
+                escape(command),
+                why.describe()
             ),
             Report::Warning(m) => log::warn!("{}", escape(m)),
             Report::Info(m) => log::info!("{}", escape(m)),
@@ -184,25 +176,36 @@ fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -
 
 impl Keeper {
     /// Stops or signals the job: SIGTERM/SIGKILL to its whole tree (through
-    /// the keeper), other signals to its group's members. SIGKILL also goes
-    /// straight to the group while its leader lives; a failure of that is
-    /// returned as `(pgid, error)` for the report.
-    pub fn signal(&mut self, sig: Sig) -> Option<(i32, String)> {
+    /// the keeper, woken with SIGCONT in case it was stopped; SIGKILL also
+    /// from here, see the module doc), other signals to its group's members.
+    pub fn signal(&mut self, sig: Sig) {
         let cmd = match sig {
             Sig::Term => Ctl::Term,
             Sig::Kill => Ctl::Kill,
             s => Ctl::Relay(s),
         };
-        let failed = if sig == Sig::Kill {
-            self.kill_group_directly()
-        } else {
-            None
-        };
-        if self.seen.tree_gone.load(Ordering::SeqCst) {
-            return failed;
+        if matches!(sig, Sig::Term | Sig::Kill) {
+            self.wake();
         }
+        if sig == Sig::Kill {
+            self.kill_tree_directly();
+        }
+        if self.seen.tree_gone.load(Ordering::SeqCst) {
+            return;
+        }
+        self.send(cmd);
+    }
+
+    /// Hands the keeper the deadline of the latest grant or renewal.
+    pub fn arm(&mut self, arm: crate::keeper::protocol::Arm) {
+        self.send(Ctl::Arm(arm));
+    }
+
+    /// One command on the ctl pipe, never blocking (one frame is at most
+    /// `PIPE_BUF`, so it goes whole or not at all).
+    fn send(&mut self, cmd: Ctl) {
         if let Some(ctl) = self.ctl.as_mut() {
-            match ctl.write(&[cmd.to_byte()]) {
+            match ctl.write(&cmd.encode()) {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     log::warn!("the keeper is not reading its commands (stopped?)");
@@ -210,19 +213,23 @@ impl Keeper {
                 Err(_) => self.ctl = None,
             }
         }
-        failed
     }
 
-    /// `kill(-pgid, SIGKILL)` while the leader is not known to have exited.
-    fn kill_group_directly(&self) -> Option<(i32, String)> {
-        if self.seen.leader_exited.load(Ordering::SeqCst) {
-            return None;
+    /// SIGCONT to the keeper: a keeper stopped by the job (or anyone) acts
+    /// on its queue and its own timer again.
+    fn wake(&self) {
+        if let Some(fd) = &self.pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd, Signal::CONT);
         }
-        let pgid = Pid::from_raw(self.seen.job_pid.load(Ordering::SeqCst))?;
-        match kill_process_group(pgid, Sig::Kill.to_rustix()) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => None,
-            Err(e) => Some((pgid.as_raw_nonzero().get(), e.to_string())),
-        }
+    }
+
+    /// SIGKILL to every process below the agent but the keeper: the job's
+    /// tree under the keeper and, once the keeper is gone, its orphans
+    /// (re-parented to the agent, a child subreaper).
+    fn kill_tree_directly(&self) {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        let keeper = i32::try_from(self.child.id()).ok();
+        crate::keeper::tree::kill_all_except(me, None, keeper);
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally
@@ -232,8 +239,10 @@ impl Keeper {
     /// on every run).
     pub fn finish(mut self, within: Duration) {
         if let Some(mut ctl) = self.ctl.take() {
-            let _ = ctl.write_all(&[Ctl::Done.to_byte()]);
+            let _ = ctl.write_all(&Ctl::Done.encode());
         }
+        // A stopped keeper could neither finish nor kill what is left.
+        self.wake();
         let until = Instant::now() + within;
         let pidfd = i32::try_from(self.child.id())
             .ok()
@@ -241,7 +250,10 @@ impl Keeper {
             .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         loop {
             match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => return,
+                Ok(Some(_)) | Err(_) => {
+                    crate::keeper::cgroup::remove_left_by(self.child.id());
+                    return;
+                }
                 Ok(None) => {}
             }
             let left = until.saturating_duration_since(Instant::now());

@@ -11,15 +11,23 @@
 //! the kernel closes it, the keeper reads EOF and kills the whole tree.
 //!
 //! ```text
-//!   agent ──ctl pipe: Relay(sig) Term Kill Done; EOF = agent died──▶ keeper ──fork/exec──▶ job
+//!   agent ──ctl pipe: Relay(sig) Term Kill Done Arm; EOF = agent died──▶ keeper ──fork/exec──▶ job
 //!   agent ◀──report pipe: Started SpawnFailed Exited TreeGone Survivor Warning Info── keeper
 //! ```
 //! (both ends typed in [`protocol`]).
 //!
-//! One loop, in tini's manner: `poll` on the ctl pipe and a SIGCHLD
-//! self-pipe together, then `waitpid(-1, WNOHANG)` until nothing is left to
-//! reap. No helper thread, no sleep-polling. The only timed wake-up is the
-//! next round of SIGKILL while a kill is in progress.
+//! The keeper is the deadline's second guardian: after every grant and
+//! renewal the agent sends `Arm` (deadline, grace, kill lead), and the
+//! keeper stops the tree by it on its own ([`guard`]) if no newer one comes,
+//! so an agent that is stopped, blocked on a filesystem or not scheduled
+//! cannot let the deadline pass.
+//!
+//! One loop, in tini's manner: `poll` on the ctl pipe, a SIGCHLD self-pipe
+//! and a `CLOCK_BOOTTIME` timerfd together, then `waitpid(-1, WNOHANG)`
+//! until nothing is left to reap. No helper thread, no sleep-polling. The
+//! timed wake-ups are the armed deadline's SIGTERM and SIGKILL and the next
+//! round of SIGKILL while a kill is in progress (backing off to
+//! `KILL_ROUND_SURVIVORS` once survivors were reported).
 //!
 //! Invariants and races it guards against:
 //! - The keeper is a child subreaper, so every descendant of the job stays
@@ -38,7 +46,7 @@
 //!   nor the job holds a write end: EOF means exactly "the agent is gone".
 //!   The keeper marks its own pipe ends close-on-exec before starting the
 //!   job, so the job inherits neither.
-//! - The keeper ignores (by handling) every signal the agent relays, so a
+//! - The keeper ignores (by handling) every signal the agent catches, so a
 //!   Ctrl-C to the terminal's foreground group (agent + keeper) reaches the
 //!   job only through the agent's relay: exactly once. Handled (not ignored)
 //!   signals are reset to their defaults by `exec`, so the job starts clean.
@@ -46,6 +54,7 @@
 //!   reported and the job is not started (the tree could not be followed).
 
 pub mod cgroup;
+pub mod guard;
 pub mod handle;
 pub mod protocol;
 pub mod tree;
@@ -71,9 +80,16 @@ use protocol::{Command as Ctl, Report, SpawnFailure};
 /// The hidden first argument that selects keeper mode.
 pub const KEEPER_ARG: &str = "__keeper";
 
-/// While killing: the first rounds of SIGKILL come this fast, then slower.
+/// While killing: the first rounds of SIGKILL come this fast, then slower,
+/// up to the longest pause between rounds once survivors were reported (a
+/// process the keeper cannot kill costs a walk of the tree every few
+/// seconds, not a busy loop).
 const KILL_ROUND_FIRST: Duration = Duration::from_millis(10);
 const KILL_ROUND_MAX: Duration = Duration::from_millis(500);
+const KILL_ROUND_SURVIVORS: Duration = Duration::from_secs(5);
+/// The keeper's name in `ps`, `pgrep` and OOM reports: `comm` holds at most
+/// 15 bytes, so `leaseagent-keeper` (its `argv[0]`) shows as this.
+pub const KEEPER_COMM: &str = "leaseagent-keep";
 /// Survivors of SIGKILL this long are reported (once) with pid and command.
 const SURVIVOR_REPORT_AFTER: Duration = Duration::from_secs(1);
 
@@ -114,9 +130,10 @@ impl Reporter {
             self.pipe = None;
         }
         match r {
-            Report::Survivor { pid, command } => eprintln!(
-                "leaseagent: keeper: error: process {pid} ({}) survived SIGKILL",
-                crate::escape::escape(command)
+            Report::Survivor { pid, command, why } => eprintln!(
+                "leaseagent: keeper: error: process {pid} ({}) is still alive: {}",
+                crate::escape::escape(command),
+                why.describe()
             ),
             Report::Warning(m) => {
                 eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
@@ -132,8 +149,18 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
+    name_self(&mut out);
     // The agent logged whether memory could be locked; the same holds here.
     let _ = crate::sys::memory::protect(false);
+    let timer = match deadline_timer() {
+        Ok(t) => t,
+        Err(e) => {
+            out.send(&spawn_failed(format!(
+                "keeper: cannot create its deadline timer: {e}"
+            )));
+            return ExitCode::SUCCESS;
+        }
+    };
     let (sigchld, cgroup, job_pid) = match prepare_and_spawn(&mut out, &command) {
         Ok(started) => started,
         Err(failed) => {
@@ -153,6 +180,9 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         killing: None,
         cgroup,
         out,
+        guard: guard::Guard::default(),
+        decoder: protocol::Decoder::default(),
+        timer,
     };
     k.run_loop(&sigchld);
     if let Some(cg) = &k.cgroup {
@@ -161,11 +191,45 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `comm` = [`KEEPER_COMM`] (it would be `exe`, from `/proc/self/exe`), so
+/// `ps`, `pgrep` and the OOM killer's report name the keeper. A failure is
+/// only a warning.
+fn name_self(out: &mut Reporter) {
+    let name = std::ffi::CString::new(KEEPER_COMM).unwrap_or_default();
+    if let Err(e) = rustix::thread::set_name(&name) {
+        out.send(&Report::Warning(format!(
+            "keeper: cannot set its name: {e}"
+        )));
+    }
+}
+
+/// The timer of the keeper's own deadline: on `CLOCK_BOOTTIME`, which keeps
+/// counting through suspend, set to absolute times, polled with the pipes.
+fn deadline_timer() -> std::io::Result<OwnedFd> {
+    use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
+    Ok(timerfd_create(
+        TimerfdClockId::Boottime,
+        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+    )?)
+}
+
+/// Now on `CLOCK_BOOTTIME`, in µs (the unit of [`protocol::Arm`]).
+fn boot_now_us() -> u64 {
+    u64::try_from(
+        crate::time::clock::BootInstant::now()
+            .since_boot()
+            .as_micros(),
+    )
+    .unwrap_or(u64::MAX)
+}
+
 /// Neither pipe end may reach the job; the report end becomes the
 /// [`Reporter`]. `None`: cannot even report.
 fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     if fcntl_setfd(ctl, FdFlags::CLOEXEC).is_err()
         || fcntl_setfd(&report, FdFlags::CLOEXEC).is_err()
+        // Read to the end of what is queued, never waiting (`read_ctl`).
+        || rustix::fs::fcntl_setfl(ctl, rustix::fs::OFlags::NONBLOCK).is_err()
     {
         return None;
     }
@@ -202,7 +266,7 @@ fn spawn_failed(message: String) -> Report {
 /// The signals the agent relays: the keeper must not die of them. Handled,
 /// not ignored: the disposition resets to default in the job.
 fn handle_relayed_signals() -> Result<(), Report> {
-    for sig in Sig::RELAYED.map(Sig::number) {
+    for sig in Sig::caught().map(Sig::number) {
         signal_hook::flag::register(sig, Arc::new(AtomicBool::new(false)))
             .map_err(|e| spawn_failed(format!("keeper: cannot handle signal {sig}: {e}")))?;
     }
@@ -331,6 +395,11 @@ struct Keeper {
     killing: Option<Killing>,
     cgroup: Option<cgroup::JobCgroup>,
     out: Reporter,
+    /// The deadline the agent handed over, enforced by the keeper alone.
+    guard: guard::Guard,
+    decoder: protocol::Decoder,
+    /// Fires at `guard.next_wake()`.
+    timer: OwnedFd,
 }
 
 impl Keeper {
@@ -343,6 +412,15 @@ impl Keeper {
                 return;
             }
             self.kill_round_timer(tree_gone);
+            // The newest deadline first: a keeper resumed after a stop has
+            // the `Arm`s sent meanwhile queued (a read that finds nothing
+            // costs one syscall).
+            if self.ctl.is_some() {
+                self.read_ctl();
+            }
+            if !tree_gone || !self.leader_reaped {
+                self.deadline_due();
+            }
             let (chld_ready, ctl_ready) = self.wait_for_events(sigchld);
             if chld_ready {
                 drain_sigchld(sigchld);
@@ -387,8 +465,10 @@ impl Keeper {
                 tv_nsec: i64::from(d.subsec_nanos()),
             }
         });
-        let mut fds = Vec::with_capacity(2);
+        let mut fds = Vec::with_capacity(3);
         fds.push(PollFd::new(sigchld, PollFlags::IN));
+        // The deadline timer wakes the poll; the loop then asks the guard.
+        fds.push(PollFd::new(&self.timer, PollFlags::IN));
         if let Some(c) = &self.ctl {
             fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
         }
@@ -397,8 +477,13 @@ impl Keeper {
             Err(_) => true,
         };
         let chld_ready = !fds[0].revents().is_empty();
-        let ctl_ready = fds.get(1).is_some_and(|f| !f.revents().is_empty());
+        let timer_ready = !fds[1].revents().is_empty();
+        let ctl_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
         drop(fds);
+        if timer_ready {
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&self.timer, &mut buf);
+        }
         if poll_failed {
             self.ctl = None;
         }
@@ -445,33 +530,92 @@ impl Keeper {
         self.cgroup.as_ref().is_none_or(|cg| cg.pids().is_empty())
     }
 
+    /// The keeper's own deadline: SIGTERM and SIGKILL when due, whatever
+    /// the agent does; then the timer is set to the next time due.
+    fn deadline_due(&mut self) {
+        for due in self.guard.due(boot_now_us()) {
+            match due {
+                guard::Due::Term => {
+                    self.out.send(&Report::Info(
+                        "the keeper's deadline timer fired: SIGTERM to the tree".into(),
+                    ));
+                    self.term();
+                }
+                guard::Due::Kill => self.start_kill(),
+            }
+        }
+        self.set_timer();
+    }
+
+    /// Sets the timer to the guard's next wake-up (absolute), or disarms it.
+    fn set_timer(&self) {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+        let at = self.guard.next_wake();
+        let ts = |us: u64| Timespec {
+            tv_sec: (us / 1_000_000) as i64,
+            tv_nsec: ((us % 1_000_000) * 1_000) as i64,
+        };
+        let spec = Itimerspec {
+            it_interval: ts(0),
+            // Zero disarms; an absolute time in the past fires at once.
+            it_value: at.map_or(ts(0), |us| ts(us.max(1))),
+        };
+        let _ = timerfd_settime(&self.timer, TimerfdTimerFlags::ABSTIME, &spec);
+    }
+
+    /// Reads everything the agent queued (non-blocking, to the end), then
+    /// carries it out in order. All of it first: a keeper stopped for a
+    /// while finds several `Arm`s queued, and acting on the first (an old
+    /// deadline) before reading the last would stop a job whose lease was
+    /// renewed since. The deadline itself is checked by the loop after.
     fn read_ctl(&mut self) {
         let Some(ctl) = self.ctl.as_mut() else { return };
-        let mut buf = [0u8; 64];
-        let n = match ctl.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
-            Err(_) => 0,
-        };
-        if n == 0 {
+        let mut bytes = Vec::new();
+        let mut eof = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            match ctl.read(&mut buf) {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        let commands = self.decoder.push(&bytes);
+        if commands.is_empty() && eof {
             self.ctl = None;
             self.agent_gone();
             return;
         }
-        for &b in &buf[..n] {
-            match Ctl::from_byte(b) {
-                Some(Ctl::Relay(sig)) => self.relay(sig),
-                Some(Ctl::Term) => self.term(),
-                Some(Ctl::Kill) => self.start_kill(),
-                Some(Ctl::Done) => {
+        for cmd in commands {
+            match cmd {
+                Ctl::Relay(sig) => self.relay(sig),
+                Ctl::Term => {
+                    if self.guard.term_requested() {
+                        self.term();
+                    }
+                }
+                Ctl::Kill => self.start_kill(),
+                Ctl::Arm(a) => self.guard.arm(a),
+                Ctl::Done => {
                     self.ctl = None;
                     self.finishing = true;
                     // Normally nothing is left; if something is, it dies.
                     self.start_kill();
                     return;
                 }
-                None => {}
             }
+        }
+        if eof {
+            self.ctl = None;
+            self.agent_gone();
         }
     }
 
@@ -493,15 +637,19 @@ impl Keeper {
         tree::signal_all(self.me, sig.to_rustix(), Some(self.job_pid), self.leader());
     }
 
-    /// SIGTERM to every descendant, and to everything in the job's cgroup.
+    /// SIGTERM to every descendant, and to everything in the job's cgroup,
+    /// then SIGCONT (as `timeout` and systemd do), so a job paused with
+    /// SIGTSTP or SIGSTOP acts on it within its grace.
     fn term(&mut self) {
-        let done: HashSet<i32> = tree::signal_all(self.me, Signal::TERM, None, self.leader())
-            .into_iter()
-            .collect();
-        if let Some(cg) = &self.cgroup {
-            for pid in cg.pids() {
-                if !done.contains(&pid) {
-                    signal_in_cgroup(pid, cg, Signal::TERM);
+        for sig in [Signal::TERM, Signal::CONT] {
+            let done: HashSet<i32> = tree::signal_all(self.me, sig, None, self.leader())
+                .into_iter()
+                .collect();
+            if let Some(cg) = &self.cgroup {
+                for pid in cg.pids() {
+                    if !done.contains(&pid) {
+                        signal_in_cgroup(pid, cg, sig);
+                    }
                 }
             }
         }
@@ -531,7 +679,12 @@ impl Keeper {
             return;
         }
         k.next_round = now + k.round;
-        k.round = (k.round * 2).min(KILL_ROUND_MAX);
+        let max = if k.survivors_reported {
+            KILL_ROUND_SURVIVORS
+        } else {
+            KILL_ROUND_MAX
+        };
+        k.round = (k.round * 2).min(max);
         let report_now = !k.survivors_reported && now >= k.since + SURVIVOR_REPORT_AFTER;
         if report_now {
             k.survivors_reported = true;
@@ -544,9 +697,11 @@ impl Keeper {
                 )));
             }
         }
-        let killed = tree::kill_all(self.me, self.leader());
+        tree::kill_all(self.me, self.leader());
         if report_now {
-            let mut pids: Vec<i32> = killed.into_iter().collect();
+            // Every process still below us, killed or not (one it may not
+            // signal, EPERM, was never killed), with why it lives.
+            let mut pids: Vec<i32> = tree::descendants(self.me).iter().map(|p| p.pid).collect();
             if let Some(cg) = &self.cgroup {
                 pids.extend(cg.pids());
             }
@@ -554,7 +709,8 @@ impl Keeper {
             pids.dedup();
             for pid in pids {
                 let command = tree::command_of(pid);
-                self.out.send(&Report::Survivor { pid, command });
+                let why = tree::why_alive(pid);
+                self.out.send(&Report::Survivor { pid, command, why });
             }
         }
     }

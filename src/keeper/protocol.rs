@@ -13,7 +13,11 @@ use std::str::FromStr;
 use crate::exit::ChildStatus;
 use crate::sys::signal::Sig;
 
-/// What the agent asks of the keeper; one byte on the ctl pipe.
+/// What the agent asks of the keeper, on the ctl pipe: one byte each, but
+/// for [`Command::Arm`], a fixed frame of [`ARM_FRAME`] bytes. Every frame
+/// is at most `PIPE_BUF` long, so a write of one is atomic: a reader never
+/// sees half a frame from one write, though one `read` may end inside a
+/// frame when several are queued ([`Decoder`] keeps the rest).
 ///
 /// EOF on the ctl pipe is not a command: it means the agent is gone, and the
 /// keeper kills the whole tree.
@@ -28,20 +32,49 @@ pub enum Command {
     /// The agent is finishing: kill whatever is left (nothing, normally),
     /// then exit.
     Done,
+    /// The lease's deadline as of the latest grant or renewal: the keeper
+    /// stops the tree by it on its own unless a newer one replaces it.
+    Arm(Arm),
 }
 
+/// A deadline for the keeper's own timer, in microseconds on
+/// `CLOCK_BOOTTIME` (one clock for both processes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arm {
+    /// The local deadline: the tree must be dead by then.
+    pub deadline_us: u64,
+    /// SIGTERM this long before the deadline.
+    pub grace_us: u64,
+    /// SIGKILL this long before the deadline.
+    pub kill_lead_us: u64,
+}
+
+/// The tag byte of [`Command::Arm`].
+const ARM_TAG: u8 = b'A';
+/// The length of an [`Command::Arm`] frame: the tag and three u64 (LE).
+pub const ARM_FRAME: usize = 25;
+
 impl Command {
-    pub fn to_byte(self) -> u8 {
+    /// The bytes of this command on the ctl pipe.
+    pub fn encode(self) -> Vec<u8> {
         match self {
             // Signal numbers are below every letter used here.
-            Command::Relay(sig) => sig.number() as u8,
-            Command::Term => b'T',
-            Command::Kill => b'K',
-            Command::Done => b'D',
+            Command::Relay(sig) => vec![sig.number() as u8],
+            Command::Term => vec![b'T'],
+            Command::Kill => vec![b'K'],
+            Command::Done => vec![b'D'],
+            Command::Arm(a) => {
+                let mut v = Vec::with_capacity(ARM_FRAME);
+                v.push(ARM_TAG);
+                for n in [a.deadline_us, a.grace_us, a.kill_lead_us] {
+                    v.extend_from_slice(&n.to_le_bytes());
+                }
+                v
+            }
         }
     }
 
-    pub fn from_byte(b: u8) -> Option<Self> {
+    fn from_byte(b: u8) -> Option<Self> {
         match b {
             1..=64 => Sig::from_number(i32::from(b)).map(Command::Relay),
             b'T' => Some(Command::Term),
@@ -49,6 +82,43 @@ impl Command {
             b'D' => Some(Command::Done),
             _ => None,
         }
+    }
+}
+
+/// Turns the ctl pipe's bytes back into commands, keeping an incomplete
+/// [`Command::Arm`] frame until its rest arrives. Unknown bytes are skipped.
+#[derive(Default)]
+pub struct Decoder {
+    pending: Vec<u8>,
+}
+
+impl Decoder {
+    /// The commands completed by `bytes`, in order.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Command> {
+        let mut out = Vec::new();
+        for &b in bytes {
+            if !self.pending.is_empty() {
+                self.pending.push(b);
+                if self.pending.len() == ARM_FRAME {
+                    let n = |i: usize| {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(&self.pending[1 + 8 * i..9 + 8 * i]);
+                        u64::from_le_bytes(w)
+                    };
+                    out.push(Command::Arm(Arm {
+                        deadline_us: n(0),
+                        grace_us: n(1),
+                        kill_lead_us: n(2),
+                    }));
+                    self.pending.clear();
+                }
+            } else if b == ARM_TAG {
+                self.pending.push(b);
+            } else if let Some(c) = Command::from_byte(b) {
+                out.push(c);
+            }
+        }
+        out
     }
 }
 
@@ -70,6 +140,51 @@ impl SpawnFailure {
     }
 }
 
+/// Why a process of the tree outlived the keeper's SIGKILL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Survival {
+    /// The keeper may not signal it (EPERM: another user's, setuid).
+    CannotSignal,
+    /// In uninterruptible sleep (D): it dies when it wakes, if ever.
+    Uninterruptible,
+    /// In a frozen cgroup: it dies when the cgroup is thawed.
+    Frozen,
+    /// Signalled, still there, no known reason.
+    Unknown,
+}
+
+impl Survival {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Survival::CannotSignal => "eperm",
+            Survival::Uninterruptible => "d_state",
+            Survival::Frozen => "frozen",
+            Survival::Unknown => "alive",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [
+            Survival::CannotSignal,
+            Survival::Uninterruptible,
+            Survival::Frozen,
+            Survival::Unknown,
+        ]
+        .into_iter()
+        .find(|w| w.as_str() == s)
+    }
+
+    /// Why, in words, for the log line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Survival::CannotSignal => "it may not be signalled (EPERM: another user's or setuid)",
+            Survival::Uninterruptible => "it is in uninterruptible sleep (D state)",
+            Survival::Frozen => "it is in a frozen cgroup",
+            Survival::Unknown => "it survived SIGKILL",
+        }
+    }
+}
+
 /// What the keeper tells the agent; one line on the report pipe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
@@ -84,8 +199,13 @@ pub enum Report {
     /// Every descendant is gone (and the job's cgroup, if any, is empty).
     /// `G`
     TreeGone,
-    /// A process of the tree still lives after SIGKILL. `S pid command`
-    Survivor { pid: i32, command: String },
+    /// A process of the tree still lives after SIGKILL, and why.
+    /// `S pid why command`
+    Survivor {
+        pid: i32,
+        command: String,
+        why: Survival,
+    },
     /// Something the agent should log as a warning (a failed `setsid`, no
     /// cgroup of our own). `W message`
     Warning(String),
@@ -115,7 +235,9 @@ impl fmt::Display for Report {
                 at_ms,
             } => write!(f, "X signal {n} {at_ms}"),
             Report::TreeGone => write!(f, "G"),
-            Report::Survivor { pid, command } => write!(f, "S {pid} {}", one_line(command)),
+            Report::Survivor { pid, command, why } => {
+                write!(f, "S {pid} {} {}", why.as_str(), one_line(command))
+            }
             Report::Warning(m) => write!(f, "W {}", one_line(m)),
             Report::Info(m) => write!(f, "I {}", one_line(m)),
         }
@@ -178,10 +300,12 @@ impl FromStr for Report {
             }
             ("G", None) => Ok(Report::TreeGone),
             ("S", Some(rest)) => {
-                let (pid, command) = rest.split_once(' ').unwrap_or((rest, ""));
+                let (pid, rest) = rest.split_once(' ').ok_or_else(bad)?;
+                let (why, command) = rest.split_once(' ').unwrap_or((rest, ""));
                 Ok(Report::Survivor {
                     pid: pid.parse().map_err(|_| bad())?,
                     command: command.to_string(),
+                    why: Survival::parse(why).ok_or_else(bad)?,
                 })
             }
             ("W", Some(m)) => Ok(Report::Warning(m.to_string())),
@@ -223,6 +347,12 @@ mod tests {
             Report::Survivor {
                 pid: 7,
                 command: "sleep 1001".into(),
+                why: Survival::CannotSignal,
+            },
+            Report::Survivor {
+                pid: 8,
+                command: "".into(),
+                why: Survival::Frozen,
             },
             Report::Warning("cannot setsid: EPERM".into()),
             Report::Info("stopping the tree with cgroup.kill".into()),
@@ -239,6 +369,7 @@ mod tests {
         let r = Report::Survivor {
             pid: 9,
             command: "evil\nX exit 0 1\u{1b}[2J".into(),
+            why: Survival::Uninterruptible,
         };
         let line = r.to_string();
         assert!(!line.contains('\n') && !line.contains('\u{1b}'), "{line:?}");
@@ -266,18 +397,32 @@ mod tests {
 
     #[test]
     fn commands_round_trip() {
-        for c in [
+        let all = [
             Command::Relay(Sig::Hup),
             Command::Relay(Sig::Usr1),
             Command::Relay(Sig::Int),
             Command::Term,
             Command::Kill,
             Command::Done,
-        ] {
-            assert_eq!(Command::from_byte(c.to_byte()), Some(c));
+            Command::Arm(Arm {
+                deadline_us: u64::MAX - 7,
+                grace_us: 500_000,
+                kill_lead_us: 20_000,
+            }),
+        ];
+        let mut d = Decoder::default();
+        for c in all {
+            assert_eq!(d.push(&c.encode()), vec![c]);
         }
-        assert_eq!(Command::from_byte(0), None);
-        assert_eq!(Command::from_byte(63), None);
-        assert_eq!(Command::from_byte(b'z'), None);
+        assert_eq!(d.push(&[0, 63, b'z']), vec![]);
+        // Frames cut anywhere by the reader come out whole, in order.
+        let stream: Vec<u8> = all.iter().flat_map(|c| c.encode()).collect();
+        for cut in 0..stream.len() {
+            let mut d = Decoder::default();
+            let mut got = d.push(&stream[..cut]);
+            got.extend(d.push(&stream[cut..]));
+            assert_eq!(got, all.to_vec(), "cut at {cut}");
+        }
+        const { assert!(ARM_FRAME <= 512, "an Arm frame fits in PIPE_BUF") };
     }
 }

@@ -6,9 +6,7 @@
 //! everything past that edge works with the enum (the machine's events and
 //! actions, the relay list, `kill(2)` through [`Sig::to_rustix`]).
 
-use signal_hook::consts;
-
-/// A signal the agent relays to the job or sends it.
+/// A signal the agent catches, relays to the job or sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Sig {
     Term,
@@ -18,7 +16,51 @@ pub enum Sig {
     Usr1,
     Usr2,
     Kill,
+    /// Job control: relayed, never obeyed by the agent itself.
+    Tstp,
+    Ttin,
+    Ttou,
+    Cont,
+    /// Signals whose default action would end the agent: they end it
+    /// through the stop-and-release path instead.
+    Alrm,
+    Xcpu,
+    Xfsz,
+    Vtalrm,
+    Prof,
+    Io,
+    Pwr,
+    Stkflt,
+    Sys,
+    Trap,
+    Abrt,
 }
+
+/// Every variant, for lookups by number.
+const ALL: [Sig; 22] = [
+    Sig::Term,
+    Sig::Int,
+    Sig::Quit,
+    Sig::Hup,
+    Sig::Usr1,
+    Sig::Usr2,
+    Sig::Kill,
+    Sig::Tstp,
+    Sig::Ttin,
+    Sig::Ttou,
+    Sig::Cont,
+    Sig::Alrm,
+    Sig::Xcpu,
+    Sig::Xfsz,
+    Sig::Vtalrm,
+    Sig::Prof,
+    Sig::Io,
+    Sig::Pwr,
+    Sig::Stkflt,
+    Sig::Sys,
+    Sig::Trap,
+    Sig::Abrt,
+];
 
 impl Sig {
     /// The signals the agent catches and relays to the job's group.
@@ -31,38 +73,36 @@ impl Sig {
         Sig::Usr2,
     ];
 
-    /// The signal's number on Linux.
-    pub fn number(self) -> i32 {
-        match self {
-            Sig::Term => consts::SIGTERM,
-            Sig::Int => consts::SIGINT,
-            Sig::Quit => consts::SIGQUIT,
-            Sig::Hup => consts::SIGHUP,
-            Sig::Usr1 => consts::SIGUSR1,
-            Sig::Usr2 => consts::SIGUSR2,
-            Sig::Kill => consts::SIGKILL,
-        }
-    }
+    /// Job control: relayed to the job's group, the agent keeps running
+    /// (and renewing).
+    pub const JOB_CONTROL: [Sig; 4] = [Sig::Tstp, Sig::Ttin, Sig::Ttou, Sig::Cont];
 
-    /// The signal with this number, if it is one the agent knows.
-    pub fn from_number(n: i32) -> Option<Sig> {
-        [
-            Sig::Term,
-            Sig::Int,
-            Sig::Quit,
-            Sig::Hup,
-            Sig::Usr1,
-            Sig::Usr2,
-            Sig::Kill,
-        ]
-        .into_iter()
-        .find(|s| s.number() == n)
-    }
+    /// The other catchable signals whose default action ends a process.
+    /// SIGPIPE is not one: the agent ignores it (Rust's runtime does), so a
+    /// reader of stderr going away never stops the job. Synchronous fault
+    /// signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE) cannot be caught safely,
+    /// and real-time signals keep their default: either way the keeper sees
+    /// the agent's end (EOF) and kills the tree, and the lease expires.
+    pub const FATAL: [Sig; 11] = [
+        Sig::Alrm,
+        Sig::Xcpu,
+        Sig::Xfsz,
+        Sig::Vtalrm,
+        Sig::Prof,
+        Sig::Io,
+        Sig::Pwr,
+        Sig::Stkflt,
+        Sig::Sys,
+        Sig::Trap,
+        Sig::Abrt,
+    ];
 
-    /// Whether this signal, sent to the agent, asks it to stop the job (not
-    /// only to relay).
-    pub fn is_stop(self) -> bool {
-        matches!(self, Sig::Term | Sig::Int | Sig::Quit)
+    /// Every signal the agent (and the keeper) catches.
+    pub fn caught() -> impl Iterator<Item = Sig> {
+        Self::RELAYED
+            .into_iter()
+            .chain(Self::JOB_CONTROL)
+            .chain(Self::FATAL)
     }
 
     /// The same signal for `kill(2)`.
@@ -76,7 +116,44 @@ impl Sig {
             Sig::Usr1 => Signal::USR1,
             Sig::Usr2 => Signal::USR2,
             Sig::Kill => Signal::KILL,
+            Sig::Tstp => Signal::TSTP,
+            Sig::Ttin => Signal::TTIN,
+            Sig::Ttou => Signal::TTOU,
+            Sig::Cont => Signal::CONT,
+            Sig::Alrm => Signal::ALARM,
+            Sig::Xcpu => Signal::XCPU,
+            Sig::Xfsz => Signal::XFSZ,
+            Sig::Vtalrm => Signal::VTALARM,
+            Sig::Prof => Signal::PROF,
+            Sig::Io => Signal::IO,
+            Sig::Pwr => Signal::POWER,
+            Sig::Stkflt => Signal::STKFLT,
+            Sig::Sys => Signal::SYS,
+            Sig::Trap => Signal::TRAP,
+            Sig::Abrt => Signal::ABORT,
         }
+    }
+
+    /// The signal's number on Linux.
+    pub fn number(self) -> i32 {
+        self.to_rustix().as_raw()
+    }
+
+    /// The signal with this number, if it is one the agent knows.
+    pub fn from_number(n: i32) -> Option<Sig> {
+        ALL.into_iter().find(|s| s.number() == n)
+    }
+
+    /// Whether this signal, sent to the agent, asks it to stop the job (not
+    /// only to relay).
+    pub fn is_stop(self) -> bool {
+        matches!(self, Sig::Term | Sig::Int | Sig::Quit)
+    }
+
+    /// Whether the agent, sent this signal, stops the job and releases:
+    /// a stop signal, or one whose default would end the agent.
+    pub fn ends_run(self) -> bool {
+        self.is_stop() || Self::FATAL.contains(&self)
     }
 
     /// The exit status of a process killed by this signal (128 + N).
@@ -106,5 +183,10 @@ mod tests {
         assert_eq!(Sig::Term.exit_status(), 143);
         let stops: Vec<Sig> = Sig::RELAYED.into_iter().filter(|s| s.is_stop()).collect();
         assert_eq!(stops, vec![Sig::Term, Sig::Int, Sig::Quit]);
+        for s in ALL {
+            assert_eq!(Sig::from_number(s.number()), Some(s));
+        }
+        assert!(Sig::Alrm.ends_run() && !Sig::Tstp.ends_run() && !Sig::Hup.ends_run());
+        assert_eq!(Sig::from_number(signal_hook::consts::SIGPIPE), None);
     }
 }

@@ -180,7 +180,7 @@ fn keeper_of(agent: i32) -> i32 {
 /// Makes the next new process get pid `want` (as root, through
 /// /proc/sys/kernel/ns_last_pid), running `sleep 1000` in its own group.
 /// Other processes on the machine may take the pid first: retried.
-fn recycle_pid(want: i32) -> Option<Child> {
+pub(crate) fn recycle_pid(want: i32) -> Option<Child> {
     use std::os::unix::process::CommandExt;
     for _ in 0..200 {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string())

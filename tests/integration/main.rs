@@ -11,6 +11,7 @@ mod agent_deadline;
 mod agent_distrust;
 mod agent_failures;
 mod agent_files;
+mod agent_guardians;
 mod agent_pressure;
 mod agent_tree;
 mod alerts;

@@ -19,8 +19,12 @@ use std::time::{Duration, Instant};
 
 pub use leaseagent_testkit::*;
 
+/// The binary under test; `LEASEAGENT_TEST_BIN` points the tests at
+/// another build (to measure a figure on an older one).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_leaseagent"))
+    std::env::var_os("LEASEAGENT_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
 }
 
 pub fn helper(name: &str) -> String {

@@ -1,0 +1,216 @@
+//! The keeper's own hold on the deadline: the second guardian, as a pure
+//! decision core (`(state, input, now) -> what is due`), tested without
+//! processes.
+//!
+//! Why a second guardian: the agent decides, but it can be stopped
+//! (SIGSTOP, Ctrl-Z before it handled it), blocked (a read or write on a
+//! stalled filesystem), descheduled or dead. After every grant and renewal
+//! the agent hands the keeper the deadline, the grace and the kill lead
+//! ([`Arm`]); the keeper arms a `CLOCK_BOOTTIME` timer and, if no newer
+//! deadline replaces it, stops the tree on its own: SIGTERM at
+//! `deadline - grace`, SIGKILL at `deadline - kill lead`. Either guardian
+//! alone keeps the deadline.
+//!
+//! Rules (mirroring the agent's machine):
+//! - The latest [`Arm`] wins, earlier or later than the one before
+//!   (renewals are sequential; the agent sends only what its machine
+//!   decided).
+//! - Once the keeper has acted on a deadline (SIGTERM sent), the stop is
+//!   irreversible: a later [`Arm`] may only bring the deadline forward.
+//! - At most one SIGTERM per deadline: the agent asks for SIGTERM at the
+//!   same moment the timer fires; whichever comes second is not repeated
+//!   (a job may read a second SIGTERM as "hurry").
+//! - SIGKILL is due at `deadline - kill lead` whatever happened before.
+
+use crate::keeper::protocol::Arm;
+
+/// What the timer says is due now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    Term,
+    Kill,
+}
+
+/// The keeper's view of the deadline (times in µs on `CLOCK_BOOTTIME`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Guard {
+    arm: Option<Arm>,
+    /// SIGTERM went out for the current deadline (by the timer or asked).
+    termed: bool,
+    /// The timer's SIGKILL went out.
+    killed: bool,
+}
+
+impl Guard {
+    /// When SIGTERM is due, if armed: `deadline - grace`, never after the
+    /// kill time.
+    pub fn term_at(&self) -> Option<u64> {
+        let a = self.arm?;
+        Some(
+            a.deadline_us
+                .saturating_sub(a.grace_us)
+                .min(self.kill_at()?),
+        )
+    }
+
+    /// When SIGKILL is due, if armed.
+    pub fn kill_at(&self) -> Option<u64> {
+        let a = self.arm?;
+        Some(a.deadline_us.saturating_sub(a.kill_lead_us))
+    }
+
+    /// A new deadline from the agent. After the keeper acted on the old
+    /// one it may only come earlier.
+    pub fn arm(&mut self, new: Arm) {
+        match self.arm {
+            Some(old) if self.termed || self.killed => {
+                if new.deadline_us < old.deadline_us {
+                    self.arm = Some(new);
+                }
+            }
+            _ => self.arm = Some(new),
+        }
+    }
+
+    /// The agent asked for SIGTERM to the tree: whether to send it (not if
+    /// the timer already did for this deadline).
+    pub fn term_requested(&mut self) -> bool {
+        let first = !self.termed;
+        self.termed = true;
+        first || self.arm.is_none()
+    }
+
+    /// The next time the timer must fire, if anything is still due.
+    pub fn next_wake(&self) -> Option<u64> {
+        if self.killed {
+            return None;
+        }
+        if self.termed {
+            self.kill_at()
+        } else {
+            self.term_at()
+        }
+    }
+
+    /// What is due at `now` (and is then recorded as done).
+    pub fn due(&mut self, now_us: u64) -> Vec<Due> {
+        let mut out = Vec::new();
+        if self.killed {
+            return out;
+        }
+        if !self.termed && self.term_at().is_some_and(|t| now_us >= t) {
+            self.termed = true;
+            out.push(Due::Term);
+        }
+        if self.kill_at().is_some_and(|k| now_us >= k) {
+            self.killed = true;
+            out.push(Due::Kill);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arm(deadline: u64, grace: u64, lead: u64) -> Arm {
+        Arm {
+            deadline_us: deadline,
+            grace_us: grace,
+            kill_lead_us: lead,
+        }
+    }
+
+    #[test]
+    fn unarmed_nothing_is_due() {
+        let mut g = Guard::default();
+        assert_eq!(g.next_wake(), None);
+        assert!(g.due(u64::MAX).is_empty());
+    }
+
+    #[test]
+    fn term_at_deadline_minus_grace_then_kill_at_deadline_minus_lead() {
+        let mut g = Guard::default();
+        g.arm(arm(10_000, 3_000, 200));
+        assert_eq!(g.next_wake(), Some(7_000));
+        assert!(g.due(6_999).is_empty());
+        assert_eq!(g.due(7_000), vec![Due::Term]);
+        assert_eq!(g.next_wake(), Some(9_800));
+        assert!(g.due(9_799).is_empty());
+        assert_eq!(g.due(9_800), vec![Due::Kill]);
+        assert_eq!(g.next_wake(), None);
+        // A wake-up long after (the keeper was stopped): both at once.
+        let mut g = Guard::default();
+        g.arm(arm(10_000, 3_000, 200));
+        assert_eq!(g.due(50_000), vec![Due::Term, Due::Kill]);
+    }
+
+    #[test]
+    fn a_renewal_moves_the_deadline_either_way_until_the_keeper_acted() {
+        let mut g = Guard::default();
+        g.arm(arm(10_000, 3_000, 200));
+        g.arm(arm(20_000, 3_000, 200));
+        assert_eq!(g.next_wake(), Some(17_000));
+        g.arm(arm(5_000, 1_000, 200));
+        assert_eq!(g.next_wake(), Some(4_000));
+        assert_eq!(g.due(4_000), vec![Due::Term]);
+        // Once acted on: a later deadline changes nothing, an earlier one counts.
+        g.arm(arm(60_000, 1_000, 200));
+        assert_eq!(g.kill_at(), Some(4_800));
+        g.arm(arm(4_500, 1_000, 200));
+        assert_eq!(g.kill_at(), Some(4_300));
+    }
+
+    #[test]
+    fn sigterm_goes_out_once_per_deadline() {
+        let mut g = Guard::default();
+        g.arm(arm(10_000, 3_000, 200));
+        assert_eq!(g.due(7_000), vec![Due::Term]);
+        assert!(!g.term_requested(), "the agent's SIGTERM is the same one");
+        let mut g = Guard::default();
+        g.arm(arm(10_000, 3_000, 200));
+        assert!(g.term_requested());
+        assert!(
+            g.due(7_000).is_empty(),
+            "the timer's SIGTERM is the same one"
+        );
+        assert_eq!(g.due(9_800), vec![Due::Kill]);
+        // Unarmed (before the first Arm), every request is carried out.
+        let mut g = Guard::default();
+        assert!(g.term_requested());
+        assert!(g.term_requested());
+    }
+
+    proptest! {
+        /// Whatever the sequence of deadlines and wake-ups: SIGKILL is due
+        /// no later than the earliest kill time of any deadline the keeper
+        /// acted on or the latest one, and never before the current
+        /// deadline's SIGTERM time unless it had acted already.
+        #[test]
+        fn kill_is_never_later_than_the_armed_kill_time(
+            steps in prop::collection::vec((0u64..20_000, 0u64..5_000, 1u64..500, 0u64..3_000), 1..40),
+        ) {
+            let mut g = Guard::default();
+            let mut now = 0u64;
+            let mut killed_at = None;
+            for (deadline, grace, lead, advance) in steps {
+                g.arm(arm(now + deadline, grace, lead));
+                let k = g.kill_at().unwrap();
+                // The loop wakes at next_wake or when time advances.
+                let target = now + advance;
+                while let Some(w) = g.next_wake() {
+                    if w > target { break; }
+                    now = now.max(w);
+                    if g.due(now).contains(&Due::Kill) { killed_at = Some(now); }
+                }
+                now = target;
+                if g.due(now).contains(&Due::Kill) { killed_at = Some(now); }
+                if now >= k {
+                    prop_assert!(killed_at.is_some_and(|t| t <= now.max(k)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,644 @@
+//! The deadline's two guardians, with real processes, timed against the
+//! authority's own expiry (the last successful renewal's receipt + ttl, on
+//! CLOCK_BOOTTIME): a busy host, a frozen filesystem under the state file,
+//! Ctrl-Z to the agent, a job that stops or kills its keeper, a process
+//! that survives SIGKILL, a setuid-root helper under a non-root agent, and
+//! a recycled pid after the agent was paused.
+//!
+//! Each test prints its margin ("... ms before the authority could expire
+//! the lease") so the figures in docs/failures.md can be re-measured.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::*;
+
+const T: Duration = Duration::from_secs(60);
+const TTL_MS: u128 = 2000;
+/// ttl 2 s, renewals every 400 ms, SIGTERM 600 ms before the deadline.
+const TIMING: [&str; 6] = ["--ttl", "2s", "--heartbeat", "400ms", "--grace", "600ms"];
+
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new() -> Self {
+        Dir(tempfile::tempdir().unwrap())
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+}
+
+/// The state letter of `pid` in /proc (`R`, `S`, `T`, `Z`, ...).
+fn state_of(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// The agent's keeper (its child whose argv[0] is `leaseagent-keeper`).
+fn keeper_of(agent: i32) -> i32 {
+    wait_for(T, || {
+        let kids = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
+        kids.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"leaseagent-keeper"))
+            })
+    })
+    .expect("the agent has a keeper")
+}
+
+/// When the authority could expire the lease: the last renewal it answered
+/// (or the grant) + the ttl, on the boot clock.
+fn expiry_ms(fake: &FakeAuthority, renewals_ok: usize) -> u128 {
+    let renewals = fake.requests_to("/v1/renew");
+    let last = match renewals_ok.checked_sub(1) {
+        Some(i) => renewals[i].mono_ns,
+        None => fake.requests_to("/v1/acquire").last().unwrap().mono_ns,
+    };
+    mono_to_boot_ms(last) + TTL_MS
+}
+
+/// The clock-job recording to `out` last ran before `expiry`.
+fn assert_ran_until_before(out: &Path, expiry: u128, what: &str) {
+    let last = last_clock_record_ms(out).expect("the job recorded the clock");
+    eprintln!(
+        "{what}: gone {} ms before the authority could expire the lease",
+        expiry as i128 - last as i128
+    );
+    assert!(
+        last < expiry,
+        "{what} ran {} ms past the lease's expiry",
+        last - expiry
+    );
+}
+
+fn wait_renewals(fake: &FakeAuthority, n: usize) -> usize {
+    wait_for(T, || {
+        let k = fake.requests_to("/v1/renew").len();
+        (k >= n).then_some(k)
+    })
+    .expect("renewals flow")
+}
+
+fn wait_pids(path: &Path, n: usize) -> Vec<i32> {
+    wait_for(T, || {
+        let p = read_pids(path);
+        (p.len() >= n).then_some(p)
+    })
+    .expect("the job wrote its pids")
+}
+
+/// Starts `c` with its stderr in a file: a survivor (or the keeper staying
+/// with it) holds the agent's stderr open, so a pipe would never end.
+fn spawn_logged(mut c: Command, dir: &Dir) -> Child {
+    let log = std::fs::File::create(dir.path("agent.log")).unwrap();
+    c.stdout(Stdio::null()).stderr(log);
+    c.spawn().unwrap()
+}
+
+/// Waits for an agent started with [`spawn_logged`]: (status, its stderr).
+fn wait_logged(child: &mut Child, dir: &Dir) -> (std::process::ExitStatus, String) {
+    let status = wait_exit(child, T).expect("agent exits");
+    let err = std::fs::read_to_string(dir.path("agent.log")).unwrap_or_default();
+    (status, err)
+}
+
+fn must(c: &mut Command, what: &str) {
+    let st = c
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(st.success(), "{what}: {st}");
+}
+
+/// A job (bash) that starts a TERM-ignoring clock-job in a new session
+/// recording to `esc`, writes its pid to PIDS, then runs `then`; the
+/// leader records to `out` when `then` is a clock-job.
+fn escaping_job(dir: &Dir, then: &str) -> Vec<String> {
+    vec![
+        "bash".into(),
+        "-c".into(),
+        format!(
+            "OUT={esc} PIDS={pids} IGNORE_TERM=1 setsid {clock} </dev/null & {then}",
+            esc = dir.path("esc").display(),
+            pids = dir.path("pids").display(),
+            clock = helper("clock-job.sh"),
+        ),
+    ]
+}
+
+// ------------------------------------------------------------ busy host
+
+/// `n` sleepers in a pids cgroup (v1 or v2) of their own, killed on drop.
+struct Sleepers {
+    cgroup: PathBuf,
+    starter: Child,
+}
+
+impl Sleepers {
+    fn start(n: usize) -> Sleepers {
+        let base = [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroup",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists())
+        .expect("a pids or cgroup2 hierarchy under /sys/fs/cgroup");
+        let cgroup = base.join(format!("leaseagent-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup).expect("creating a cgroup needs root");
+        let starter = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs; for i in $(seq {n}); do sleep 600 & done; exec sleep 600",
+                cgroup.display()
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Sleepers { cgroup, starter };
+        wait_for(Duration::from_secs(120), || (s.count() > n).then_some(()))
+            .expect("the sleepers started");
+        s
+    }
+    fn count(&self) -> usize {
+        std::fs::read_to_string(self.cgroup.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            let procs =
+                std::fs::read_to_string(self.cgroup.join("cgroup.procs")).unwrap_or_default();
+            if procs.trim().is_empty() {
+                break;
+            }
+            for p in procs.lines() {
+                kill(p.trim().parse().unwrap_or(0), 9);
+            }
+        }
+        let _ = self.starter.wait();
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+#[test]
+fn on_a_busy_host_a_setsid_descendant_is_dead_before_expiry() {
+    let sleepers = Sleepers::start(3000);
+    let on_host = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .count();
+    eprintln!("{on_host} processes on the host");
+    let fake = FakeAuthority::start();
+    let proxy = Proxy::start(fake.addr);
+    let dir = Dir::new();
+    let mut c = agent(&proxy.url(), "busy-host");
+    c.args(TIMING).arg("--").args(escaping_job(
+        &dir,
+        &format!(
+            "OUT={} exec {}",
+            dir.path("out").display(),
+            helper("clock-job.sh")
+        ),
+    ));
+    let mut child = spawn(c);
+    wait_pids(&dir.path("pids"), 1);
+    let n = wait_renewals(&fake, 2);
+    proxy.set(ProxyMode::Blackhole);
+    let (status, err) = wait_agent(&mut child, T);
+    drop(sleepers);
+    assert_eq!(status.code(), Some(124), "{err}");
+    let expiry = expiry_ms(&fake, fake.requests_to("/v1/renew").len().max(n));
+    assert_ran_until_before(&dir.path("out"), expiry, "the leader");
+    assert_ran_until_before(&dir.path("esc"), expiry, "the setsid descendant");
+}
+
+// ------------------------------------------------------------ frozen filesystem
+
+/// An ext4 filesystem on a loop device, mounted at `dir`; frozen with
+/// `fsfreeze -f`, thawed, unmounted and detached on drop.
+struct LoopFs {
+    image: PathBuf,
+    mnt: PathBuf,
+    frozen: bool,
+}
+
+impl LoopFs {
+    fn mount(dir: &Dir) -> LoopFs {
+        let image = dir.path("fs.img");
+        let mnt = dir.path("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        must(
+            Command::new("truncate").args(["-s", "16M"]).arg(&image),
+            "truncate",
+        );
+        must(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F"])
+                .arg(&image)
+                .stdout(Stdio::null()),
+            "mkfs.ext4 (e2fsprogs) must be installed",
+        );
+        must(
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&image)
+                .arg(&mnt),
+            "mount -o loop needs root and a loop device",
+        );
+        let run = mnt.join("run");
+        std::fs::create_dir(&run).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700)).unwrap();
+        LoopFs {
+            image,
+            mnt,
+            frozen: false,
+        }
+    }
+    fn runtime_dir(&self) -> PathBuf {
+        self.mnt.join("run")
+    }
+    fn freeze(&mut self) {
+        must(
+            Command::new("fsfreeze").arg("-f").arg(&self.mnt),
+            "fsfreeze (util-linux) must be installed",
+        );
+        self.frozen = true;
+    }
+    fn thaw(&mut self) {
+        if self.frozen {
+            let _ = Command::new("fsfreeze").arg("-u").arg(&self.mnt).status();
+            self.frozen = false;
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        self.thaw();
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+#[test]
+fn a_refusal_is_acted_on_while_the_state_files_filesystem_is_frozen() {
+    let dir = Dir::new();
+    let mut fs = LoopFs::mount(&dir);
+    let fake = FakeAuthority::start();
+    let mut c = agent(&fake.url(), "frozen-fs");
+    c.env("XDG_RUNTIME_DIR", fs.runtime_dir())
+        .env("OUT", dir.path("out"))
+        .env("PIDS", dir.path("pids"));
+    c.args(TIMING).arg("--").arg(helper("clock-job.sh"));
+    let mut child = spawn(c);
+    let state = fs
+        .runtime_dir()
+        .join("leaseagent")
+        .join(format!("lease-{}.json", child.id()));
+    let pids = wait_pids(&dir.path("pids"), 1);
+    wait_renewals(&fake, 2);
+    assert!(state.exists(), "the state file is on the loop filesystem");
+    fs.freeze();
+    // Every write to the state file now blocks in D state: one more
+    // successful renewal makes the agent publish (and, written on the
+    // decision loop, block), then the authority refuses.
+    let n = fake.requests_to("/v1/renew").len();
+    wait_renewals(&fake, n + 1);
+    let ok = fake.requests_to("/v1/renew").len();
+    fake.set_renew(Reply::Refuse("superseded"));
+    let gone = wait_for(Duration::from_secs(10), || (!alive(pids[0])).then_some(()));
+    let expiry = expiry_ms(&fake, ok);
+    let still_frozen = fs.frozen;
+    fs.thaw();
+    let (status, err) = wait_agent(&mut child, T);
+    assert!(
+        gone.is_some() && still_frozen,
+        "the job outlived the refusal: {err}"
+    );
+    assert_ran_until_before(&dir.path("out"), expiry, "the job");
+    assert_eq!(status.code(), Some(124), "{err}");
+}
+
+// ------------------------------------------------------------ Ctrl-Z
+
+#[test]
+fn sigtstp_pauses_the_job_not_the_agent_and_renewals_go_on() {
+    let fake = FakeAuthority::start();
+    let proxy = Proxy::start(fake.addr);
+    let dir = Dir::new();
+    let mut c = agent(&proxy.url(), "ctrl-z");
+    c.env("OUT", dir.path("out")).env("PIDS", dir.path("pids"));
+    c.args(TIMING).arg("--").arg(helper("clock-job.sh"));
+    let mut child = spawn(c);
+    let agent_pid = child.id() as i32;
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    wait_renewals(&fake, 1);
+    kill(agent_pid, 20); // SIGTSTP
+    wait_for(T, || (state_of(job) == Some('T')).then_some(())).expect("the job is paused");
+    // Longer than a ttl: the lease is held all along.
+    let before = fake.requests_to("/v1/renew").len();
+    wait_renewals(&fake, before + 6);
+    assert_ne!(
+        state_of(agent_pid),
+        Some('T'),
+        "the agent itself never stops"
+    );
+    assert_eq!(state_of(job), Some('T'), "the job stays paused");
+    kill(agent_pid, 18); // SIGCONT
+    wait_for(T, || (state_of(job) != Some('T')).then_some(())).expect("the job resumes");
+    let rec = last_clock_record_ms(&dir.path("out")).unwrap();
+    wait_for(T, || {
+        (last_clock_record_ms(&dir.path("out")).unwrap() > rec).then_some(())
+    })
+    .expect("the job runs again");
+    // Paused again, then the authority goes silent: a stopped job dies too.
+    kill(agent_pid, 20);
+    wait_for(T, || (state_of(job) == Some('T')).then_some(())).expect("paused again");
+    proxy.set(ProxyMode::Blackhole);
+    let (status, err) = wait_agent(&mut child, T);
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(!alive(job), "{err}");
+    assert_ran_until_before(
+        &dir.path("out"),
+        expiry_ms(&fake, fake.requests_to("/v1/renew").len()),
+        "the job",
+    );
+}
+
+// ------------------------------------------------------------ the keeper attacked
+
+#[test]
+fn a_job_that_stops_its_keeper_still_dies_before_expiry_with_its_setsid_child() {
+    let fake = FakeAuthority::start();
+    let proxy = Proxy::start(fake.addr);
+    let dir = Dir::new();
+    let mut c = agent(&proxy.url(), "keeper-stopped-by-job");
+    c.args(TIMING).arg("--").args(escaping_job(
+        &dir,
+        &format!(
+            "kill -STOP $PPID; OUT={} exec {}",
+            dir.path("out").display(),
+            helper("clock-job.sh")
+        ),
+    ));
+    let mut child = spawn(c);
+    let keeper = keeper_of(child.id() as i32);
+    wait_pids(&dir.path("pids"), 1);
+    wait_for(T, || (state_of(keeper) == Some('T')).then_some(()))
+        .expect("the job stopped its keeper");
+    wait_renewals(&fake, 2);
+    proxy.set(ProxyMode::Blackhole);
+    let (status, err) = wait_agent(&mut child, T);
+    assert_eq!(status.code(), Some(124), "{err}");
+    let expiry = expiry_ms(&fake, fake.requests_to("/v1/renew").len());
+    assert_ran_until_before(&dir.path("out"), expiry, "the leader");
+    assert_ran_until_before(&dir.path("esc"), expiry, "the setsid child");
+}
+
+#[test]
+fn a_job_that_kills_its_keeper_is_killed_and_the_lease_is_never_released() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "keeper-killed-by-job");
+    c.args(["--ttl", "30s", "--"]).args(escaping_job(
+        &dir,
+        "sleep 0.3; kill -KILL $PPID; exec sleep 1000",
+    ));
+    let mut child = spawn(c);
+    let esc = wait_pids(&dir.path("pids"), 1)[0];
+    let gone = wait_for(Duration::from_secs(10), || (!alive(esc)).then_some(()));
+    let (status, err) = wait_agent(&mut child, T);
+    assert!(
+        gone.is_some(),
+        "the setsid descendant outlived its keeper: {err}"
+    );
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("the keeper process died"), "{err}");
+    assert!(
+        fake.requests_to("/v1/release").is_empty(),
+        "released while the tree could not be proven gone: {err}"
+    );
+}
+
+// ------------------------------------------------------------ survivors
+
+/// A cgroup v1 freezer group of the test's own, thawed and removed on drop.
+struct Freezer(PathBuf);
+
+impl Freezer {
+    fn new() -> Freezer {
+        let p = PathBuf::from(format!(
+            "/sys/fs/cgroup/freezer/leaseagent-frozen-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p)
+            .expect("a cgroup v1 freezer at /sys/fs/cgroup/freezer (and root) is needed");
+        Freezer(p)
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0.join("freezer.state"), "THAWED");
+        for p in std::fs::read_to_string(self.0.join("tasks"))
+            .unwrap_or_default()
+            .lines()
+        {
+            kill(p.trim().parse().unwrap_or(0), 9);
+        }
+        let _ = wait_for(Duration::from_secs(10), || {
+            std::fs::read_to_string(self.0.join("tasks"))
+                .is_ok_and(|t| t.trim().is_empty())
+                .then_some(())
+        });
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_sigkill_survivor_means_exit_125_no_release_and_a_line_naming_it() {
+    let frz = Freezer::new();
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "sigkill-survivor");
+    c.args(["--ttl", "30s", "--grace", "300ms", "--", "bash", "-c"])
+        .arg(format!(
+            "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {pids}; echo $! > {f}/tasks; echo FROZEN > {f}/freezer.state; exit 0",
+            pids = dir.path("pids").display(),
+            f = frz.0.display()
+        ));
+    let mut child = spawn_logged(c, &dir);
+    let keeper = keeper_of(child.id() as i32);
+    let (status, err) = wait_logged(&mut child, &dir);
+    let survivor = read_pids(&dir.path("pids"))[0];
+    let alive_at_exit = alive(survivor);
+    drop(frz);
+    assert!(alive_at_exit, "the frozen process was the survivor");
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&format!("process {survivor} (")) && err.contains("frozen cgroup"),
+        "{err}"
+    );
+    assert!(!err.contains("outcome succeeded"), "{err}");
+    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    wait_for(T, || (!exists(keeper)).then_some(())).expect("the keeper ends once thawed");
+}
+
+#[test]
+fn a_setuid_root_helper_under_a_non_root_agent_is_125_and_never_released() {
+    let dir = Dir::new();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.0.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path("helper.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <signal.h>\n#include <unistd.h>\n\
+         int main(void){ if (setresuid(0,0,0)) return 1; signal(SIGTERM, SIG_IGN); setsid(); for(;;) pause(); }\n",
+    )
+    .unwrap();
+    let helper_bin = dir.path("root-helper");
+    must(
+        Command::new("cc").arg("-o").arg(&helper_bin).arg(&src),
+        "a C compiler (cc) must be installed",
+    );
+    std::fs::set_permissions(&helper_bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let pids = dir.path("pids");
+    std::fs::write(&pids, "").unwrap();
+    std::fs::set_permissions(&pids, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let fake = FakeAuthority::start();
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin())
+        .args(["--authority", &fake.url(), "--task", "setuid-helper"])
+        .args(["--ttl", "30s", "--grace", "300ms", "--", "sh", "-c"])
+        .arg(format!(
+            "{} </dev/null >/dev/null 2>&1 & echo $! >> {}; sleep 0.2; exit 0",
+            helper_bin.display(),
+            pids.display()
+        ))
+        .env("RUST_LOG", "leaseagent=debug")
+        .env("HOME", dir.0.path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .stdin(Stdio::null());
+    let mut child = spawn_logged(c, &dir);
+    let keeper = keeper_of(child.id() as i32);
+    let (status, err) = wait_logged(&mut child, &dir);
+    let helper_pid = read_pids(&pids)[0];
+    // The keeper, left behind, no longer busy-loops on what it cannot kill.
+    let cpu = |p: i32| -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        let f: Vec<&str> = s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
+            + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0)
+    };
+    let keeper_alive = alive(keeper);
+    let t0 = cpu(keeper);
+    std::thread::sleep(Duration::from_secs(3));
+    let ticks = cpu(keeper) - t0;
+    let helper_alive = alive(helper_pid);
+    kill(helper_pid, 9);
+    eprintln!("the keeper used {ticks} clock ticks in 3 s beside a process it cannot kill");
+    assert!(
+        helper_alive,
+        "the setuid helper could not be killed by nobody"
+    );
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&format!("process {helper_pid} (")) && err.contains("EPERM"),
+        "{err}"
+    );
+    assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
+    assert!(keeper_alive, "the keeper stays with what it could not kill");
+    assert!(ticks <= 9, "the keeper burnt {ticks} ticks in 3 s");
+    wait_for(T, || (!exists(keeper)).then_some(())).expect("the keeper ends with the helper");
+}
+
+// ------------------------------------------------------------ recycled pids
+
+#[test]
+fn after_a_pause_the_agent_never_signals_a_recycled_job_pid() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "recycled-pid");
+    c.env("PIDS", dir.path("pids")).env("GO", dir.path("go"));
+    c.args(TIMING)
+        .args(["--", "sh", "-c"])
+        .arg("echo $$ >> \"$PIDS\"; while [ ! -e \"$GO\" ]; do sleep 0.01; done; exit 0");
+    let mut child = spawn(c);
+    let agent_pid = child.id() as i32;
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    wait_renewals(&fake, 1);
+    kill(agent_pid, 19); // SIGSTOP: the agent learns of the end only later
+    std::fs::write(dir.path("go"), "").unwrap();
+    wait_for(T, || (!exists(job)).then_some(())).expect("the job ended and was reaped");
+    let mut decoy = crate::agent_tree::recycle_pid(job).expect("could not recycle the job's pid");
+    // Past the deadline: the agent, resumed, acts on it at once.
+    std::thread::sleep(Duration::from_millis(2500));
+    kill(agent_pid, 18);
+    let (status, err) = wait_agent(&mut child, T);
+    let decoy_alive = alive(decoy.id() as i32);
+    let _ = decoy.kill();
+    let _ = decoy.wait();
+    assert!(
+        decoy_alive,
+        "a process that reused the job's pid was killed: {err}"
+    );
+    assert!(matches!(status.code(), Some(0) | Some(124)), "{err}");
+}
+
+#[test]
+fn a_keeper_resumed_after_a_long_stop_acts_on_the_newest_deadline() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "keeper-resumed");
+    c.env("OUT", dir.path("out"))
+        .env("PIDS", dir.path("pids"))
+        .env("RESUMED", dir.path("resumed"));
+    // The keeper is stopped for longer than the ttl while renewals succeed:
+    // deadlines it could not read pile up in its pipe.
+    c.args(TIMING).args(["--", "bash", "-c"]).arg(format!(
+        "echo $$ >> \"$PIDS\"; kill -STOP $PPID; sleep 3; kill -CONT $PPID; touch \"$RESUMED\"; exec {}",
+        helper("clock-job.sh")
+    ));
+    let mut child = spawn(c);
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    wait_for(T, || {
+        (dir.path("resumed").exists() || !alive(job)).then_some(())
+    })
+    .expect("the job resumed its keeper, or died");
+    let n = fake.requests_to("/v1/renew").len();
+    wait_renewals(&fake, n + 3);
+    let alive_after = alive(job);
+    kill(child.id() as i32, 15);
+    let (_, err) = wait_agent(&mut child, T);
+    assert!(
+        alive_after,
+        "the keeper acted on a deadline older than the renewals it had queued: {err}"
+    );
+    let released = fake.requests_to("/v1/release");
+    assert_eq!(released.len(), 1, "{err}");
+    assert_eq!(released[0].body["outcome"], "cancelled", "{err}");
+}
