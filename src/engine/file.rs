@@ -72,10 +72,54 @@ pub struct SharedEngine {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Durability {
     /// The WAL is fdatasync'd after the commit, before the call answers:
-    /// grants and operator calls.
+    /// operator calls.
     Synced,
-    /// Written to the page cache only: renewals and releases.
+    /// Written to the page cache only, unless the commit reserved a token
+    /// ceiling ([`Write::RowAndCeiling`]): grants, renewals and releases.
     Cached,
+}
+
+/// What a call's rule asks [`SharedEngine::with_row`] to commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    /// Nothing (unless the row had to record a hold).
+    Nothing,
+    /// The task's row.
+    Row,
+    /// The task's row and a new token ceiling (pending): after the commit
+    /// the WAL is synced, then the ceiling is marked durable.
+    RowAndCeiling(u64),
+}
+
+/// Tokens reserved by one fdatasync: a grant syncs when its token is above
+/// the durable ceiling, and then moves the ceiling this far ahead. After a
+/// power loss the first grant starts above the ceiling, so at most this
+/// many tokens are skipped per boot; 1,024 of 2^63 is nothing, and one
+/// flush per 1,024 grants is about 2.5 µs a grant instead of 2.6 ms.
+pub const BLOCK: u64 = 1024;
+
+/// The next token after `last_issued`, and the ceiling to reserve with it
+/// if this grant must sync (see the module doc, "Durability").
+fn next_token(
+    last_issued: u64,
+    ceiling: Option<&store::Ceiling>,
+    boot_id: &str,
+) -> Result<(u64, Option<u64>), EngineError> {
+    const EXHAUSTED: EngineError = EngineError::Unavailable("the token sequence is exhausted");
+    let token = last_issued.checked_add(1).ok_or(EXHAUSTED)?;
+    let Some(c) = ceiling else {
+        return Ok((token, Some(token.saturating_add(BLOCK - 1))));
+    };
+    if c.boot_id != boot_id {
+        // A power loss may have lost commits made after the last synced
+        // ceiling: every token up to it may have been answered.
+        let token = token.max(c.value.checked_add(1).ok_or(EXHAUSTED)?);
+        return Ok((token, Some(token.saturating_add(BLOCK - 1))));
+    }
+    if token <= c.value && c.durable {
+        return Ok((token, None));
+    }
+    Ok((token, Some(c.value.max(token.saturating_add(BLOCK - 1)))))
 }
 
 /// The database's WAL file, as the engine syncs and measures it.
@@ -186,6 +230,27 @@ fn begin<'c>(
         .ctx("taking the write lock")
 }
 
+/// Marks the ceiling `value` durable once the WAL holding it was synced:
+/// a second, small transaction, not synced (it only saves later grants a
+/// sync). A failure leaves the ceiling pending, which costs the next grant
+/// a sync and nothing else, so it is logged, not returned: the grant is
+/// already durable and must be answered.
+fn mark_durable(
+    conn: &mut Connection,
+    gate: &Gate,
+    deadline: Instant,
+    value: u64,
+    boot_id: &str,
+) {
+    let done = begin(conn, gate, deadline).and_then(|tx| {
+        store::mark_ceiling_durable(&tx, value, boot_id)?;
+        tx.commit().ctx("committing the token ceiling")
+    });
+    if let Err(e) = done {
+        log::debug!("token ceiling {value} left pending: {e}");
+    }
+}
+
 impl SharedEngine {
     /// Opens (creating if needed) the database, waiting at most `timeout`
     /// for other processes that hold it.
@@ -282,7 +347,7 @@ impl SharedEngine {
         cause: Cause,
         timeout: Duration,
         durability: Durability,
-        mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, bool), EngineError>,
+        mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, Write), EngineError>,
     ) -> Result<T, EngineError> {
         let deadline = deadline_in(timeout);
         let SharedEngine {
@@ -301,16 +366,21 @@ impl SharedEngine {
                     Ok((out, write)) => (Ok(out), write),
                     Err(e @ (EngineError::Storage(_) | EngineError::Commit(_))) => return Err(e),
                     // The rules leave the row as it was when they refuse.
-                    Err(e) => (Err(e), false),
+                    Err(e) => (Err(e), Write::Nothing),
                 };
-                if write || settled {
+                if write != Write::Nothing || settled {
                     store::save(&tx, &row, Some(boot_id))?;
                     for op in history::ops(before.as_ref(), &row, cause, now) {
                         history::apply(&tx, &op, history::DEFAULT_BOUNDS)?;
                     }
                     tx.commit().ctx("committing")?;
-                    if durability == Durability::Synced {
-                        wal.sync()?;
+                    match write {
+                        Write::RowAndCeiling(ceiling) => {
+                            wal.sync()?;
+                            mark_durable(conn, gate, deadline, ceiling, boot_id);
+                        }
+                        _ if durability == Durability::Synced => wal.sync()?,
+                        _ => {}
                     }
                 }
                 out
@@ -326,16 +396,17 @@ impl SharedEngine {
         validate_acquire(spec)?;
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
+        let boot_id = self.boot_id.clone();
         self.with_row(
             &spec.task,
             now,
             Cause::Acquire,
             timeout,
-            Durability::Synced,
+            Durability::Cached,
             |row, tx| {
-                let token = store::last_issued(tx)?
-                    .checked_add(1)
-                    .ok_or(EngineError::Unavailable("the token sequence is exhausted"))?;
+                let ceiling = store::load_ceiling(tx)?;
+                let (token, reserve) =
+                    next_token(store::last_issued(tx)?, ceiling.as_ref(), &boot_id)?;
                 row.acquire(
                     spec,
                     now,
@@ -345,13 +416,21 @@ impl SharedEngine {
                     },
                 )?;
                 store::set_last_issued(tx, token)?;
+                // Only a grant reserves: a refusal returned above.
+                let write = match reserve {
+                    Some(c) => {
+                        store::save_ceiling(tx, c, &boot_id)?;
+                        Write::RowAndCeiling(c)
+                    }
+                    None => Write::Row,
+                };
                 Ok((
                     Granted {
                         lease_id: lease_id(&key, &spec.task),
                         token,
                         ttl_ms: spec.ttl_ms,
                     },
-                    true,
+                    write,
                 ))
             },
         )
@@ -373,7 +452,7 @@ impl SharedEngine {
             Cause::Renew,
             timeout,
             Durability::Cached,
-            |row, _| Ok((row.renew(key, token, principal, now)?, true)),
+            |row, _| Ok((row.renew(key, token, principal, now)?, Write::Row)),
         )
     }
 
@@ -405,7 +484,7 @@ impl SharedEngine {
         let cause = Cause::Release(outcome, exit_code);
         self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
             row.release(key, token, principal, now)?;
-            Ok(((), true))
+            Ok(((), Write::Row))
         })
     }
 
@@ -423,7 +502,7 @@ impl SharedEngine {
             Cause::Revoke,
             timeout,
             Durability::Synced,
-            |row, _| Ok((row.revoke(force, now)?, true)),
+            |row, _| Ok((row.revoke(force, now)?, Write::Row)),
         )
     }
 
@@ -436,7 +515,7 @@ impl SharedEngine {
             Cause::Clear,
             timeout,
             Durability::Synced,
-            |row, _| Ok((row.clear(now)?, true)),
+            |row, _| Ok((row.clear(now)?, Write::Row)),
         )
     }
 
