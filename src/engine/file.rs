@@ -235,13 +235,7 @@ fn begin<'c>(
 /// sync). A failure leaves the ceiling pending, which costs the next grant
 /// a sync and nothing else, so it is logged, not returned: the grant is
 /// already durable and must be answered.
-fn mark_durable(
-    conn: &mut Connection,
-    gate: &Gate,
-    deadline: Instant,
-    value: u64,
-    boot_id: &str,
-) {
+fn mark_durable(conn: &mut Connection, gate: &Gate, deadline: Instant, value: u64, boot_id: &str) {
     let done = begin(conn, gate, deadline).and_then(|tx| {
         store::mark_ceiling_durable(&tx, value, boot_id)?;
         tx.commit().ctx("committing the token ceiling")
@@ -723,7 +717,7 @@ mod tests {
     }
 
     #[test]
-    fn grants_and_operator_calls_are_synced_renewals_and_releases_are_not() {
+    fn operator_calls_are_synced_grants_once_per_block_renewals_and_releases_never() {
         let d = tempfile::tempdir().unwrap();
         let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
         let synchronous: i64 = e
@@ -734,19 +728,162 @@ mod tests {
         let mut long = spec("f", ExpiryPolicy::Redispatch);
         long.ttl_ms = 60_000;
         let g = e.acquire(&long, T).unwrap();
-        assert_eq!(e.wal.syncs, 1, "a grant");
-        let syncs = e.wal.syncs;
+        assert_eq!(e.wal.syncs, 1, "the first grant reserves a ceiling");
+        assert_eq!(ceiling(&e), (BLOCK, "durable".into()));
         e.renew(&g.lease_id, g.token, "", T).unwrap();
-        assert_eq!(e.wal.syncs, syncs, "a renewal");
+        assert_eq!(e.wal.syncs, 1, "a renewal");
         e.revoke("f", false, T).unwrap();
-        assert_eq!(e.wal.syncs, syncs + 1, "a revoke");
+        assert_eq!(e.wal.syncs, 2, "a revoke");
         let g2 = e.acquire(&spec("g", ExpiryPolicy::Redispatch), T).unwrap();
-        assert_eq!(e.wal.syncs, syncs + 2, "a grant");
+        assert_eq!(g2.token, 2);
+        assert_eq!(e.wal.syncs, 2, "a grant under the durable ceiling");
         e.release(&g2.lease_id, g2.token, "", T).unwrap();
-        assert_eq!(e.wal.syncs, syncs + 2, "a release");
+        assert_eq!(e.wal.syncs, 2, "a release");
         // A refused acquire writes nothing and syncs nothing.
         assert!(e.acquire(&long, T).is_err());
-        assert_eq!(e.wal.syncs, syncs + 2, "a refusal");
+        assert_eq!(e.wal.syncs, 2, "a refusal");
+        // Tokens 3..=BLOCK go unsynced; BLOCK + 1 reserves the next block.
+        let mut last = g2.token;
+        while last < BLOCK {
+            let g = e.acquire(&spec("h", ExpiryPolicy::Redispatch), T).unwrap();
+            assert_eq!(g.token, last + 1);
+            last = g.token;
+            e.release(&g.lease_id, g.token, "", T).unwrap();
+        }
+        assert_eq!(e.wal.syncs, 2, "{BLOCK} grants, one sync");
+        let g = e.acquire(&spec("h", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(g.token, BLOCK + 1);
+        assert_eq!(e.wal.syncs, 3, "the grant above the ceiling");
+        assert_eq!(ceiling(&e), (2 * BLOCK, "durable".into()));
+    }
+
+    /// The stored ceiling and its state.
+    fn ceiling(e: &SharedEngine) -> (u64, String) {
+        let c = store::load_ceiling(&e.conn).unwrap().unwrap();
+        assert_eq!(c.boot_id, e.boot_id);
+        let state = if c.durable { "durable" } else { "pending" };
+        (c.value, state.into())
+    }
+
+    fn set_meta(c: &Connection, key: &str, value: &str) {
+        c.execute(
+            "UPDATE meta SET value = ?2 WHERE key = ?1",
+            rusqlite::params![key, value],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn after_a_power_loss_the_first_grant_starts_above_the_ceiling() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        for want in 1..=3 {
+            let g = e.acquire(&spec("p", ExpiryPolicy::Redispatch), T).unwrap();
+            assert_eq!(g.token, want);
+            e.release(&g.lease_id, g.token, "", T).unwrap();
+        }
+        let g = e.acquire(&spec("q", ExpiryPolicy::Hold), T).unwrap();
+        assert_eq!((g.token, e.wal.syncs), (4, 1));
+        // What a power loss may leave: the synced reservation (token 1,
+        // the ceiling, still pending) and none of the unsynced commits
+        // after it; and the machine comes back with a new boot id.
+        let c = Connection::open(&db).unwrap();
+        c.execute_batch(
+            "UPDATE seq SET last_token = 1; DELETE FROM tasks;
+             UPDATE meta SET value = 'pending' WHERE key = 'token_ceiling_state';",
+        )
+        .unwrap();
+        e.boot_id = "00000000-0000-4000-8000-000000000001".into();
+        let g = e.acquire(&spec("p", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(g.token, BLOCK + 1, "above every token answered before");
+        assert_eq!(e.wal.syncs, 2, "the first grant of a boot syncs");
+        assert_eq!(ceiling(&e), (2 * BLOCK, "durable".into()));
+        let g2 = e.acquire(&spec("q", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(g2.token, BLOCK + 2);
+        assert_eq!(e.wal.syncs, 2, "then the block is durable");
+
+        // A durable ceiling of another boot is no better: the unsynced
+        // grants of that boot may be gone, the ceiling is not.
+        set_meta(&c, "token_ceiling_boot", "an-earlier-boot");
+        c.execute("UPDATE seq SET last_token = ?1", [BLOCK as i64 + 5])
+            .unwrap();
+        let g3 = e.acquire(&spec("r", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(g3.token, 2 * BLOCK + 1);
+        assert_eq!(e.wal.syncs, 3);
+        // A file from before ceilings existed (no ceiling rows, every
+        // grant synced) goes on from its sequence.
+        c.execute_batch("DELETE FROM meta; UPDATE seq SET last_token = 7000")
+            .unwrap();
+        let g4 = e.acquire(&spec("s", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!((g4.token, e.wal.syncs), (7001, 4));
+        assert_eq!(ceiling(&e), (7000 + BLOCK, "durable".into()));
+    }
+
+    #[test]
+    fn a_pending_ceiling_makes_the_next_grant_sync() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut long = spec("k", ExpiryPolicy::Redispatch);
+        long.ttl_ms = 60_000;
+        e.acquire(&long, T).unwrap();
+        assert_eq!(e.wal.syncs, 1);
+        // A process killed between its reservation's commit and its sync
+        // (or whose sync failed) leaves the ceiling pending.
+        let c = Connection::open(&db).unwrap();
+        set_meta(&c, "token_ceiling_state", "pending");
+        // A refused acquire neither writes the ceiling nor syncs.
+        assert!(e.acquire(&long, T).is_err());
+        assert_eq!(e.wal.syncs, 1);
+        assert_eq!(ceiling(&e), (BLOCK, "pending".into()));
+        let g = e.acquire(&spec("l", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(g.token, 2, "the same boot: the sequence goes on");
+        assert_eq!(e.wal.syncs, 2, "it syncs the pending ceiling");
+        assert_eq!(ceiling(&e), (BLOCK + 1, "durable".into()));
+        e.acquire(&spec("m", ExpiryPolicy::Redispatch), T).unwrap();
+        assert_eq!(e.wal.syncs, 2);
+        // Marking durable never marks a ceiling that was not the one synced.
+        set_meta(&c, "token_ceiling_state", "pending");
+        assert!(!store::mark_ceiling_durable(&c, BLOCK, &e.boot_id).unwrap());
+        assert!(!store::mark_ceiling_durable(&c, BLOCK + 1, "another-boot").unwrap());
+        assert!(store::mark_ceiling_durable(&c, BLOCK + 1, &e.boot_id).unwrap());
+        assert_eq!(ceiling(&e), (BLOCK + 1, "durable".into()));
+    }
+
+    #[test]
+    fn a_corrupt_ceiling_fails_the_grant() {
+        let d = tempfile::tempdir().unwrap();
+        let db = d.path().join("l.db");
+        let mut e = SharedEngine::open(&db, T).unwrap();
+        e.acquire(&spec("c0", ExpiryPolicy::Redispatch), T).unwrap();
+        let c = Connection::open(&db).unwrap();
+        for (key, value, good) in [
+            ("token_ceiling", "-4", "1024"),
+            ("token_ceiling", "lots", "1024"),
+            ("token_ceiling_state", "probably", "durable"),
+        ] {
+            set_meta(&c, key, value);
+            let err = e
+                .acquire(&spec("c1", ExpiryPolicy::Redispatch), T)
+                .unwrap_err();
+            assert!(
+                matches!(err, EngineError::Storage(StoreError::CorruptCeiling(_))),
+                "{key}={value}: {err:?}"
+            );
+            assert!(err.to_string().contains(key), "{err}");
+            set_meta(&c, key, good);
+        }
+        c.execute("DELETE FROM meta WHERE key = 'token_ceiling_boot'", [])
+            .unwrap();
+        let err = e
+            .acquire(&spec("c1", ExpiryPolicy::Redispatch), T)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("token_ceiling_boot is missing"),
+            "{err}"
+        );
+        assert_eq!(e.wal.syncs, 1);
     }
 
     fn wal_len(db: &Path) -> u64 {

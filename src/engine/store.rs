@@ -299,9 +299,10 @@ pub fn load_ceiling(conn: &Connection) -> Result<Option<Ceiling>, StoreError> {
             .prepare_cached("SELECT key, value FROM meta WHERE key IN (?1, ?2, ?3)")
             .ctx("reading the token ceiling")?;
         let rows = st
-            .query_map(params![CEILING_KEYS[0], CEILING_KEYS[1], CEILING_KEYS[2]], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Value>(1)?))
-            })
+            .query_map(
+                params![CEILING_KEYS[0], CEILING_KEYS[1], CEILING_KEYS[2]],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Value>(1)?)),
+            )
             .ctx("reading the token ceiling")?;
         for r in rows {
             let (k, v) = r.ctx("reading the token ceiling")?;
@@ -313,7 +314,10 @@ pub fn load_ceiling(conn: &Connection) -> Result<Option<Ceiling>, StoreError> {
     let corrupt = StoreError::CorruptCeiling;
     let text = |i: usize| match &vals[i] {
         Some(Value::Text(s)) => Ok(s.as_str()),
-        Some(other) => Err(corrupt(format!("{} is not text ({other:?})", CEILING_KEYS[i]))),
+        Some(other) => Err(corrupt(format!(
+            "{} is not text ({other:?})",
+            CEILING_KEYS[i]
+        ))),
         None => Err(corrupt(format!("{} is missing", CEILING_KEYS[i]))),
     };
     if vals.iter().all(Option::is_none) {
@@ -730,6 +734,40 @@ mod tests {
             Err(StoreError::CorruptSequence(_))
         ));
         assert!(set_last_issued(&c, 10).is_err());
+    }
+
+    #[test]
+    fn the_token_ceiling_round_trips_and_is_marked_durable_only_as_saved() {
+        let (_d, c) = db();
+        assert_eq!(load_ceiling(&c).unwrap(), None, "a file without one");
+        save_ceiling(&c, 2048, "b1").unwrap();
+        let pending = Ceiling {
+            value: 2048,
+            durable: false,
+            boot_id: "b1".into(),
+        };
+        assert_eq!(load_ceiling(&c).unwrap(), Some(pending.clone()));
+        assert!(!mark_ceiling_durable(&c, 1024, "b1").unwrap());
+        assert!(!mark_ceiling_durable(&c, 2048, "b2").unwrap());
+        assert!(mark_ceiling_durable(&c, 2048, "b1").unwrap());
+        assert!(!mark_ceiling_durable(&c, 2048, "b1").unwrap(), "once");
+        let durable = Ceiling {
+            durable: true,
+            ..pending
+        };
+        assert_eq!(load_ceiling(&c).unwrap(), Some(durable));
+        c.execute("UPDATE meta SET value = 7 WHERE key = 'token_ceiling'", [])
+            .unwrap();
+        assert_eq!(load_ceiling(&c).unwrap().unwrap().value, 7, "TEXT affinity");
+        c.execute(
+            "UPDATE meta SET value = x'00' WHERE key = 'token_ceiling'",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            load_ceiling(&c),
+            Err(StoreError::CorruptCeiling(_))
+        ));
     }
 
     #[test]
