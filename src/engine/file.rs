@@ -23,19 +23,49 @@
 //!
 //! Durability (the reasoning is in docs/design.md, "The embedded
 //! authority's file"): the connection runs with `synchronous=NORMAL`, so a
-//! commit writes its WAL frames to the page cache and returns. After a
-//! grant, a revoke or a clear commits, the engine `fdatasync`s the WAL file
-//! itself before the call answers, so a token is never answered before the
-//! sequence that rules out its reuse is on disk. (Not `synchronous=FULL`:
-//! that also fsyncs the directory on each connection's first sync, a second
-//! device flush per run; SQLite still syncs the WAL header, with the
-//! directory, whenever it starts a new or emptied WAL, which is when the
-//! directory entry can be new.) Renewals and releases are not synced: a
-//! process crash loses nothing the page cache holds, and after a power loss
-//! every lease of the previous boot has expired anyway (the boot id
-//! changed). WAL frames are appended in commit order and an fdatasync
-//! covers every frame written before it, so whatever survives a power loss
-//! is a prefix of the history that contains every answered grant.
+//! commit writes its WAL frames to the page cache and returns; the engine
+//! `fdatasync`s the WAL file itself ([`Wal::sync`]) where a crash could
+//! otherwise cost something. (Not `synchronous=FULL`: that also fsyncs the
+//! directory on each connection's first sync, a second device flush per
+//! run; SQLite still syncs the WAL header, with the directory, whenever it
+//! starts a new or emptied WAL, which is when the directory entry can be
+//! new.)
+//!
+//! Grants sync once per [`BLOCK`] tokens, through a token ceiling `C`
+//! stored with its state (`pending` or `durable`) and the boot id it was
+//! written under (`store::Ceiling`, rows of `meta`). A grant takes
+//! `t = last_issued + 1`; if the ceiling's boot is not this boot, commits
+//! after the last synced ceiling may have been lost in a power loss, so
+//! `t = max(t, C + 1)`. When `t > C`, the state is `pending` or the boot
+//! differs, the grant's own transaction also writes
+//! `C' = max(C, t + BLOCK - 1)`, `pending`, this boot (only if it grants: a
+//! refusal writes no ceiling); after the commit the WAL is synced before
+//! the answer, then a second, unsynced transaction marks `C'` `durable` if
+//! it is still the stored, pending ceiling. Any other grant is answered
+//! after its commit, unsynced. A clean reboot skips at most [`BLOCK`]
+//! tokens. Why no token is ever answered twice:
+//!
+//! - Every answered token `t` is at most a ceiling whose WAL frames were
+//!   fdatasync'd before `t` was answered: either this grant synced it, or
+//!   the stored state was `durable`, which is written only after a
+//!   successful sync of that same `C` (ceilings only rise, and any new one
+//!   is written `pending`).
+//! - `pending` left behind (a process killed between its commit and its
+//!   sync, or a failed sync) makes the next grant sync again.
+//! - A process crash loses nothing the page cache holds: within one boot
+//!   the sequence in the page cache is the truth, and it only rises.
+//! - A power loss changes the boot id. WAL frames survive as a prefix
+//!   (cumulative checksums), an fdatasync covers every frame written before
+//!   it, a checkpoint syncs the database before it truncates the WAL, and
+//!   the ceiling only rises, so the disk holds a ceiling at least as high
+//!   as every synced one; the first grant of the new boot starts above it
+//!   and reserves, with a sync.
+//!
+//! Revokes and clears sync after their commit as before: they issue no
+//! token, so uniqueness does not need it, but the operator is told the
+//! change is done, and they are rare. Renewals and releases are not
+//! synced: after a power loss every lease of the previous boot has expired
+//! anyway (the boot id changed).
 //!
 //! Size: nothing checkpoints on close or inside a call. After a release (and
 //! after a renewal has been reported, see [`SharedEngine::tidy`]) the WAL is

@@ -4,7 +4,9 @@
 //! sequence (`seq`). Every grant takes the next number of the sequence and
 //! writes it back in the same transaction as the grant's row, so one
 //! committed write makes both durable together: a token is never answered
-//! without the counter that rules out its reuse being on disk. Because the
+//! without the counter that rules out its reuse being on disk (serve), or,
+//! in the embedded engine, without a durable token ceiling above it
+//! ([`Ceiling`], rows of `meta`, which need no schema change). Because the
 //! sequence never decreases, a released task's row can be deleted
 //! (compaction) without its next token ever going down; the per-task
 //! `last_token` is kept only to tell `superseded` from `unknown_lease`.
