@@ -42,8 +42,11 @@
 //! refusal writes no ceiling); after the commit the WAL is synced before
 //! the answer, then a second, unsynced transaction marks `C'` `durable` if
 //! it is still the stored, pending ceiling. Any other grant is answered
-//! after its commit, unsynced. A clean reboot skips at most [`BLOCK`]
-//! tokens. Why no token is ever answered twice:
+//! after its commit, unsynced, except under policy `hold`: such a grant
+//! lost in a power loss would let the task run again without an operator
+//! (no reuse of a token, but a duplicated run), so it is always synced. A
+//! clean reboot skips at most [`BLOCK`] tokens. Why no token is ever
+//! answered twice:
 //!
 //! - Every answered token `t` is at most a ceiling whose WAL frames were
 //!   fdatasync'd before `t` was answered: either this grant synced it, or
@@ -102,7 +105,7 @@ pub struct SharedEngine {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Durability {
     /// The WAL is fdatasync'd after the commit, before the call answers:
-    /// operator calls.
+    /// operator calls and grants under policy `hold`.
     Synced,
     /// Written to the page cache only, unless the commit reserved a token
     /// ceiling ([`Write::RowAndCeiling`]): grants, renewals and releases.
@@ -421,12 +424,19 @@ impl SharedEngine {
         let now = now_ms();
         let key = new_key().map_err(StoreError::Random)?;
         let boot_id = self.boot_id.clone();
+        // A `hold` grant lost in a power loss would let the task run again
+        // without an operator, though its job may have been cut off midway:
+        // it is synced whatever the ceiling.
+        let durability = match spec.policy {
+            crate::lease::ExpiryPolicy::Hold => Durability::Synced,
+            _ => Durability::Cached,
+        };
         self.with_row(
             &spec.task,
             now,
             Cause::Acquire,
             timeout,
-            Durability::Cached,
+            durability,
             |row, tx| {
                 let ceiling = store::load_ceiling(tx)?;
                 let (token, reserve) =
@@ -785,6 +795,11 @@ mod tests {
         assert_eq!(g.token, BLOCK + 1);
         assert_eq!(e.wal.syncs, 3, "the grant above the ceiling");
         assert_eq!(ceiling(&e), (2 * BLOCK, "durable".into()));
+        // Grants under `hold` are synced every time.
+        for (i, task) in ["h1", "h2"].into_iter().enumerate() {
+            e.acquire(&spec(task, ExpiryPolicy::Hold), T).unwrap();
+            assert_eq!(e.wal.syncs, 4 + i as u64, "a hold grant");
+        }
     }
 
     /// The stored ceiling and its state.
@@ -813,7 +828,7 @@ mod tests {
             assert_eq!(g.token, want);
             e.release(&g.lease_id, g.token, "", T).unwrap();
         }
-        let g = e.acquire(&spec("q", ExpiryPolicy::Hold), T).unwrap();
+        let g = e.acquire(&spec("q", ExpiryPolicy::Redispatch), T).unwrap();
         assert_eq!((g.token, e.wal.syncs), (4, 1));
         // What a power loss may leave: the synced reservation (token 1,
         // the ceiling, still pending) and none of the unsynced commits
