@@ -4,7 +4,9 @@
 //! sequence (`seq`). Every grant takes the next number of the sequence and
 //! writes it back in the same transaction as the grant's row, so one
 //! committed write makes both durable together: a token is never answered
-//! without the counter that rules out its reuse being on disk. Because the
+//! without the counter that rules out its reuse being on disk (serve), or,
+//! in the embedded engine, without a durable token ceiling above it
+//! ([`Ceiling`], rows of `meta`, which need no schema change). Because the
 //! sequence never decreases, a released task's row can be deleted
 //! (compaction) without its next token ever going down; the per-task
 //! `last_token` is kept only to tell `superseded` from `unknown_lease`.
@@ -58,6 +60,8 @@ pub enum StoreError {
     },
     #[error("lease database: the token sequence (seq.last_token) is corrupt: it {0}")]
     CorruptSequence(String),
+    #[error("lease database: the token ceiling (table meta) is corrupt: {0}")]
+    CorruptCeiling(String),
     #[error("lease database: value {0} is too large to store")]
     TooLarge(u64),
     #[error("reading the boot id")]
@@ -271,6 +275,118 @@ pub fn set_last_issued(conn: &Connection, token: u64) -> Result<(), StoreError> 
     } else {
         Err(StoreError::CorruptSequence("is missing".into()))
     }
+}
+
+/// The embedded engine's token ceiling (see `file`, "Durability"): the
+/// highest token that grants may answer without an fdatasync of their own,
+/// whether the ceiling was already on disk when it was recorded (`durable`),
+/// and the boot it was written under. Three rows of `meta`, so files
+/// without them need no new schema: a file without a ceiling has none
+/// (`None`, as good as 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ceiling {
+    pub value: u64,
+    pub durable: bool,
+    pub boot_id: String,
+}
+
+const CEILING_KEYS: [&str; 3] = ["token_ceiling", "token_ceiling_state", "token_ceiling_boot"];
+
+/// Reads the token ceiling. All three rows or none: anything else, or a
+/// value that is not what [`save_ceiling`] writes, is corruption.
+pub fn load_ceiling(conn: &Connection) -> Result<Option<Ceiling>, StoreError> {
+    let mut vals: [Option<Value>; 3] = [None, None, None];
+    {
+        let mut st = conn
+            .prepare_cached("SELECT key, value FROM meta WHERE key IN (?1, ?2, ?3)")
+            .ctx("reading the token ceiling")?;
+        let rows = st
+            .query_map(
+                params![CEILING_KEYS[0], CEILING_KEYS[1], CEILING_KEYS[2]],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Value>(1)?)),
+            )
+            .ctx("reading the token ceiling")?;
+        for r in rows {
+            let (k, v) = r.ctx("reading the token ceiling")?;
+            if let Some(i) = CEILING_KEYS.iter().position(|c| *c == k) {
+                vals[i] = Some(v);
+            }
+        }
+    }
+    let corrupt = StoreError::CorruptCeiling;
+    let text = |i: usize| match &vals[i] {
+        Some(Value::Text(s)) => Ok(s.as_str()),
+        Some(other) => Err(corrupt(format!(
+            "{} is not text ({other:?})",
+            CEILING_KEYS[i]
+        ))),
+        None => Err(corrupt(format!("{} is missing", CEILING_KEYS[i]))),
+    };
+    if vals.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let v = text(0)?;
+    let value = v
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| corrupt(format!("{} is {v:?}", CEILING_KEYS[0])))?;
+    let durable = match text(1)? {
+        "durable" => true,
+        "pending" => false,
+        s => return Err(corrupt(format!("{} is {s:?}", CEILING_KEYS[1]))),
+    };
+    Ok(Some(Ceiling {
+        value,
+        durable,
+        boot_id: text(2)?.to_owned(),
+    }))
+}
+
+/// Records a new token ceiling, not yet known to be on disk.
+pub fn save_ceiling(conn: &Connection, value: u64, boot_id: &str) -> Result<(), StoreError> {
+    let value = to_i64(value)?.to_string();
+    conn.prepare_cached(
+        "INSERT INTO meta(key, value) VALUES (?1, ?2), (?3, 'pending'), (?4, ?5)
+         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            CEILING_KEYS[0],
+            value,
+            CEILING_KEYS[1],
+            CEILING_KEYS[2],
+            boot_id
+        ])
+    })
+    .map(|_| ())
+    .ctx("writing the token ceiling")
+}
+
+/// Marks the ceiling `value` of boot `boot_id` as on disk, if it is still
+/// the stored one and pending. True when it did.
+pub fn mark_ceiling_durable(
+    conn: &Connection,
+    value: u64,
+    boot_id: &str,
+) -> Result<bool, StoreError> {
+    let value = to_i64(value)?.to_string();
+    conn.prepare_cached(
+        "UPDATE meta SET value = 'durable' WHERE key = ?1 AND value = 'pending'
+           AND EXISTS (SELECT 1 FROM meta WHERE key = ?2 AND value = ?3)
+           AND EXISTS (SELECT 1 FROM meta WHERE key = ?4 AND value = ?5)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            CEILING_KEYS[1],
+            CEILING_KEYS[0],
+            value,
+            CEILING_KEYS[2],
+            boot_id
+        ])
+    })
+    .map(|n| n == 1)
+    .ctx("marking the token ceiling durable")
 }
 
 const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
@@ -620,6 +736,40 @@ mod tests {
             Err(StoreError::CorruptSequence(_))
         ));
         assert!(set_last_issued(&c, 10).is_err());
+    }
+
+    #[test]
+    fn the_token_ceiling_round_trips_and_is_marked_durable_only_as_saved() {
+        let (_d, c) = db();
+        assert_eq!(load_ceiling(&c).unwrap(), None, "a file without one");
+        save_ceiling(&c, 2048, "b1").unwrap();
+        let pending = Ceiling {
+            value: 2048,
+            durable: false,
+            boot_id: "b1".into(),
+        };
+        assert_eq!(load_ceiling(&c).unwrap(), Some(pending.clone()));
+        assert!(!mark_ceiling_durable(&c, 1024, "b1").unwrap());
+        assert!(!mark_ceiling_durable(&c, 2048, "b2").unwrap());
+        assert!(mark_ceiling_durable(&c, 2048, "b1").unwrap());
+        assert!(!mark_ceiling_durable(&c, 2048, "b1").unwrap(), "once");
+        let durable = Ceiling {
+            durable: true,
+            ..pending
+        };
+        assert_eq!(load_ceiling(&c).unwrap(), Some(durable));
+        c.execute("UPDATE meta SET value = 7 WHERE key = 'token_ceiling'", [])
+            .unwrap();
+        assert_eq!(load_ceiling(&c).unwrap().unwrap().value, 7, "TEXT affinity");
+        c.execute(
+            "UPDATE meta SET value = x'00' WHERE key = 'token_ceiling'",
+            [],
+        )
+        .unwrap();
+        assert!(matches!(
+            load_ceiling(&c),
+            Err(StoreError::CorruptCeiling(_))
+        ));
     }
 
     #[test]

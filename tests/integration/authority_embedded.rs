@@ -337,6 +337,45 @@ fn cli(state: &Path, args: &[&str]) -> (i32, String) {
     )
 }
 
+/// What a power loss may leave of a state directory, as real agents see
+/// it: grants under the durable token ceiling were answered without an
+/// fsync and are gone, the synced reservation survives, and the machine
+/// has a new boot id. The next agent's token is above the ceiling.
+#[test]
+fn after_a_simulated_power_loss_an_agent_starts_above_the_token_ceiling() {
+    let state = tempfile::tempdir().unwrap();
+    let db = state.path().join("leases.sqlite3");
+    let run = || {
+        let (code, out) = cli(
+            state.path(),
+            &["--task", "p", "--", "sh", "-c", "echo TOKEN=$LEASE_TOKEN"],
+        );
+        assert_eq!(code, 0, "{out}");
+        let t = out.split("TOKEN=").nth(1).expect(&out);
+        t.split_whitespace().next().unwrap().parse::<u64>().unwrap()
+    };
+    assert_eq!((run(), run(), run()), (1, 2, 3));
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let ceiling = |c: &rusqlite::Connection| -> (String, String) {
+        let get = |k: &str| -> String {
+            c.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get(0))
+                .unwrap()
+        };
+        (get("token_ceiling"), get("token_ceiling_state"))
+    };
+    assert_eq!(ceiling(&c), ("1024".into(), "durable".into()));
+    c.execute_batch(
+        "UPDATE seq SET last_token = 1;
+         UPDATE meta SET value = 'pending' WHERE key = 'token_ceiling_state';
+         UPDATE meta SET value = '00000000-0000-0000-0000-000000000000'
+           WHERE key = 'token_ceiling_boot';",
+    )
+    .unwrap();
+    assert_eq!(run(), 1025);
+    assert_eq!(run(), 1026);
+    assert_eq!(ceiling(&c), ("2048".into(), "durable".into()));
+}
+
 #[test]
 fn grace_hold_clear_and_revoke_on_the_default_authority_with_the_cli() {
     let state = tempfile::tempdir().unwrap();
