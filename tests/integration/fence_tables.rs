@@ -277,12 +277,26 @@ fn hold(table: &Table, py: &Path, task: &str, token: &str, part: &str, dir: &Pat
 }
 
 impl Held {
-    /// Waits until the writer has stopped itself; returns its pid.
-    fn stopped(&self) -> i32 {
+    /// Waits until the writer has stopped itself; returns its pid. A writer
+    /// that exits first fails the test at once, with its stderr (a busy
+    /// machine makes the imports slow, never a crash look like a timeout).
+    fn stopped(&mut self) -> i32 {
+        let (pid_file, child) = (&self.pid_file, &mut self.child);
         let pid: i32 = poll(
             "a writer to reach its commit",
-            Duration::from_secs(60),
-            || read_opt(&self.pid_file).and_then(|s| s.trim().parse().ok()),
+            Duration::from_secs(180),
+            || {
+                if let Some(pid) = read_opt(pid_file).and_then(|s| s.trim().parse().ok()) {
+                    return Some(pid);
+                }
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "the writer exited ({status}) before its commit: {}",
+                        support::stderr_of(child)
+                    );
+                }
+                None
+            },
         );
         poll("a writer to stop", Duration::from_secs(30), || {
             (proc_state(pid) == Some('T')).then_some(())
@@ -291,7 +305,7 @@ impl Held {
     }
 
     fn finish(mut self) -> (i32, String) {
-        let rc = wait_child(&mut self.child, "a racing writer", Duration::from_secs(60));
+        let rc = wait_child(&mut self.child, "a racing writer", Duration::from_secs(180));
         (rc, support::stderr_of(&mut self.child))
     }
 }
@@ -305,8 +319,8 @@ fn race(format: Format) {
     for i in 0..RACE_TRIALS {
         // A fresh task and partition per trial, in one table.
         let (task, part) = (format!("race-{i}"), format!("p{i}"));
-        let w7 = hold(&table, &py, &task, "7", &part, d.path());
-        let w8 = hold(&table, &py, &task, "8", &part, d.path());
+        let mut w7 = hold(&table, &py, &task, "7", &part, d.path());
+        let mut w8 = hold(&table, &py, &task, "8", &part, d.path());
         let (p7, p8) = (w7.stopped(), w8.stopped());
         // Both passed the check on the same table version. Release them in
         // alternating order, the second 0 to 200 ms after the first: a

@@ -1,8 +1,9 @@
 //! The zombie, end to end, against `leaseagent serve`.
 //!
 //! Attempt A's job stops itself (SIGSTOP) right before its commit, and A's
-//! agent is stopped too, past the lease: what a VM freeze or a long GC pause
-//! does to a whole worker. The authority expires A's lease; attempt B
+//! keeper and agent are stopped too, past the lease: what a VM freeze does
+//! to a whole worker (with the keeper running, it would stop the job before
+//! the lease expires: the agent-side defence; this test is about the sink's). The authority expires A's lease; attempt B
 //! acquires (higher token) and publishes. Then A's job is resumed *first*,
 //! the worst order: it runs its `leaseagent publish` with its old token and
 //! must be refused with "superseded". A's agent is resumed last and must
@@ -229,11 +230,18 @@ pub(crate) fn freeze_and_take_over(
     poll("A's job to stop itself", long, || {
         (proc_state(job_pid) == Some('T')).then_some(())
     });
-    // A's agent is paused past the lease.
-    signal(a_agent_pid, Signal::STOP);
-    poll("A's agent to stop", long, || {
-        (proc_state(a_agent_pid) == Some('T')).then_some(())
-    });
+    // A's whole attempt is paused past the lease, as a VM freeze pauses a
+    // worker: the keeper (the job's parent, the second guardian, which
+    // would otherwise stop the job on time) and the agent.
+    let keeper_pid = *children(a_agent_pid)
+        .first()
+        .expect("A's keeper, the agent's child");
+    for pid in [keeper_pid, a_agent_pid] {
+        signal(pid, Signal::STOP);
+        poll("A's keeper and agent to stop", long, || {
+            (proc_state(pid) == Some('T')).then_some(())
+        });
+    }
     let paused = Instant::now();
 
     // B gets the task once A's lease expires, and commits.
@@ -246,7 +254,8 @@ pub(crate) fn freeze_and_take_over(
     let a_rc: i32 = poll("A's late commit", long, || {
         read_opt(&work.join("a.rc")).and_then(|s| s.trim().parse().ok())
     });
-    // Then its agent.
+    // Then its keeper and agent.
+    signal(keeper_pid, Signal::CONT);
     signal(a_agent_pid, Signal::CONT);
     let a_agent = wait_child(&mut a, "A's agent", long);
     Takeover {

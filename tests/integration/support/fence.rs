@@ -83,6 +83,21 @@ pub fn proc_state(pid: i32) -> Option<char> {
     after.trim_start().chars().next()
 }
 
+/// The child processes of `pid` (every thread's `children` list).
+pub fn children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 pub fn signal(pid: i32, sig: rustix::process::Signal) {
     let p = rustix::process::Pid::from_raw(pid).expect("pid > 0");
     rustix::process::kill_process(p, sig).expect("kill");
