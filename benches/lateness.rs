@@ -21,21 +21,11 @@ use std::time::Duration;
 use leaseagent_testkit::*;
 
 fn bin() -> PathBuf {
-    std::env::var_os("LEASEAGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
+    leaseagent_testkit::bench_bin(env!("CARGO_BIN_EXE_leaseagent"))
 }
 
 fn helper(name: &str) -> String {
     format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
@@ -106,8 +96,8 @@ fn main() {
         "renewal lateness under {} busy processes for {seconds}s, heartbeat 500ms, {} renewals: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         4 * nproc,
         renewals.len(),
-        pct(&late, 0.5),
-        pct(&late, 0.99),
+        leaseagent_testkit::percentile(&late, 0.5),
+        leaseagent_testkit::percentile(&late, 0.99),
         late.last().copied().unwrap_or(f64::NAN)
     );
     println!("agent peak RSS (VmHWM): {:.2} MiB", hwm as f64 / 1024.0);
@@ -153,7 +143,7 @@ fn main() {
     lat.sort_by(|a, b| a.total_cmp(b));
     println!(
         "refusal -> SIGTERM handler in the job ({trials} trials): p50 {:.2} ms, max {:.2} ms",
-        pct(&lat, 0.5),
+        leaseagent_testkit::percentile(&lat, 0.5),
         lat.last().copied().unwrap_or(f64::NAN)
     );
 }

@@ -35,21 +35,11 @@ const HEARTBEAT_MS: f64 = 500.0;
 const TIMING: [&str; 4] = ["--ttl", "3s", "--heartbeat", "500ms"];
 
 fn bin() -> PathBuf {
-    std::env::var_os("LEASEAGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
+    leaseagent_testkit::bench_bin(env!("CARGO_BIN_EXE_leaseagent"))
 }
 
 fn helper(name: &str) -> String {
     format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn sh(cmd: &str) {
@@ -473,8 +463,8 @@ fn main() {
         println!(
             "{name:<10} renewals {:>3}  lateness p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms  held: {}  (exit {:?}, agent VmHWM {:.2} MiB)",
             o.renewals,
-            pct(&o.late_ms, 0.5),
-            pct(&o.late_ms, 0.99),
+            leaseagent_testkit::percentile(&o.late_ms, 0.5),
+            leaseagent_testkit::percentile(&o.late_ms, 0.99),
             o.late_ms.last().copied().unwrap_or(f64::NAN),
             if o.held { "yes" } else { "NO" },
             o.exit,

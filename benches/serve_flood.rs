@@ -28,9 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn bin() -> PathBuf {
-    std::env::var_os("LEASEAGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
+    leaseagent_testkit::bench_bin(env!("CARGO_BIN_EXE_leaseagent"))
 }
 
 /// One request on a fresh connection from `ip`: the status (0: closed
@@ -70,13 +68,6 @@ fn one(
         .unwrap_or(0)
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 /// Runs the legitimate client's requests; prints its figures.
 fn measure(
     label: &str,
@@ -104,8 +95,8 @@ fn measure(
     ms.sort_by(f64::total_cmp);
     println!(
         "{label}: {n} acquires from 127.0.0.3, refused {refused}; answered p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        pct(&ms, 0.5),
-        pct(&ms, 0.99),
+        leaseagent_testkit::percentile(&ms, 0.5),
+        leaseagent_testkit::percentile(&ms, 0.99),
         ms.last().copied().unwrap_or(f64::NAN)
     );
 }

@@ -615,3 +615,20 @@ impl Drop for Flood {
         }
     }
 }
+
+/// The benchmarks' agent binary: `LEASEAGENT_BIN` when set (another build,
+/// to compare two builds on equal terms), else `built` (the bench's own
+/// `env!("CARGO_BIN_EXE_leaseagent")`, which only the bench crate knows).
+pub fn bench_bin(built: &str) -> std::path::PathBuf {
+    std::env::var_os("LEASEAGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(built))
+}
+
+/// The `p` quantile (0..=1, nearest rank) of sorted figures; NaN if none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
