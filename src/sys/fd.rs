@@ -1,8 +1,7 @@
-//! The crate's only `unsafe` code.
-//!
-//! One thing here: taking ownership of a descriptor number inherited across
-//! `exec` (the keeper's pipes). Everything else (process groups, signals,
-//! waits, pipes, clocks, renames) goes through std and rustix's safe API.
+//! Taking ownership of a descriptor number inherited across `exec` (the
+//! keeper's pipes): one of the few `unsafe` blocks of the crate, all under
+//! `sys/`. Everything else (signals, waits, pipes, clocks, renames) goes
+//! through std and rustix's safe API.
 
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 

@@ -1,7 +1,9 @@
-//! Operating-system helpers with no lease logic: the fd operation and the
-//! socket option / pre-exec hook that need `unsafe` (`fd`, `priority`),
-//! where state and runtime files live, the systemd notification socket, and
-//! the agent's defences against memory pressure.
+//! Operating-system helpers with no lease logic. The crate's `unsafe` code
+//! lives here and nowhere else, each block with a `// SAFETY:` note: the
+//! inherited-fd claim (`fd`), the socket option and pre-exec hook
+//! (`priority`), and the SQLite VFS that opens through a checked directory
+//! (`sqlite_at`). Also: where state and runtime files live, the systemd
+//! notification socket, and the agent's defences against memory pressure.
 
 #[allow(unsafe_code)]
 pub mod fd;
