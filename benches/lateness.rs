@@ -28,16 +28,6 @@ fn helper(name: &str) -> String {
     format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: u64| -> u64 {

@@ -56,16 +56,6 @@ struct Outcome {
     hwm_kib: u64,
 }
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 /// Runs `agent` (whose job is wrapped to publish its state file's path in
 /// `mark`) to the end, polling the state file.
 fn observe(mut agent: Command, mark: &Path, pid_of_agent: impl Fn(u32) -> u32) -> Outcome {

@@ -632,3 +632,14 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
+
+/// A process's peak resident set (`VmHWM` of `/proc/PID/status`), in KiB.
+pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}

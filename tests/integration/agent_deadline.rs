@@ -6,7 +6,7 @@
 use crate::support;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -50,17 +50,6 @@ fn wait_pids(path: &Path, n: usize) -> Vec<i32> {
 
 fn all_dead(pids: &[i32], within: Duration) -> bool {
     wait_for(within, || pids.iter().all(|p| !alive(*p)).then_some(())).is_some()
-}
-
-struct Dir(tempfile::TempDir);
-
-impl Dir {
-    fn new() -> Self {
-        Dir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.path().join(name)
-    }
 }
 
 /// The job (clock-job.sh, recording to OUT) was gone before the authority

@@ -21,17 +21,6 @@ const TTL_MS: u128 = 2000;
 /// ttl 2 s, renewals every 400 ms, SIGTERM 600 ms before the deadline.
 const TIMING: [&str; 6] = ["--ttl", "2s", "--heartbeat", "400ms", "--grace", "600ms"];
 
-struct Dir(tempfile::TempDir);
-
-impl Dir {
-    fn new() -> Self {
-        Dir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.path().join(name)
-    }
-}
-
 /// The state letter of `pid` in /proc (`R`, `S`, `T`, `Z`, ...).
 fn state_of(pid: i32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -13,17 +13,6 @@ use support::*;
 
 const T: Duration = Duration::from_secs(90);
 
-struct Dir(tempfile::TempDir);
-
-impl Dir {
-    fn new() -> Self {
-        Dir(tempfile::tempdir().unwrap())
-    }
-    fn path(&self, name: &str) -> std::path::PathBuf {
-        self.0.path().join(name)
-    }
-}
-
 /// Runs the agent with `flags` against a fake authority; it must refuse
 /// with 125, name `flag` first in its message, and send nothing.
 fn refused(flags: &[&str], flag: &str) -> String {

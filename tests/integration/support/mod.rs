@@ -27,6 +27,18 @@ pub fn bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
 }
 
+/// A temporary directory for one test, removed when dropped.
+pub struct Dir(pub tempfile::TempDir);
+
+impl Dir {
+    pub fn new() -> Self {
+        Dir(tempfile::tempdir().unwrap())
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.path().join(name)
+    }
+}
+
 pub fn helper(name: &str) -> String {
     format!("{}/tests/helpers/{name}", env!("CARGO_MANIFEST_DIR"))
 }
