@@ -148,8 +148,21 @@ def main(argv):
         NestedField(3, "row", LongType(), required=False),
     )
     spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="part"))
-    catalog.create_namespace_if_not_exists(ns)
-    catalog.create_table_if_not_exists(name, schema=schema, partition_spec=spec)
+    # Two writers that find the table missing at the same moment both try to
+    # create it: the loser's INSERT into the catalog fails (SQLAlchemy's
+    # IntegrityError, or pyiceberg's AlreadyExists). The winner's namespace
+    # and table are then there: look again rather than fail.
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+    from sqlalchemy.exc import IntegrityError
+
+    for attempt in range(5):
+        try:
+            catalog.create_namespace_if_not_exists(ns)
+            catalog.create_table_if_not_exists(name, schema=schema, partition_spec=spec)
+            break
+        except (IntegrityError, NamespaceAlreadyExistsError, TableAlreadyExistsError):
+            if attempt == 4:
+                raise
 
     # The work itself (a stand-in): a few rows stamped with the token.
     rows = pa.table(
