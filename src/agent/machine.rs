@@ -489,7 +489,12 @@ impl Machine {
         if let Some(k) = stop.killed_at {
             if now >= k + TREE_GONE_TIMEOUT {
                 // After a keeper loss nobody could report the tree gone:
-                // that was said already.
+                // that was said already. One last sweep first: the dead
+                // keeper's orphans are re-parented to the agent while it
+                // exits, possibly after the first walk went by them.
+                if self.keeper_lost {
+                    out.push(Action::SignalGroup(Sig::Kill));
+                }
                 if !self.keeper_lost {
                     out.push(Action::Report(match self.job {
                         Job::Exited { .. } => Notice::LeftoversOutsideGroup,
@@ -1178,6 +1183,8 @@ mod tests {
         assert_eq!(signals(&a), vec![SIGKILL]);
         assert!(!m.is_finished());
         let a = m.step(Event::Tick, at(100) + TREE_GONE_TIMEOUT);
+        // A last sweep for the keeper's orphans re-parented since, then the end.
+        assert_eq!(signals(&a), vec![SIGKILL]);
         assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
         assert!(!released(&a));
         // Keeper lost before its start report: the agent still kills what
