@@ -9,6 +9,7 @@
 use crate::support;
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,11 +24,16 @@ const T: Duration = Duration::from_secs(90);
 const SCRIPT_HOLDER: &str = "<script>window.__pwned = 'script'; document.title = 'pwned'</script>";
 const IMG_HOLDER: &str = "<img src=x onerror=\"window.__pwned='img'\">";
 
-/// A child process killed (and reaped) when dropped.
+/// A child process killed (and reaped) when dropped, with its whole process
+/// group when it leads one (chromedriver: the browser it started must not
+/// outlive a failed test).
 struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -186,6 +192,7 @@ fn the_status_page_in_a_real_browser() {
     let port = free_port();
     let driver = Killed(
         Command::new("chromedriver")
+            .process_group(0)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
