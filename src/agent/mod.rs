@@ -66,6 +66,22 @@ fn run(cfg: RunConfig) -> u8 {
         return exit::AGENT_FAILED;
     }
     authority::netpath::set_marks(cfg.renew_marks);
+    // A child subreaper, like the keeper: if the keeper dies, the job's
+    // processes re-parent to the agent, which can still see and kill them.
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        log::warn!(
+            "cannot become a child subreaper ({e}): a dead keeper's orphans escape the agent"
+        );
+    }
+    // The keeper starts up while we acquire; it starts the job only once
+    // `start` hands it the grant's environment.
+    let keeper = match crate::keeper::handle::prestart_keeper(&cfg.command, &keeper_env_remove()) {
+        Ok(k) => k,
+        Err(e) => {
+            log::error!("cannot start the keeper process: {e}");
+            return exit::AGENT_FAILED;
+        }
+    };
     let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {
@@ -82,7 +98,7 @@ fn run(cfg: RunConfig) -> u8 {
     if let Some(code) = signals_before_start(&grant, &mut *auth, &rx) {
         return code;
     }
-    start(&cfg, grant, sent, auth, (tx, rx), notifier)
+    start(&cfg, grant, sent, auth, keeper, (tx, rx), notifier)
 }
 
 // ---------------------------------------------------------------- acquire
@@ -417,6 +433,7 @@ fn start(
     grant: Grant,
     sent: BootInstant,
     mut auth: Box<dyn Authority>,
+    keeper: crate::keeper::handle::Pending,
     events: (Sender<Event>, Receiver<Event>),
     notifier: Notifier,
 ) -> u8 {
@@ -448,22 +465,7 @@ fn start(
     let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
-    // The keeper's list, and the trust flags' variables.
-    let mut env_remove = job_env_remove();
-    env_remove.extend(
-        authority::trust::JOB_ENV_REMOVE
-            .iter()
-            .map(|v| v.to_string()),
-    );
-    // A child subreaper, like the keeper: if the keeper dies, the job's
-    // processes re-parent to the agent, which can still see and kill them.
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        log::warn!(
-            "cannot become a child subreaper ({e}): a dead keeper's orphans escape the agent"
-        );
-    }
-    match crate::keeper::handle::spawn_keeper(&cfg.command, &env, &env_remove, tx.clone(), event_of)
-    {
+    match keeper.start(&env, tx.clone(), event_of) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");
@@ -496,6 +498,18 @@ fn start(
 /// agent's own service, and a job acting on them would confuse systemd),
 /// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
 /// variable is set again only when this agent made its own file).
+/// What the job's (and so the keeper's) environment goes without: the
+/// agent's own service variables and the trust flags' variables.
+fn keeper_env_remove() -> Vec<String> {
+    let mut env_remove = job_env_remove();
+    env_remove.extend(
+        authority::trust::JOB_ENV_REMOVE
+            .iter()
+            .map(|v| v.to_string()),
+    );
+    env_remove
+}
+
 fn job_env_remove() -> Vec<String> {
     let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
         .iter()

@@ -26,6 +26,18 @@ use super::trust::ClientTrust;
 /// The protocol's body size limit.
 pub const BODY_LIMIT: u64 = 64 * 1024;
 
+/// Each connection's read and write buffers (ureq's default is 128 KiB
+/// each, twice over with TLS: 512 KiB of zeroed, resident memory per
+/// connection in an agent whose whole budget is 4 MiB). Protocol requests
+/// and answer heads are a few hundred bytes; bodies stream through the
+/// buffer, so its size bounds nothing but memory.
+const IO_BUFFER: usize = 16 * 1024;
+
+/// The longest answer head (status line and headers) taken; longer is a
+/// failure, like an over-long body. Below [`IO_BUFFER`], so that a head
+/// that does not fit is reported as too large, not as a stalled read.
+const HEAD_LIMIT: usize = 8 * 1024;
+
 /// A connection-pooling client configured as above.
 ///
 /// Resolution and connections are [`super::netpath`]'s: no thread per
@@ -44,6 +56,9 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
         .max_idle_connections_per_host(1)
         .max_idle_age(Duration::from_secs(600))
         .user_agent(concat!("leaseagent/", env!("CARGO_PKG_VERSION")))
+        .input_buffer_size(IO_BUFFER)
+        .output_buffer_size(IO_BUFFER)
+        .max_response_header_size(HEAD_LIMIT)
         .build();
     super::netpath::agent(config)
 }
@@ -550,19 +565,56 @@ mod tests {
 
     #[test]
     fn a_body_over_the_cap_is_too_large() {
+        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n".to_vec();
+        answer.extend_from_slice(&[b'x'; 10_000]);
+        let url = answer_once(answer);
+        let f = call(&plain(), &url, None, None, Duration::from_secs(5), 1024).unwrap_err();
+        assert_eq!(f.kind, FailureKind::TooLarge, "{f}");
+    }
+
+    /// Serves one connection: reads the request, writes `answer`.
+    fn answer_once(answer: Vec<u8>) -> String {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/v1/leases", l.local_addr().unwrap());
         std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
             let mut buf = [0u8; 4096];
             let _ = s.read(&mut buf);
-            let body = vec![b'x'; 10_000];
-            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
-            let _ = s.write_all(head.as_bytes());
-            let _ = s.write_all(&body);
+            let _ = s.write_all(&answer);
         });
+        url
+    }
+
+    #[test]
+    fn a_body_at_the_cap_streams_whole_through_the_small_buffers() {
+        // 64 KiB: four times the connection's read buffer.
+        let body: Vec<u8> = (0..BODY_LIMIT).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut answer =
+            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+        answer.extend_from_slice(&body);
+        let url = answer_once(answer);
+        let (status, got) = call(
+            &plain(),
+            &url,
+            None,
+            None,
+            Duration::from_secs(5),
+            BODY_LIMIT,
+        )
+        .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(got, body);
+    }
+
+    #[test]
+    fn an_answer_head_over_the_limit_is_refused_by_name() {
+        let filler = "x".repeat(IO_BUFFER * 2);
+        let answer =
+            format!("HTTP/1.1 200 OK\r\nx-filler: {filler}\r\ncontent-length: 2\r\n\r\n{{}}");
+        let url = answer_once(answer.into_bytes());
         let f = call(&plain(), &url, None, None, Duration::from_secs(5), 1024).unwrap_err();
-        assert_eq!(f.kind, FailureKind::TooLarge, "{f}");
+        assert!(f.message.contains(&HEAD_LIMIT.to_string()), "{f}");
+        assert_eq!(f.kind, FailureKind::Other, "{f}");
     }
 
     #[test]

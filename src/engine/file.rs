@@ -648,6 +648,29 @@ mod tests {
 
     const T: Duration = Duration::from_secs(5);
 
+    #[test]
+    fn sqlite_is_built_without_what_leaseagent_never_uses() {
+        // `.cargo/config.toml` sets LIBSQLITE3_FLAGS; an environment that
+        // overrides it would bring back ~400 KiB of code (and of every
+        // agent's resident memory).
+        let c = Connection::open_in_memory().unwrap();
+        let mut st = c.prepare("PRAGMA compile_options").unwrap();
+        let opts: Vec<String> = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for want in ["OMIT_LOAD_EXTENSION", "OMIT_JSON", "DQS=0"] {
+            assert!(opts.iter().any(|o| o == want), "{want} missing: {opts:?}");
+        }
+        for unwanted in ["ENABLE_FTS3", "ENABLE_FTS5", "ENABLE_RTREE", "ENABLE_STAT4"] {
+            assert!(
+                !opts.iter().any(|o| o == unwanted),
+                "{unwanted} in {opts:?}"
+            );
+        }
+    }
+
     fn spec(task: &str, policy: ExpiryPolicy) -> AcquireSpec {
         AcquireSpec {
             task: task.into(),

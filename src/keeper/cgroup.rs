@@ -7,12 +7,22 @@
 //! root, even in the root cgroup) and the new cgroup has `cgroup.kill`
 //! (Linux 5.14+); otherwise the tree walk alone.
 //!
-//! How the job is born inside it without a race: the keeper moves itself
+//! How the job is born inside it without a race: created there by
+//! `clone3(CLONE_INTO_CGROUP)` ([`crate::sys::spawn`]), so no process is
+//! ever moved and the keeper is never inside the job's cgroup. Where the
+//! kernel refuses that clone (before Linux 5.7), the keeper moves itself
 //! into `<own>/leaseagent-job-<pid>`, starts the job (which inherits the
 //! cgroup), and moves itself back to its own cgroup before anything is
-//! killed. A probe (in and back out once) comes first, so a keeper that
+//! killed; a probe (in and back out once) comes first, so a keeper that
 //! could not move back never starts a job in a cgroup it would kill itself
 //! with.
+//!
+//! Finding the keeper's own cgroup directory: `/proc/self/cgroup` names it
+//! relative to the cgroup v2 mount, usually `/sys/fs/cgroup` (or
+//! `/sys/fs/cgroup/unified` on a hybrid host). Those are checked first
+//! (`statfs`: a cgroup2 file system whose directory lists this process);
+//! only otherwise is `/proc/self/mountinfo` read, which on a host with many
+//! mounts costs more than the rest of the keeper's start.
 
 use std::path::{Path, PathBuf};
 
@@ -68,8 +78,37 @@ fn own_dir() -> Result<PathBuf, CgroupError> {
     if path == "/" && !rustix::process::geteuid().is_root() {
         return Err(CgroupError::InRoot);
     }
+    if let Some(dir) = usual_mount_dir(path) {
+        return Ok(dir);
+    }
     let info = read("/proc/self/mountinfo")?;
-    for line in info.lines() {
+    mount_dir_from_mountinfo(&info, path).ok_or(CgroupError::NotMounted)
+}
+
+/// `path` under one of the usual cgroup v2 mount points, if that is a
+/// cgroup2 file system and the directory found there is ours (it lists
+/// this process): a mount of a sub-tree (a container's) would otherwise
+/// give a wrong directory.
+fn usual_mount_dir(path: &str) -> Option<PathBuf> {
+    const CGROUP2_SUPER_MAGIC: rustix::fs::FsWord = 0x6367_7270;
+    let me = std::process::id().to_string();
+    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        .into_iter()
+        .filter(|m| rustix::fs::statfs(*m).is_ok_and(|st| st.f_type == CGROUP2_SUPER_MAGIC))
+        .map(|m| Path::new(m).join(path.trim_start_matches('/')))
+        .find(|dir| {
+            // The root cgroup (root only: `own_dir`) is the mount itself;
+            // its cgroup.procs lists the whole host, not worth reading.
+            path == "/"
+                || std::fs::read_to_string(dir.join("cgroup.procs"))
+                    .is_ok_and(|procs| procs.lines().any(|l| l.trim() == me))
+        })
+}
+
+/// The directory of cgroup `path` (as `/proc/self/cgroup` names it) under
+/// the first cgroup2 mount of `mountinfo` whose root contains it.
+fn mount_dir_from_mountinfo(mountinfo: &str, path: &str) -> Option<PathBuf> {
+    for line in mountinfo.lines() {
         // id parent maj:min root mountpoint opts ... - fstype source opts
         let Some((left, right)) = line.split_once(" - ") else {
             continue;
@@ -84,9 +123,9 @@ fn own_dir() -> Result<PathBuf, CgroupError> {
         let Some(rel) = path.strip_prefix(root.trim_end_matches('/')) else {
             continue;
         };
-        return Ok(Path::new(mount).join(rel.trim_start_matches('/')));
+        return Some(Path::new(mount).join(rel.trim_start_matches('/')));
     }
-    Err(CgroupError::NotMounted)
+    None
 }
 
 fn move_self(dir: &Path) -> std::io::Result<()> {
@@ -94,8 +133,8 @@ fn move_self(dir: &Path) -> std::io::Result<()> {
 }
 
 impl JobCgroup {
-    /// Makes the job's cgroup and checks the keeper can move in and out.
-    /// `Err` says why there is none (the tree walk is used instead).
+    /// Makes the job's cgroup (empty; nothing moved yet). `Err` says why
+    /// there is none (the tree walk is used instead).
     pub fn create() -> Result<Self, CgroupError> {
         let parent = own_dir()?;
         let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
@@ -107,17 +146,33 @@ impl JobCgroup {
             let _ = std::fs::remove_dir(&dir);
             return Err(CgroupError::NoKill { dir });
         }
-        let cg = JobCgroup { dir, parent };
-        if let Err(source) = cg.enter().and_then(|()| cg.leave()) {
+        Ok(JobCgroup { dir, parent })
+    }
+
+    /// The directory, open, for `clone3(CLONE_INTO_CGROUP)`.
+    pub fn open(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use rustix::fs::{Mode, OFlags};
+        Ok(rustix::fs::open(
+            &self.dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    /// For the fallback that moves the keeper: checks it can move in and
+    /// back out. On `Err` the keeper is back where it was (or the error
+    /// says it could not be) and the cgroup is removed.
+    pub fn probe_moves(&self) -> Result<(), CgroupError> {
+        if let Err(source) = self.enter().and_then(|()| self.leave()) {
             // Back where we were, or nowhere to kill ourselves from.
-            let _ = cg.leave();
-            cg.remove();
+            let _ = self.leave();
+            self.remove();
             return Err(CgroupError::Move {
-                dir: cg.dir.clone(),
+                dir: self.dir.clone(),
                 source,
             });
         }
-        Ok(cg)
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -175,6 +230,55 @@ pub fn remove_left_by(keeper: u32) {
         let dir = parent.join(format!("leaseagent-job-{keeper}"));
         if dir.exists() {
             remove_dir_when_released(&dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+35 22 0:30 / /sys/fs/cgroup ro - tmpfs tmpfs ro,mode=755
+36 35 0:31 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate
+40 35 0:33 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+";
+
+    #[test]
+    fn mountinfo_gives_the_cgroup2_mount_and_strips_a_sub_tree_root() {
+        assert_eq!(
+            mount_dir_from_mountinfo(MOUNTINFO, "/system.slice/x.service"),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/unified/system.slice/x.service"
+            ))
+        );
+        // A container's mount of its own sub-tree.
+        let sub = "50 1 0:31 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            mount_dir_from_mountinfo(sub, "/docker/abc/job"),
+            Some(PathBuf::from("/sys/fs/cgroup/job"))
+        );
+        assert_eq!(
+            mount_dir_from_mountinfo("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n", "/"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_usual_mount_point_agrees_with_mountinfo() {
+        let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let Some(path) = cg.lines().find_map(|l| l.strip_prefix("0::")) else {
+            return; // no cgroup v2 on this host: nothing to compare
+        };
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let slow = mount_dir_from_mountinfo(&info, path);
+        assert!(
+            slow.is_some(),
+            "cgroup v2 in /proc/self/cgroup but not mounted"
+        );
+        if let Some(fast) = usual_mount_dir(path) {
+            assert_eq!(Some(fast), slow);
         }
     }
 }

@@ -70,17 +70,23 @@ pub enum News {
     Lost,
 }
 
-/// Starts the keeper, which starts `command` with `env` added to the agent's
-/// environment and `env_remove` taken out. Its news arrive on `events`,
-/// turned into the channel's own messages by `wrap` (the keeper knows
-/// nothing of the agent's event type).
-pub fn spawn_keeper<T: Send + 'static>(
-    command: &[OsString],
-    env: &[(String, String)],
-    env_remove: &[String],
-    events: Sender<T>,
-    wrap: fn(News) -> Option<T>,
-) -> std::io::Result<Keeper> {
+/// A keeper started before the grant, waiting for the job's environment
+/// ([`Pending::start`]). Its start-up (an `exec` of this binary, its
+/// handlers, session, subreaper and job cgroup) runs on the other CPU while
+/// the agent acquires, instead of after the grant, on the way to the job.
+/// Dropped without `start`, it sees its ctl pipe close and exits; no job
+/// ever runs.
+pub struct Pending {
+    child: Child,
+    pidfd: Option<OwnedFd>,
+    ctl: std::fs::File,
+    reports: std::fs::File,
+}
+
+/// Starts the keeper for `command`, with `env_remove` taken out of the
+/// agent's environment; it waits for [`Pending::start`] before it starts
+/// the job.
+pub fn prestart_keeper(command: &[OsString], env_remove: &[String]) -> std::io::Result<Pending> {
     let (ctl_r, ctl_w) = pipe_with(PipeFlags::CLOEXEC)?;
     let (rep_r, rep_w) = pipe_with(PipeFlags::CLOEXEC)?;
     // Only the keeper's ends are inherited, and only by this one spawn: the
@@ -99,9 +105,6 @@ pub fn spawn_keeper<T: Send + 'static>(
     for k in env_remove {
         cmd.env_remove(k);
     }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
     let child = cmd.spawn()?;
     let pidfd = i32::try_from(child.id())
         .ok()
@@ -109,25 +112,91 @@ pub fn spawn_keeper<T: Send + 'static>(
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
     drop(ctl_r);
     drop(rep_w);
-    let reader = std::fs::File::from(rep_r);
-    let seen = Arc::new(Seen::default());
-    {
-        let seen = seen.clone();
-        std::thread::Builder::new()
-            .name("keeper-reports".into())
-            .spawn(move || {
-                read_reports(reader, &seen, |n| match wrap(n) {
-                    Some(m) => events.send(m).is_ok(),
-                    None => true,
-                })
-            })?;
-    }
-    Ok(Keeper {
+    Ok(Pending {
         child,
         pidfd,
-        ctl: Some(std::fs::File::from(ctl_w)),
-        seen,
+        ctl: std::fs::File::from(ctl_w),
+        reports: std::fs::File::from(rep_r),
     })
+}
+
+/// How long [`Pending::start`] waits for room in the ctl pipe (only an
+/// environment over the pipe's 64 KiB could ever need to wait).
+const GO_WRITE_LIMIT: Duration = Duration::from_secs(2);
+
+impl Pending {
+    /// Lets the keeper start the job with `env` added to its environment.
+    /// Its news arrive on `events`, turned into the channel's own messages
+    /// by `wrap` (the keeper knows nothing of the agent's event type).
+    pub fn start<T: Send + 'static>(
+        self,
+        env: &[(String, String)],
+        events: Sender<T>,
+        wrap: fn(News) -> Option<T>,
+    ) -> std::io::Result<Keeper> {
+        let Pending {
+            child,
+            pidfd,
+            mut ctl,
+            reports,
+        } = self;
+        let frame = crate::keeper::protocol::encode_go(env);
+        match write_within(&mut ctl, &frame, GO_WRITE_LIMIT) {
+            Ok(()) => {}
+            // The keeper is gone already: its report (a failed set-up) or
+            // the pipe's end says why, through the reader as always.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(e),
+        }
+        let seen = Arc::new(Seen::default());
+        {
+            let seen = seen.clone();
+            std::thread::Builder::new()
+                .name("keeper-reports".into())
+                .spawn(move || {
+                    read_reports(reports, &seen, |n| match wrap(n) {
+                        Some(m) => events.send(m).is_ok(),
+                        None => true,
+                    })
+                })?;
+        }
+        Ok(Keeper {
+            child,
+            pidfd,
+            ctl: Some(ctl),
+            seen,
+        })
+    }
+}
+
+/// Writes all of `buf` to the non-blocking `file`, waiting for room at most
+/// `limit` in all.
+fn write_within(file: &mut std::fs::File, mut buf: &[u8], limit: Duration) -> std::io::Result<()> {
+    let until = Instant::now() + limit;
+    while !buf.is_empty() {
+        match file.write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the keeper does not read its control pipe",
+                    ));
+                }
+                let timeout = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: i64::from(left.min(Duration::from_millis(100)).subsec_nanos()),
+                };
+                let mut fds = [PollFd::new(&*file, PollFlags::OUT)];
+                let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Reads reports until the pipe ends; `send` returns false when nobody

@@ -161,8 +161,10 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let (sigchld, cgroup, job_pid) = match prepare_and_spawn(&mut out, &command) {
-        Ok(started) => started,
+    let (sigchld, cgroup, job_pid, carry) = match prepare_and_spawn(&mut out, &ctl, &command) {
+        Ok(Some(started)) => started,
+        // The agent went away before the grant: no job.
+        Ok(None) => return ExitCode::SUCCESS,
         Err(failed) => {
             // The agent reads this as the job's spawn failure.
             out.send(&failed);
@@ -182,6 +184,7 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         out,
         guard: guard::Guard::default(),
         decoder: protocol::Decoder::default(),
+        carry,
         timer,
     };
     k.run_loop(&sigchld);
@@ -238,22 +241,76 @@ fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     })
 }
 
-/// Every step before the loop, in order; returns the SIGCHLD self-pipe, the
-/// job's cgroup (if any) and the job's pid, or the report that ends the keeper.
+/// What the keeper has once the job runs: the SIGCHLD self-pipe, the job's
+/// cgroup (if any), the job's pid, and ctl bytes read past the "go" frame.
+type Started = (UnixStream, Option<cgroup::JobCgroup>, i32, Vec<u8>);
+
+/// Every step before the loop, in order: set-up, the "go" frame with the
+/// job's environment (`None`: the agent left without one), the job.
 fn prepare_and_spawn(
     out: &mut Reporter,
+    ctl: &OwnedFd,
     command: &[OsString],
-) -> Result<(UnixStream, Option<cgroup::JobCgroup>, i32), Report> {
+) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
     let sigchld = watch_sigchld()?;
     new_session(out);
     become_subreaper()?;
-    let cgroup = job_cgroup(out);
     let Some((program, rest)) = command.split_first() else {
         return Err(spawn_failed("no command".into()));
     };
-    let job_pid = spawn_job(program, rest, cgroup.as_ref())?;
-    Ok((sigchld, cgroup, job_pid))
+    let mut cgroup = job_cgroup();
+    let (env, carry) = match wait_for_go(ctl) {
+        Ok(Some(go)) => go,
+        Ok(None) => {
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            return Ok(None);
+        }
+        Err(e) => {
+            if let Some(cg) = &cgroup {
+                cg.remove();
+            }
+            return Err(spawn_failed(format!("keeper: {e}")));
+        }
+    };
+    let job = Job {
+        program,
+        rest,
+        env: &env,
+        oom_score_adj: crate::sys::memory::job_oom_score_adj(),
+    };
+    let job_pid = spawn_job(out, &job, &mut cgroup)?;
+    Ok(Some((sigchld, cgroup, job_pid, carry)))
+}
+
+/// The job's environment from the agent's "go" frame, and any bytes read
+/// past it. `None`: the ctl pipe ended first (the agent exited, or was
+/// refused the lease). No deadline of its own: the agent's life bounds it
+/// (its end closes the pipe, even under SIGKILL).
+#[allow(clippy::type_complexity)]
+fn wait_for_go(
+    ctl: &OwnedFd,
+) -> Result<Option<(Vec<(OsString, OsString)>, Vec<u8>)>, protocol::BadGo> {
+    let mut reader = protocol::GoReader::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        match rustix::io::read(ctl, &mut buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) => {
+                if let Some(go) = reader.push(&buf[..n])? {
+                    return Ok(Some(go));
+                }
+            }
+            Err(rustix::io::Errno::AGAIN) => {
+                let mut fds = [PollFd::new(ctl, PollFlags::IN)];
+                let _ = rustix::event::poll(&mut fds, None);
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return Ok(None),
+        }
+    }
 }
 
 fn spawn_failed(message: String) -> Report {
@@ -313,66 +370,125 @@ fn become_subreaper() -> Result<(), Report> {
     })
 }
 
-/// A cgroup of the job's own where one can be made (reported); `None` is
-/// the usual case outside a delegated cgroup: the tree walk alone.
-fn job_cgroup(out: &mut Reporter) -> Option<cgroup::JobCgroup> {
-    let cg = cgroup::JobCgroup::create().ok()?;
-    out.send(&Report::Info(format!(
-        "the job runs in cgroup {}; stops use cgroup.kill and the process tree",
-        cg.dir().display()
-    )));
-    Some(cg)
+/// A cgroup of the job's own where one can be made; `None` is the usual
+/// case outside a delegated cgroup: the tree walk alone.
+fn job_cgroup() -> Option<cgroup::JobCgroup> {
+    cgroup::JobCgroup::create().ok()
 }
 
-/// Starts the job in a process group of its own (inside its cgroup, if
-/// any); returns its pid. We reap through `waitpid`; the std handle is
-/// dropped.
+/// What the job is started with.
+struct Job<'a> {
+    program: &'a OsString,
+    rest: &'a [OsString],
+    /// Set over the keeper's environment: the grant's variables.
+    env: &'a [(OsString, OsString)],
+    oom_score_adj: i16,
+}
+
+/// Starts the job in a process group of its own, inside its cgroup if any
+/// (said in a report once it runs there); returns its pid. We reap through
+/// `waitpid`.
 fn spawn_job(
-    program: &OsString,
-    rest: &[OsString],
-    cgroup: Option<&cgroup::JobCgroup>,
+    out: &mut Reporter,
+    job: &Job<'_>,
+    cgroup: &mut Option<cgroup::JobCgroup>,
 ) -> Result<i32, Report> {
-    use std::os::unix::process::CommandExt;
-    if let Some(cg) = cgroup {
-        if let Err(e) = cg.enter() {
-            cg.remove();
-            return Err(spawn_failed(format!(
-                "keeper: cannot enter the job's cgroup: {e}"
-            )));
-        }
-    }
-    let mut job = Command::new(program);
-    job.args(rest).process_group(0);
-    crate::sys::priority::oom_score_adj_on_exec(&mut job, crate::sys::memory::job_oom_score_adj());
-    let spawned = job.spawn();
-    if let Some(cg) = cgroup {
-        if let Err(e) = cg.leave() {
-            // We are inside the job's cgroup: cgroup.kill would kill us too.
-            if spawned.is_ok() {
-                tree::kill_all(rustix::process::getpid().as_raw_nonzero().get(), None);
-            }
-            return Err(spawn_failed(format!(
-                "keeper: cannot leave the job's cgroup: {e}"
-            )));
-        }
-    }
+    let mut how = String::new();
+    let spawned = match cgroup.as_ref() {
+        Some(cg) => match spawn_into(cg, job) {
+            Ok(result) => result,
+            // The kernel cannot clone into a cgroup: move there instead.
+            Err(refused) => match cg.probe_moves() {
+                Ok(()) => {
+                    how = format!(" (moved there: {refused})");
+                    spawn_by_moving(cg, job)
+                }
+                Err(_) => {
+                    *cgroup = None;
+                    spawn_plain(job)
+                }
+            },
+        },
+        None => spawn_plain(job),
+    };
     match spawned {
-        Ok(child) => Ok(child.id() as i32),
+        Ok(pid) => {
+            if let Some(cg) = cgroup.as_ref() {
+                out.send(&Report::Info(format!(
+                    "the job runs in cgroup {}{how}; stops use cgroup.kill and the process tree",
+                    cg.dir().display()
+                )));
+            }
+            Ok(pid)
+        }
         Err(e) => {
+            if let Some(cg) = cgroup.take() {
+                cg.remove();
+            }
             let kind = match e.kind() {
                 std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
                 std::io::ErrorKind::PermissionDenied => SpawnFailure::Permission,
                 _ => SpawnFailure::Other,
             };
-            if let Some(cg) = cgroup {
-                cg.remove();
-            }
             Err(Report::SpawnFailed {
                 kind,
                 message: e.to_string(),
             })
         }
     }
+}
+
+/// The job born in its cgroup (`clone3(CLONE_INTO_CGROUP)`). `Err`: the
+/// kernel refused the clone (or the directory cannot be opened); nothing
+/// was started.
+fn spawn_into(cg: &cgroup::JobCgroup, job: &Job<'_>) -> Result<std::io::Result<i32>, String> {
+    use std::os::fd::AsFd;
+    let dir = cg
+        .open()
+        .map_err(|e| format!("cannot open {}: {e}", cg.dir().display()))?;
+    match crate::sys::spawn::spawn_in_cgroup(
+        job.program,
+        job.rest,
+        job.env,
+        dir.as_fd(),
+        job.oom_score_adj,
+    ) {
+        Ok(pid) => Ok(Ok(pid)),
+        Err(crate::sys::spawn::Failure::Exec(e)) => Ok(Err(e)),
+        Err(crate::sys::spawn::Failure::Clone(e)) => Err(format!("clone3 into it refused: {e}")),
+    }
+}
+
+/// The fallback before Linux 5.7: the keeper moves into the job's cgroup,
+/// starts the job there, and moves back out.
+fn spawn_by_moving(cg: &cgroup::JobCgroup, job: &Job<'_>) -> std::io::Result<i32> {
+    // Kind `Other`: not the command's problem (exit 126/127 would say it was).
+    cg.enter().map_err(|e| {
+        std::io::Error::other(format!("keeper: cannot enter the job's cgroup: {e}"))
+    })?;
+    let spawned = spawn_plain(job);
+    if let Err(e) = cg.leave() {
+        // We are inside the job's cgroup: cgroup.kill would kill us too.
+        if spawned.is_ok() {
+            tree::kill_all(rustix::process::getpid().as_raw_nonzero().get(), None);
+        }
+        return Err(std::io::Error::other(format!(
+            "keeper: cannot leave the job's cgroup: {e}"
+        )));
+    }
+    spawned
+}
+
+/// The job started by std, in a process group of its own.
+fn spawn_plain(job: &Job<'_>) -> std::io::Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(job.program);
+    cmd.args(job.rest)
+        .envs(job.env.iter().cloned())
+        .process_group(0);
+    crate::sys::priority::oom_score_adj_on_exec(&mut cmd, job.oom_score_adj);
+    // The std handle is dropped: we reap through `waitpid`.
+    cmd.spawn().map(|child| child.id() as i32)
 }
 
 /// A kill in progress: rounds of SIGKILL until the tree is gone.
@@ -398,6 +514,8 @@ struct Keeper {
     /// The deadline the agent handed over, enforced by the keeper alone.
     guard: guard::Guard,
     decoder: protocol::Decoder,
+    /// Commands that came right behind the "go" frame, read with it.
+    carry: Vec<u8>,
     /// Fires at `guard.next_wake()`.
     timer: OwnedFd,
 }
@@ -570,7 +688,7 @@ impl Keeper {
     /// renewed since. The deadline itself is checked by the loop after.
     fn read_ctl(&mut self) {
         let Some(ctl) = self.ctl.as_mut() else { return };
-        let mut bytes = Vec::new();
+        let mut bytes = std::mem::take(&mut self.carry);
         let mut eof = false;
         let mut buf = [0u8; 4096];
         loop {

@@ -1,6 +1,8 @@
 //! Both ends of the keeper's two pipes, typed: what the agent asks
 //! ([`Command`], one byte each on the ctl pipe) and what the keeper reports
-//! ([`Report`], one line each on the report pipe).
+//! ([`Report`], one line each on the report pipe). Before any command, the
+//! ctl pipe carries one "go" frame ([`encode_go`], [`GoReader`]): the
+//! job's environment from the grant, the keeper's cue to start the job.
 //!
 //! One definition for both processes, so the writer's `Display` and the
 //! reader's `FromStr` cannot drift apart (a unit test round-trips every
@@ -119,6 +121,80 @@ impl Decoder {
             }
         }
         out
+    }
+}
+
+/// The longest "go" frame taken (the job's environment from the grant is
+/// a few hundred bytes).
+pub const GO_MAX: usize = 1 << 20;
+
+/// The "go" frame: a u32 (LE) length, then `KEY=VALUE` entries, each ended
+/// by a NUL byte (neither part of an environment entry can hold one).
+pub fn encode_go(env: &[(String, String)]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (k, v) in env {
+        body.extend_from_slice(k.as_bytes());
+        body.push(b'=');
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Reads the "go" frame from bytes as they arrive.
+#[derive(Default)]
+pub struct GoReader {
+    buf: Vec<u8>,
+}
+
+/// A "go" frame that cannot be one.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadGo {
+    #[error("go frame of {0} bytes (most {GO_MAX})")]
+    TooLong(usize),
+    #[error("go frame entry without '=': {0:?}")]
+    NoEquals(String),
+}
+
+impl GoReader {
+    /// Takes `bytes`; once the frame is complete, its entries and the bytes
+    /// after it (commands sent right behind it).
+    #[allow(clippy::type_complexity)]
+    pub fn push(
+        &mut self,
+        bytes: &[u8],
+    ) -> Result<Option<(Vec<(std::ffi::OsString, std::ffi::OsString)>, Vec<u8>)>, BadGo> {
+        use std::os::unix::ffi::OsStrExt;
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let mut n = [0u8; 4];
+        n.copy_from_slice(&self.buf[..4]);
+        let len = u32::from_le_bytes(n) as usize;
+        if len > GO_MAX {
+            return Err(BadGo::TooLong(len));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let mut env = Vec::new();
+        for entry in self.buf[4..4 + len]
+            .split(|&b| b == 0)
+            .filter(|e| !e.is_empty())
+        {
+            let Some(eq) = entry.iter().position(|&b| b == b'=') else {
+                return Err(BadGo::NoEquals(String::from_utf8_lossy(entry).into_owned()));
+            };
+            env.push((
+                std::ffi::OsStr::from_bytes(&entry[..eq]).to_owned(),
+                std::ffi::OsStr::from_bytes(&entry[eq + 1..]).to_owned(),
+            ));
+        }
+        let rest = self.buf[4 + len..].to_vec();
+        Ok(Some((env, rest)))
     }
 }
 
@@ -318,6 +394,43 @@ impl FromStr for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_go_frame_round_trips_in_any_pieces_and_keeps_what_follows() {
+        let env = vec![
+            ("LEASE_TOKEN".to_string(), "42".to_string()),
+            ("EMPTY".to_string(), String::new()),
+            ("WITH_EQ".to_string(), "a=b=c".to_string()),
+        ];
+        let mut bytes = encode_go(&env);
+        bytes.extend_from_slice(&Command::Term.encode());
+        for cut in 0..bytes.len() {
+            let mut r = GoReader::default();
+            // Bytes after a completed frame are the caller's to read.
+            let got = match r.push(&bytes[..cut]).unwrap() {
+                Some((env, mut rest)) => {
+                    rest.extend_from_slice(&bytes[cut..]);
+                    (env, rest)
+                }
+                None => r.push(&bytes[cut..]).unwrap().expect("complete"),
+            };
+            let want: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+                env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+            assert_eq!(got.0, want, "cut at {cut}");
+            assert_eq!(got.1, vec![b'T'], "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_bad_go_frame_is_refused() {
+        let mut r = GoReader::default();
+        let huge = ((GO_MAX + 1) as u32).to_le_bytes();
+        assert_eq!(r.push(&huge), Err(BadGo::TooLong(GO_MAX + 1)));
+        let mut r = GoReader::default();
+        let mut f = 4u32.to_le_bytes().to_vec();
+        f.extend_from_slice(b"abc\0");
+        assert!(matches!(r.push(&f), Err(BadGo::NoEquals(_))));
+    }
 
     #[test]
     fn every_report_round_trips() {

@@ -1,8 +1,8 @@
 //! Operating-system helpers with no lease logic. The crate's `unsafe` code
 //! lives here and nowhere else, each block with a `// SAFETY:` note: the
 //! inherited-fd claim (`fd`), the socket option and pre-exec hook
-//! (`priority`), and the SQLite VFS that opens through a checked directory
-//! (`sqlite_at`). Also: where state and runtime files live, the systemd
+//! (`priority`), the job's start inside its cgroup (`spawn`), and the
+//! SQLite VFS that opens through a checked directory (`sqlite_at`). Also: where state and runtime files live, the systemd
 //! notification socket, and the agent's defences against memory pressure.
 
 #[allow(unsafe_code)]
@@ -13,5 +13,7 @@ pub mod paths;
 #[allow(unsafe_code)]
 pub mod priority;
 pub mod signal;
+#[allow(unsafe_code)]
+pub mod spawn;
 #[allow(unsafe_code)]
 pub mod sqlite_at;
