@@ -53,7 +53,7 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
-    let memory = crate::sys::memory::protect(true);
+    let memory = crate::sys::memory::protect();
     log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
     if let Err(why) = memory.locked {
         log::info!(

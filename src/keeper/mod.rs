@@ -150,8 +150,10 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     name_self(&mut out);
-    // The agent logged whether memory could be locked; the same holds here.
-    let _ = crate::sys::memory::protect(false);
+    // Lowered like the agent's own oom_score_adj (the keeper starts before
+    // the agent lowers its own); the agent logged whether memory could be
+    // locked, the same holds here.
+    let _ = crate::sys::memory::protect();
     let timer = match deadline_timer() {
         Ok(t) => t,
         Err(e) => {

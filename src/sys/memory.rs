@@ -4,10 +4,10 @@
 //! - **OOM choice.** The command's `oom_score_adj` is raised by
 //!   [`JOB_OOM_RAISE`] over what it inherits (at least 0), written in the
 //!   child before `exec` ([`super::priority::oom_score_adj_on_exec`]), which
-//!   any user may do. The agent lowers its own to [`AGENT_OOM_SCORE_ADJ`]
-//!   where permitted (CAP_SYS_RESOURCE, i.e. root; elsewhere the write is
-//!   refused and the value stays), before it starts the keeper, which
-//!   inherits it. Not -1000: an agent that leaked would then take down
+//!   any user may do. The agent and the keeper each lower their own to
+//!   [`AGENT_OOM_SCORE_ADJ`] where permitted (CAP_SYS_RESOURCE, i.e. root;
+//!   elsewhere the write is refused and the value stays); the keeper is
+//!   started first, so it does not wait for the agent's. Not -1000: an agent that leaked would then take down
 //!   everything else on the host first. The command inherits at least 0 as
 //!   its base, so its own children are never protected by the agent's
 //!   value.
@@ -50,10 +50,10 @@ pub struct Protection {
     pub locked: Result<(), String>,
 }
 
-/// Lowers this process's `oom_score_adj` (agent only: `lower_oom`) where
+/// Lowers this process's `oom_score_adj` (the agent's and the keeper's) where
 /// permitted and locks its memory where that is safe (module doc).
-pub fn protect(lower_oom: bool) -> Protection {
-    if lower_oom && oom_score_adj().is_some_and(|v| v > AGENT_OOM_SCORE_ADJ) {
+pub fn protect() -> Protection {
+    if oom_score_adj().is_some_and(|v| v > AGENT_OOM_SCORE_ADJ) {
         // Refused without CAP_SYS_RESOURCE: the value stays.
         let _ = std::fs::write(OOM_FILE, AGENT_OOM_SCORE_ADJ.to_string());
     }
