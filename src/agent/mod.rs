@@ -53,6 +53,23 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
+    // A child subreaper, like the keeper: if the keeper dies, the job's
+    // processes re-parent to the agent, which can still see and kill them.
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        log::warn!(
+            "cannot become a child subreaper ({e}): a dead keeper's orphans escape the agent"
+        );
+    }
+    // The keeper starts first: its start-up (an exec, its handlers, the job
+    // cgroup) overlaps everything up to the grant. It starts the job only
+    // once `start` hands it the grant's environment.
+    let keeper = match crate::keeper::handle::prestart_keeper(&cfg.command, &keeper_env_remove()) {
+        Ok(k) => k,
+        Err(e) => {
+            log::error!("cannot start the keeper process: {e}");
+            return exit::AGENT_FAILED;
+        }
+    };
     let memory = crate::sys::memory::protect();
     log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
     if let Err(why) = memory.locked {
@@ -66,22 +83,6 @@ fn run(cfg: RunConfig) -> u8 {
         return exit::AGENT_FAILED;
     }
     authority::netpath::set_marks(cfg.renew_marks);
-    // A child subreaper, like the keeper: if the keeper dies, the job's
-    // processes re-parent to the agent, which can still see and kill them.
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        log::warn!(
-            "cannot become a child subreaper ({e}): a dead keeper's orphans escape the agent"
-        );
-    }
-    // The keeper starts up while we acquire; it starts the job only once
-    // `start` hands it the grant's environment.
-    let keeper = match crate::keeper::handle::prestart_keeper(&cfg.command, &keeper_env_remove()) {
-        Ok(k) => k,
-        Err(e) => {
-            log::error!("cannot start the keeper process: {e}");
-            return exit::AGENT_FAILED;
-        }
-    };
     let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
         Ok(a) => a,
         Err(e) => {
