@@ -50,6 +50,8 @@ fill() { # BINARY DIR
             { echo "run $i failed" >&2; exit 1; }
     done
     echo "filled in $SECONDS s; old state directory: $(size "$2") KiB ($(files "$2"))"
+    # The fill's writes are flushed now, not during the measurement.
+    sync
 }
 fill "$AGENT" "$OLD"
 EXTRA=()

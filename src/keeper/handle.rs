@@ -319,6 +319,8 @@ impl Keeper {
             .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         loop {
             match self.child.try_wait() {
+                // A keeper that finished removed the job cgroup itself.
+                Ok(Some(status)) if status.success() => return,
                 Ok(Some(_)) | Err(_) => {
                     crate::keeper::cgroup::remove_left_by(self.child.id());
                     return;

@@ -531,6 +531,10 @@ impl Keeper {
             if tree_gone && self.finishing {
                 return;
             }
+            if self.finishing && self.killing.is_none() {
+                // Finishing with something left: it dies.
+                self.start_kill();
+            }
             self.kill_round_timer(tree_gone);
             // The newest deadline first: a keeper resumed after a stop has
             // the `Arm`s sent meanwhile queued (a read that finds nothing
@@ -727,8 +731,11 @@ impl Keeper {
                 Ctl::Done => {
                     self.ctl = None;
                     self.finishing = true;
-                    // Normally nothing is left; if something is, it dies.
-                    self.start_kill();
+                    // Normally nothing is left (`TreeGone` was reported);
+                    // if something is, it dies.
+                    if !self.tree_gone_sent {
+                        self.start_kill();
+                    }
                     return;
                 }
             }
