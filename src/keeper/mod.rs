@@ -541,6 +541,11 @@ impl Keeper {
             // costs one syscall).
             if self.ctl.is_some() {
                 self.read_ctl();
+                if self.finishing && self.killing.is_none() {
+                    // `Done` with the tree gone: nothing left to wait for
+                    // (the loop's top returns, or kills what is left).
+                    continue;
+                }
             }
             if !tree_gone || !self.leader_reaped {
                 self.deadline_due();

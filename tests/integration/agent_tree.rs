@@ -111,6 +111,36 @@ fn escapees_die_when_the_command_ends_and_before_the_release() {
     assert_eq!(releases[0].body["outcome"], "succeeded");
 }
 
+/// The keeper (the job's parent) has exited and been reaped by the time
+/// the agent exits, on the embedded authority and over HTTP: an agent that
+/// gave up waiting for it would leave it behind, re-parented to init.
+#[test]
+fn the_keeper_is_gone_when_the_agent_exits() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let embedded = format!("sqlite:{}", dir.path("leases.sqlite3").display());
+    // Ten runs each: how the end races with the keeper's loop varies.
+    for authority in [fake.url(), embedded]
+        .iter()
+        .flat_map(|a| std::iter::repeat_n(a.clone(), 10))
+    {
+        let mut c = agent(&authority, "keeper-gone");
+        c.args(["--", "sh", "-c", "echo $PPID"]);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+        let (status, err) = wait_agent(&mut child, T);
+        assert_eq!(status.code(), Some(0), "{authority}: {err}");
+        let keeper: i32 = out.trim().parse().unwrap_or_else(|_| panic!("{out:?}"));
+        let cmdline = std::fs::read(format!("/proc/{keeper}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("__keeper"),
+            "{authority}: keeper {keeper} outlived the agent; {err}"
+        );
+    }
+}
+
 #[test]
 fn escapees_die_when_the_lease_is_lost() {
     let fake = FakeAuthority::start();
