@@ -141,7 +141,18 @@ def main(argv):
 
     # An overwrite of a partition that has no rows yet is normal here.
     warnings.filterwarnings("ignore", message="Delete operation did not match any records")
-    catalog = SqlCatalog("default", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+    # Two writers that open a new catalog at the same moment both create its
+    # own tables: the loser's CREATE TABLE fails ("already exists"). The
+    # tables are there then: open it again.
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(5):
+        try:
+            catalog = SqlCatalog("default", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}")
+            break
+        except OperationalError as e:
+            if "already exists" not in str(e) or attempt == 4:
+                raise
     schema = Schema(
         NestedField(1, "part", StringType(), required=False),
         NestedField(2, "token", LongType(), required=False),

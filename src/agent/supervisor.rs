@@ -215,7 +215,14 @@ impl Supervisor {
                 self.last_status = status;
             }
             Action::StopHeartbeat => self.heartbeat = None,
-            Action::Release { outcome, exit_code } => self.release(outcome, exit_code),
+            Action::Release { outcome, exit_code } => {
+                // The tree is gone (a release only follows `TreeGone`): the
+                // keeper may finish while the release is under way.
+                if let Some(k) = self.keeper.as_mut() {
+                    k.done();
+                }
+                self.release(outcome, exit_code)
+            }
             Action::Exit(code) => {
                 if let Some(k) = self.keeper.take() {
                     k.finish(Duration::from_secs(1));

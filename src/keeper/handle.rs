@@ -302,16 +302,22 @@ impl Keeper {
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally
-    /// nothing, then exits), and reaps it (bounded). Waits on the keeper's
-    /// pidfd, which becomes readable when it exits, so the agent ends the
-    /// moment the keeper does (a sleep-and-retry loop cost up to its period
-    /// on every run).
-    pub fn finish(mut self, within: Duration) {
+    /// nothing, then exits); [`Keeper::finish`] reaps it.
+    pub fn done(&mut self) {
         if let Some(mut ctl) = self.ctl.take() {
             let _ = ctl.write_all(&Ctl::Done.encode());
         }
         // A stopped keeper could neither finish nor kill what is left.
         self.wake();
+    }
+
+    /// Tells the keeper to finish (it kills whatever is left, normally
+    /// nothing, then exits), and reaps it (bounded). Waits on the keeper's
+    /// pidfd, which becomes readable when it exits, so the agent ends the
+    /// moment the keeper does (a sleep-and-retry loop cost up to its period
+    /// on every run).
+    pub fn finish(mut self, within: Duration) {
+        self.done();
         let until = Instant::now() + within;
         let pidfd = i32::try_from(self.child.id())
             .ok()

@@ -237,18 +237,22 @@ fn a_keeper_never_signals_a_recycled_group_after_the_tree_was_reaped() {
     let dir = tempfile::tempdir().unwrap();
     let pids = dir.path().join("pids");
     let mut c = agent(&fake.url(), "tree-recycle");
+    // The job's parent is the keeper.
     c.args(["--ttl", "30s", "--", "sh", "-c"])
-        .arg(format!("echo $$ > {}", pids.display()));
+        .arg(format!("echo $$ $PPID | tr ' ' '\\n' > {}", pids.display()));
     let mut child = spawn(c);
-    let keeper = keeper_of(child.id() as i32);
     wait_for(T, || {
         (!fake.requests_to("/v1/release").is_empty()).then_some(())
     })
     .expect("agent reached its release");
-    let pgid = read_pids(&pids)[0];
+    let (pgid, keeper) = match read_pids(&pids)[..] {
+        [pgid, keeper] => (pgid, keeper),
+        ref other => panic!("pids file: {other:?}"),
+    };
     assert!(!exists(pgid), "the job was reaped before the release");
     let mut decoy = recycle_pid(pgid).expect("could not recycle the job's pid");
-    // The agent dies now: the keeper must not kill what holds the old pgid.
+    // The agent dies now: the keeper (if it has not finished already: it
+    // is told to before the release) must not kill what holds the old pgid.
     child.kill().unwrap();
     let _ = child.wait();
     wait_for(T, || (!exists(keeper)).then_some(())).expect("keeper exits");
