@@ -76,21 +76,29 @@ fn lock() -> Result<(), String> {
         .map_err(|e| format!("mlockall: {e}"))
 }
 
-/// Whether CAP_IPC_LOCK (bit 14) is in this process's effective set.
+/// Whether CAP_IPC_LOCK is in this process's effective set (`capget`: one
+/// system call, where `/proc/self/status` is a file to render and parse).
 fn has_ipc_lock() -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 14) != 0)
+    rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(rustix::thread::CapabilitySet::IPC_LOCK)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capget_agrees_with_proc_status_on_cap_ipc_lock() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap();
+        assert_eq!(has_ipc_lock(), eff & (1 << 14) != 0);
+    }
 
     #[test]
     fn the_job_is_raised_over_a_base_of_at_least_zero() {
