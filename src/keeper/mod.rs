@@ -531,21 +531,12 @@ impl Keeper {
             if tree_gone && self.finishing {
                 return;
             }
-            if self.finishing && self.killing.is_none() {
-                // Finishing with something left: it dies.
-                self.start_kill();
-            }
             self.kill_round_timer(tree_gone);
             // The newest deadline first: a keeper resumed after a stop has
             // the `Arm`s sent meanwhile queued (a read that finds nothing
             // costs one syscall).
             if self.ctl.is_some() {
                 self.read_ctl();
-                if self.finishing && self.killing.is_none() {
-                    // `Done` with the tree gone: nothing left to wait for
-                    // (the loop's top returns, or kills what is left).
-                    continue;
-                }
             }
             if !tree_gone || !self.leader_reaped {
                 self.deadline_due();
@@ -736,11 +727,8 @@ impl Keeper {
                 Ctl::Done => {
                     self.ctl = None;
                     self.finishing = true;
-                    // Normally nothing is left (`TreeGone` was reported);
-                    // if something is, it dies.
-                    if !self.tree_gone_sent {
-                        self.start_kill();
-                    }
+                    // Normally nothing is left; if something is, it dies.
+                    self.start_kill();
                     return;
                 }
             }

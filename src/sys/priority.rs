@@ -38,13 +38,7 @@ pub fn oom_score_adj_on_exec(cmd: &mut Command, adj: i16) {
     // Formatted here, before the fork: the child only makes raw syscalls.
     let text = adj.to_string().into_bytes();
     let hook = move || {
-        if let Ok(fd) = rustix::fs::open(
-            c"/proc/self/oom_score_adj",
-            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) {
-            let _ = rustix::io::write(&fd, &text);
-        }
+        write_own_oom_score_adj(&text);
         Ok(())
     };
     // SAFETY: the hook runs in the forked child before exec; it allocates
@@ -52,5 +46,18 @@ pub fn oom_score_adj_on_exec(cmd: &mut Command, adj: i16) {
     // calls (through rustix's raw syscalls), which are async-signal-safe.
     unsafe {
         cmd.pre_exec(hook);
+    }
+}
+
+/// Writes `text` (a formatted `oom_score_adj`) to this process's own; best
+/// effort. Async-signal-safe (rustix's raw open/write/close, no
+/// allocation): for a child between `fork` and `exec`.
+pub fn write_own_oom_score_adj(text: &[u8]) {
+    if let Ok(fd) = rustix::fs::open(
+        c"/proc/self/oom_score_adj",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        let _ = rustix::io::write(&fd, text);
     }
 }

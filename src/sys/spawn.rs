@@ -164,24 +164,18 @@ fn child(
     report: libc::c_int,
 ) -> ! {
     // SAFETY: in the single-threaded child of a clone without CLONE_VM,
-    // each call below is async-signal-safe (setpgid, open, write, close,
-    // signal, sigprocmask, execvpe as glibc implements it: no malloc for a
-    // PATH search, which std's own child relies on too, _exit) and is given
-    // only pointers into memory prepared before the clone (NUL-terminated
-    // strings, NULL-terminated argv and envp) or on this stack frame.
+    // each call below is async-signal-safe (setpgid; the oom_score_adj
+    // write's raw open/write/close; signal; sigprocmask; execvpe as glibc
+    // implements it: no malloc for a PATH search, which std's own child
+    // relies on too; _exit) and is given only pointers into memory prepared
+    // before the clone (NUL-terminated strings, NULL-terminated argv and
+    // envp) or on this stack frame.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
             fail(report);
         }
-        let fd = libc::open(
-            c"/proc/self/oom_score_adj".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        );
-        if fd >= 0 {
-            // Best effort, as before: a refused write leaves the inherited value.
-            let _ = libc::write(fd, oom_text.as_ptr().cast(), oom_text.len());
-            libc::close(fd);
-        }
+        // Best effort: a refused write leaves the inherited value.
+        super::priority::write_own_oom_score_adj(oom_text);
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);

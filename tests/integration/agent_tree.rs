@@ -141,6 +141,45 @@ fn the_keeper_is_gone_when_the_agent_exits() {
     }
 }
 
+/// The keeper starts before the acquire; when the task is held (exit 75)
+/// it never starts the job and is gone soon after the agent, whose end
+/// closes its control pipe.
+#[test]
+fn a_keeper_started_for_a_refused_acquire_starts_nothing_and_exits() {
+    let dir = Dir::new();
+    let authority = format!("sqlite:{}", dir.path("leases.sqlite3").display());
+    let ran = dir.path("ran");
+    let held = dir.path("held");
+    let mut holder = agent(&authority, "held-by-other");
+    holder
+        .args(["--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 30", held.display()));
+    let mut holder = spawn(holder);
+    wait_for(T, || held.exists().then_some(())).expect("the holder's job runs");
+    // A marker only the refused agent's keeper carries in its arguments.
+    let marker = format!("refused-keeper-{}", std::process::id());
+    let mut c = agent(&authority, "held-by-other");
+    c.args(["--", "sh", "-c"])
+        .arg(format!("touch {}; : {marker}", ran.display()));
+    let mut child = spawn(c);
+    let (status, err) = wait_agent(&mut child, T);
+    assert_eq!(status.code(), Some(75), "{err}");
+    let keeper_left = wait_for(T, || {
+        let any = std::fs::read_dir("/proc").ok()?.flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        });
+        (!any).then_some(())
+    });
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        keeper_left.is_some(),
+        "a keeper for the refused run is still alive"
+    );
+    assert!(!ran.exists(), "the job of a refused run was started");
+}
+
 #[test]
 fn escapees_die_when_the_lease_is_lost() {
     let fake = FakeAuthority::start();
