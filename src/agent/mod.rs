@@ -45,6 +45,7 @@ fn acquire_timeout(cfg: &RunConfig) -> Duration {
 
 /// Runs the command under a lease; the whole life of the agent.
 pub fn main(cfg: RunConfig) -> ExitCode {
+    crate::sys::malloc::one_arena();
     crate::agent::logging::init();
     let code = run(cfg);
     // Bounded: a stalled stderr delays the exit by at most this much.
@@ -491,6 +492,7 @@ fn start(
             log::error!("cannot start the heartbeat thread: {e}");
         }
     }
+    sup.start_state_queue();
     sup.run()
 }
 

@@ -187,12 +187,29 @@ impl StateQueue {
         let _ = self.tx.send(Msg::Write(Box::new(state)));
     }
 
-    /// Removes the file, waiting at most `within` (a stalled filesystem
-    /// delays the agent's exit by that much, never more).
-    pub fn remove(self, within: Duration) {
+    /// Asks the thread to remove the file and end, without waiting: the
+    /// removal runs while the caller does something else; [`Removing::wait`]
+    /// then waits a bounded time (a stalled filesystem delays the agent's
+    /// exit by that much, never more).
+    pub fn begin_remove(self) -> Removing {
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        if self.tx.send(Msg::Remove(done_tx)).is_ok() {
-            let _ = done_rx.recv_deadline(Instant::now() + within);
+        let sent = self.tx.send(Msg::Remove(done_tx)).is_ok();
+        Removing {
+            done: sent.then_some(done_rx),
+        }
+    }
+}
+
+/// A removal under way ([`StateQueue::begin_remove`]).
+pub struct Removing {
+    done: Option<Receiver<()>>,
+}
+
+impl Removing {
+    /// Waits until the file is removed, at most `within`.
+    pub fn wait(self, within: Duration) {
+        if let Some(done) = self.done {
+            let _ = done.recv_deadline(Instant::now() + within);
         }
     }
 }
@@ -305,7 +322,7 @@ mod tests {
             assert!(Instant::now() < until, "the latest view was never written");
             std::thread::sleep(Duration::from_millis(5));
         }
-        q.remove(Duration::from_secs(10));
+        q.begin_remove().wait(Duration::from_secs(10));
         assert!(!path.exists());
     }
 }

@@ -23,7 +23,7 @@ use crate::time::clock::{BootInstant, MAX_WAIT};
 
 use crate::agent::machine::{Action, Event, Machine};
 use crate::agent::report::{Notice, Reporter};
-use crate::agent::state_file::{LeaseStateFile, LeaseView, StateQueue, StateWriter};
+use crate::agent::state_file::{LeaseStateFile, LeaseView, Removing, StateQueue, StateWriter};
 use crate::sys::notify::Notifier;
 
 /// The shortest wait of the loop when the machine names a wake-up time that
@@ -37,10 +37,12 @@ pub struct Supervisor {
     authority: Box<dyn Authority>,
     events: Receiver<Event>,
     notifier: Notifier,
-    /// Until the first (direct) write; then `queue` owns it.
+    /// Until the writer thread starts; then `queue` owns it.
     state: Option<StateWriter>,
     /// The state file's writer thread: the loop never waits on a filesystem.
     queue: Option<StateQueue>,
+    /// The state file's removal, asked for with the release.
+    removing: Option<Removing>,
     boot_id: String,
     reporter: Reporter,
     /// Dropped to stop renewals.
@@ -81,6 +83,7 @@ impl Supervisor {
             notifier,
             state,
             queue: None,
+            removing: None,
             boot_id: crate::time::clock::boot_id().unwrap_or_default(),
             heartbeat: None,
             keeper: None,
@@ -217,18 +220,24 @@ impl Supervisor {
             Action::StopHeartbeat => self.heartbeat = None,
             Action::Release { outcome, exit_code } => {
                 // The tree is gone (a release only follows `TreeGone`): the
-                // keeper may finish while the release is under way.
+                // keeper finishes, and the state file goes, while the
+                // release is under way.
                 if let Some(k) = self.keeper.as_mut() {
                     k.done();
                 }
+                self.removing = self.queue.take().map(StateQueue::begin_remove);
                 self.release(outcome, exit_code)
             }
             Action::Exit(code) => {
+                let removing = self
+                    .removing
+                    .take()
+                    .or_else(|| self.queue.take().map(StateQueue::begin_remove));
                 if let Some(k) = self.keeper.take() {
                     k.finish(Duration::from_secs(1));
                 }
-                if let Some(q) = self.queue.take() {
-                    q.remove(Duration::from_millis(500));
+                if let Some(r) = removing {
+                    r.wait(Duration::from_millis(500));
                 } else if let Some(s) = &self.state {
                     s.remove();
                 }
@@ -250,14 +259,23 @@ impl Supervisor {
     }
 
     /// Writes the state file once, directly, before the job starts; later
-    /// views go through the writer thread.
+    /// views go through the writer thread ([`Self::start_state_queue`]).
     pub fn publish_initial(&mut self) {
+        if let Some(writer) = &self.state {
+            if let Err(e) = writer.write(&self.view(LeaseView::Valid)) {
+                log::debug!("cannot write the lease state file: {e}");
+            }
+        }
+    }
+
+    /// Hands the state file to its writer thread. Started once the job is
+    /// on its way, not before: nothing is published between the first
+    /// write and the loop, and the thread's start-up is then off the path
+    /// from the grant to the job.
+    pub fn start_state_queue(&mut self) {
         let Some(writer) = self.state.take() else {
             return;
         };
-        if let Err(e) = writer.write(&self.view(LeaseView::Valid)) {
-            log::debug!("cannot write the lease state file: {e}");
-        }
         match StateQueue::spawn(writer) {
             Ok(q) => self.queue = Some(q),
             Err(e) => log::warn!("no writer thread for the lease state file: {e}"),

@@ -207,6 +207,16 @@ impl JobCgroup {
     pub fn remove(&self) {
         remove_dir_when_released(&self.dir);
     }
+
+    /// One `rmdir`, no retry: whether the directory is gone now (removed,
+    /// or already gone). EBUSY (a just-reaped member still counted) leaves
+    /// it for [`Self::remove`] at the end.
+    pub fn try_remove(&self) -> bool {
+        match std::fs::remove_dir(&self.dir) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
 }
 
 /// `rmdir` of an emptied cgroup, retried for a moment: the kernel may still

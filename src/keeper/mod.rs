@@ -33,8 +33,8 @@
 //! - The keeper is a child subreaper, so every descendant of the job stays
 //!   below it (orphans re-parent to it), and "no child left" (`ECHILD`,
 //!   plus an empty job cgroup when there is one) proves the whole tree is
-//!   gone; it reports that as `TreeGone`. The agent releases the lease only
-//!   after it.
+//!   gone; it reports that as `TreeGone` and exits. The agent releases the
+//!   lease only after it.
 //! - Stops reach the whole tree ([`tree`]): every descendant is signalled
 //!   through a pidfd whose parent is re-checked, so a recycled pid is never
 //!   signalled. Where a cgroup of our own is available, [`cgroup`]'s
@@ -99,6 +99,7 @@ fn parse_fd(s: Option<&OsString>) -> Option<RawFd> {
 
 /// Runs the keeper: `__keeper CTL_FD REPORT_FD -- COMMAND [ARG...]`.
 pub fn main(args: Vec<OsString>) -> ExitCode {
+    crate::sys::malloc::one_arena();
     let fds = (parse_fd(args.first()), parse_fd(args.get(1)));
     let (Some(ctl_fd), Some(report_fd)) = fds else {
         eprintln!("leaseagent: __keeper is internal to leaseagent");
@@ -124,7 +125,10 @@ struct Reporter {
 impl Reporter {
     fn send(&mut self, r: &Report) {
         if let Some(p) = self.pipe.as_mut() {
-            if writeln!(p, "{r}").is_ok() {
+            // One write per report: the pipe is unbuffered, and `writeln!`
+            // on it writes each formatted piece separately, waking the
+            // agent's reader for every one of them.
+            if p.write_all(format!("{r}\n").as_bytes()).is_ok() {
                 return;
             }
             self.pipe = None;
@@ -262,6 +266,8 @@ fn prepare_and_spawn(
         return Err(spawn_failed("no command".into()));
     };
     let mut cgroup = job_cgroup();
+    // Looked up now, while the agent acquires (see `find_in_path`).
+    let found = crate::sys::spawn::find_in_path(program, std::env::var_os("PATH").as_deref());
     let (env, carry) = match wait_for_go(ctl) {
         Ok(Some(go)) => go,
         Ok(None) => {
@@ -277,8 +283,12 @@ fn prepare_and_spawn(
             return Err(spawn_failed(format!("keeper: {e}")));
         }
     };
+    // The grant's variables never set PATH; if they ever did, the search
+    // would be the child's own, under the new value.
+    let sets_path = env.iter().any(|(k, _)| k == "PATH");
     let job = Job {
         program,
+        resolved: found.as_deref().filter(|_| !sets_path),
         rest,
         env: &env,
         oom_score_adj: crate::sys::memory::job_oom_score_adj(),
@@ -381,6 +391,8 @@ fn job_cgroup() -> Option<cgroup::JobCgroup> {
 /// What the job is started with.
 struct Job<'a> {
     program: &'a OsString,
+    /// The file `program` names along `PATH`, when found beforehand.
+    resolved: Option<&'a std::path::Path>,
     rest: &'a [OsString],
     /// Set over the keeper's environment: the grant's variables.
     env: &'a [(OsString, OsString)],
@@ -450,6 +462,7 @@ fn spawn_into(cg: &cgroup::JobCgroup, job: &Job<'_>) -> Result<std::io::Result<i
         .map_err(|e| format!("cannot open {}: {e}", cg.dir().display()))?;
     match crate::sys::spawn::spawn_in_cgroup(
         job.program,
+        job.resolved,
         job.rest,
         job.env,
         dir.as_fd(),
@@ -528,7 +541,12 @@ impl Keeper {
     fn run_loop(&mut self, sigchld: &UnixStream) {
         loop {
             let tree_gone = self.reap_and_check_tree();
-            if tree_gone && self.finishing {
+            // Once `TreeGone` is reported the keeper's work is done, `Done`
+            // or not: no process is left to fork into the tree, and a
+            // subreaper's tree cannot gain members from outside. It exits
+            // while the agent releases instead of after (the agent waits
+            // for its end).
+            if tree_gone && (self.finishing || self.tree_gone_sent) {
                 return;
             }
             self.kill_round_timer(tree_gone);
@@ -559,6 +577,14 @@ impl Keeper {
             self.tree_gone_sent = true;
             self.killing = None;
             self.out.send(&Report::TreeGone);
+            // The empty cgroup goes now, while the agent releases the
+            // lease, not on the way out after `Done`: the agent waits for
+            // this process's end. Nothing can enter it again (no member
+            // is left to fork into it); the kill round after `Done` then
+            // walks the tree alone.
+            if self.cgroup.as_ref().is_some_and(|cg| cg.try_remove()) {
+                self.cgroup = None;
+            }
         }
         tree_gone
     }

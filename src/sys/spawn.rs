@@ -28,6 +28,7 @@
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 /// Why no job was started.
 #[derive(Debug)]
@@ -63,8 +64,11 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// Starts `program` with `args`, with this process's environment and `env`
 /// over it, in the cgroup whose directory `cgroup` is open, in a process
 /// group of its own, with `oom_score_adj` = `oom_adj`. Returns its pid.
+/// `resolved`: the file `program` names, found beforehand ([`find_in_path`]);
+/// `program` stays the command's `argv[0]`.
 pub fn spawn_in_cgroup(
     program: &OsStr,
+    resolved: Option<&Path>,
     args: &[std::ffi::OsString],
     env: &[(std::ffi::OsString, std::ffi::OsString)],
     cgroup: BorrowedFd<'_>,
@@ -78,7 +82,11 @@ pub fn spawn_in_cgroup(
     };
     // Everything the child needs, made before the clone.
     let prog = CString::new(program.as_bytes()).map_err(|_| invalid("the command"))?;
-    let mut argv_owned = vec![prog.clone()];
+    let file = match resolved {
+        Some(p) => CString::new(p.as_os_str().as_bytes()).map_err(|_| invalid("the command"))?,
+        None => prog.clone(),
+    };
+    let mut argv_owned = vec![prog];
     for a in args {
         argv_owned.push(CString::new(a.as_bytes()).map_err(|_| invalid("an argument"))?);
     }
@@ -127,7 +135,7 @@ pub fn spawn_in_cgroup(
         return Err(Failure::Clone(std::io::Error::last_os_error()));
     }
     if pid == 0 {
-        child(&prog, &argv, &envp, &oom_text, report_w.as_raw_fd());
+        child(&file, &argv, &envp, &oom_text, report_w.as_raw_fd());
     }
     drop(report_w);
     let pid = pid as i32;
@@ -152,6 +160,32 @@ pub fn spawn_in_cgroup(
     Err(Failure::Exec(std::io::Error::from_raw_os_error(
         i32::from_ne_bytes(buf),
     )))
+}
+
+/// The file `execvp` would run for `program` under `path` (a `PATH`
+/// value; `None`: unset, glibc's default `/bin:/usr/bin`), when it can be
+/// told beforehand: the first regular file along it that we may execute.
+/// `None` when `program` has a slash (nothing to search) or nothing
+/// qualifies: `execvpe` then searches itself, with its own errors.
+///
+/// Why: the keeper looks the command up while it waits for the grant, so
+/// the child execs the file at once instead of trying each directory of
+/// `PATH` in turn (a failed `execve` each) on the way from the grant to
+/// the job. The lookup follows `execvp`'s order (an empty entry is the
+/// current directory), and `execvpe` given the found path still runs a
+/// script without a `#!` line through `/bin/sh`, as the search would.
+pub fn find_in_path(program: &OsStr, path: Option<&OsStr>) -> Option<PathBuf> {
+    if program.is_empty() || program.as_bytes().contains(&b'/') {
+        return None;
+    }
+    let path = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
+    path.as_bytes().split(|b| *b == b':').find_map(|dir| {
+        let dir = if dir.is_empty() { b".".as_slice() } else { dir };
+        let candidate = Path::new(OsStr::from_bytes(dir)).join(program);
+        let is_file = std::fs::metadata(&candidate).is_ok_and(|m| m.is_file());
+        let may_exec = rustix::fs::access(&candidate, rustix::fs::Access::EXEC_OK).is_ok();
+        (is_file && may_exec).then_some(candidate)
+    })
 }
 
 /// The child, between `clone3` and `exec`: async-signal-safe calls only,
@@ -194,5 +228,53 @@ fn fail(report: libc::c_int) -> ! {
     unsafe {
         let _ = libc::write(report, bytes.as_ptr().cast(), bytes.len());
         libc::_exit(127)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn file(dir: &Path, name: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn the_first_executable_regular_file_along_path_is_found() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        // In `a`: a directory and a file nobody may execute by that name.
+        std::fs::create_dir(a.path().join("job")).unwrap();
+        file(a.path(), "other", 0o644);
+        let in_b = file(b.path(), "job", 0o755);
+        file(b.path(), "other", 0o755);
+        let path = std::env::join_paths([a.path(), b.path()]).unwrap();
+        assert_eq!(find_in_path(OsStr::new("job"), Some(&path)), Some(in_b));
+        let other = find_in_path(OsStr::new("other"), Some(&path)).unwrap();
+        // Root may execute a 0644 file only if some x bit is set: never here.
+        assert_eq!(other, b.path().join("other"));
+    }
+
+    #[test]
+    fn nothing_is_searched_for_a_path_or_an_unknown_name() {
+        let a = tempfile::tempdir().unwrap();
+        file(a.path(), "job", 0o755);
+        let path = a.path().as_os_str();
+        assert_eq!(find_in_path(OsStr::new("./job"), Some(path)), None);
+        assert_eq!(find_in_path(OsStr::new("sub/job"), Some(path)), None);
+        assert_eq!(find_in_path(OsStr::new(""), Some(path)), None);
+        assert_eq!(find_in_path(OsStr::new("no-such-job"), Some(path)), None);
+    }
+
+    #[test]
+    fn an_unset_path_is_glibcs_default() {
+        assert_eq!(
+            find_in_path(OsStr::new("sh"), None),
+            Some(PathBuf::from("/bin/sh"))
+        );
     }
 }
