@@ -208,8 +208,9 @@ pub enum Tidied {
 }
 
 /// Checkpoint after a release once the WAL is larger than this. Each run
-/// (a grant and a release) adds one or two 4 KiB pages, so this is a
-/// checkpoint about every fifty runs, and a first opener reads at most
+/// (a grant and a release, each touching the task's row, the counters and
+/// the history with its index) adds about eight 4 KiB pages, so this is a
+/// checkpoint about every eighth run, and a first opener reads at most
 /// this much to rebuild the WAL index.
 pub const TIDY_AFTER_RELEASE: u64 = 256 * 1024;
 

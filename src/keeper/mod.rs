@@ -118,32 +118,54 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
 }
 
 /// The report pipe; once the agent is gone, reports go to stderr instead.
+///
+/// Reports are queued and written together before the keeper next waits
+/// ([`Reporter::flush`], and on drop): the pipe is unbuffered, and every
+/// write wakes the agent's reader, so the reports of one step (the job's
+/// start and where it runs; its exit and the tree's end) cost one wake-up,
+/// not one per report or per formatted piece.
 struct Reporter {
     pipe: Option<std::fs::File>,
+    queued: Vec<Report>,
 }
 
 impl Reporter {
     fn send(&mut self, r: &Report) {
+        self.queued.push(r.clone());
+    }
+
+    /// Writes what is queued, in one write.
+    fn flush(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut self.queued);
         if let Some(p) = self.pipe.as_mut() {
-            // One write per report: the pipe is unbuffered, and `writeln!`
-            // on it writes each formatted piece separately, waking the
-            // agent's reader for every one of them.
-            if p.write_all(format!("{r}\n").as_bytes()).is_ok() {
+            let text: String = reports.iter().map(|r| format!("{r}\n")).collect();
+            if p.write_all(text.as_bytes()).is_ok() {
                 return;
             }
             self.pipe = None;
         }
-        match r {
-            Report::Survivor { pid, command, why } => eprintln!(
-                "leaseagent: keeper: error: process {pid} ({}) is still alive: {}",
-                crate::escape::escape(command),
-                why.describe()
-            ),
-            Report::Warning(m) => {
-                eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
+        for r in &reports {
+            match r {
+                Report::Survivor { pid, command, why } => eprintln!(
+                    "leaseagent: keeper: error: process {pid} ({}) is still alive: {}",
+                    crate::escape::escape(command),
+                    why.describe()
+                ),
+                Report::Warning(m) => {
+                    eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
+                }
+                _ => {}
             }
-            _ => {}
         }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -244,6 +266,7 @@ fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     }
     Some(Reporter {
         pipe: Some(std::fs::File::from(report)),
+        queued: Vec::new(),
     })
 }
 
@@ -268,6 +291,7 @@ fn prepare_and_spawn(
     let mut cgroup = job_cgroup();
     // Looked up now, while the agent acquires (see `find_in_path`).
     let found = crate::sys::spawn::find_in_path(program, std::env::var_os("PATH").as_deref());
+    out.flush();
     let (env, carry) = match wait_for_go(ctl) {
         Ok(Some(go)) => go,
         Ok(None) => {
@@ -547,6 +571,7 @@ impl Keeper {
             // while the agent releases instead of after (the agent waits
             // for its end).
             if tree_gone && (self.finishing || self.tree_gone_sent) {
+                self.out.flush();
                 return;
             }
             self.kill_round_timer(tree_gone);
@@ -604,6 +629,7 @@ impl Keeper {
     /// round if one is pending; returns which is ready. A failed poll is
     /// taken as the agent being gone.
     fn wait_for_events(&mut self, sigchld: &UnixStream) -> (bool, bool) {
+        self.out.flush();
         let timeout = self.killing.as_ref().map(|k| {
             let d = k.next_round.saturating_duration_since(Instant::now());
             rustix::event::Timespec {
