@@ -289,8 +289,10 @@ fn prepare_and_spawn(
         return Err(spawn_failed("no command".into()));
     };
     let mut cgroup = job_cgroup();
-    // Looked up now, while the agent acquires (see `find_in_path`).
+    // Looked up now, while the agent acquires (see `find_in_path`), like
+    // the job's `oom_score_adj` (it depends on the keeper's own only).
     let found = crate::sys::spawn::find_in_path(program, std::env::var_os("PATH").as_deref());
+    let oom_score_adj = crate::sys::memory::job_oom_score_adj();
     out.flush();
     let (env, carry) = match wait_for_go(ctl) {
         Ok(Some(go)) => go,
@@ -315,7 +317,7 @@ fn prepare_and_spawn(
         resolved: found.as_deref().filter(|_| !sets_path),
         rest,
         env: &env,
-        oom_score_adj: crate::sys::memory::job_oom_score_adj(),
+        oom_score_adj,
     };
     let job_pid = spawn_job(out, &job, &mut cgroup)?;
     Ok(Some((sigchld, cgroup, job_pid, carry)))

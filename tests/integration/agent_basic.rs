@@ -82,6 +82,56 @@ fn not_found_is_127_and_not_executable_is_126() {
     assert_eq!(fake.requests_to("/v1/release").len(), 2);
 }
 
+/// The keeper looks the command up along `PATH` before the grant; what
+/// runs must be what `execvp` would run: the first executable regular
+/// file (a directory or a file without an execute bit is passed over), a
+/// script without `#!` through `/bin/sh`, with the command's own name as
+/// `argv[0]`; a name found nowhere is 127.
+#[test]
+fn a_command_is_looked_up_along_path_as_execvp_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeAuthority::start();
+    let first = tempfile::tempdir().unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    // In the first directory: `job` not executable, `dir-job` a directory.
+    std::fs::write(first.path().join("job"), "echo wrong\n").unwrap();
+    mode(&first.path().join("job"), 0o644);
+    std::fs::create_dir(first.path().join("dir-job")).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", first.path().join("named-sh")).unwrap();
+    // In the second: the real ones; `job` has no `#!` line.
+    let job = second.path().join("job");
+    std::fs::write(&job, "echo \"ran $0 $1\"\n").unwrap();
+    mode(&job, 0o755);
+    let dir_job = second.path().join("dir-job");
+    std::fs::write(&dir_job, "#!/bin/sh\necho dir-job ran\n").unwrap();
+    mode(&dir_job, 0o755);
+    let path = format!(
+        "{}:{}:{}",
+        first.path().display(),
+        second.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |args: &[&str]| {
+        let mut c = agent(&fake.url(), "path-lookup");
+        c.env("PATH", &path).arg("--").args(args);
+        run_agent(c, T)
+    };
+    let out = run(&["job", "one"]);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, format!("ran {} one\n", job.display()));
+    let out = run(&["dir-job"]);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "dir-job ran\n");
+    let out = run(&["named-sh", "-c", "echo \"$0\""]);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "named-sh\n");
+    let out = run(&["no-such-command-anywhere"]);
+    assert_eq!(out.status.code(), Some(127), "{}", out.stderr);
+}
+
 #[test]
 fn usage_errors_are_125_name_the_flag_and_send_nothing() {
     let fake = FakeAuthority::start();

@@ -380,6 +380,46 @@ fn the_command_is_the_oom_killers_choice_and_the_agent_is_locked_in_memory() {
     );
 }
 
+/// glibc gives each thread that allocates an arena of its own: a 64 MiB
+/// reservation, mostly `---p`. The agent caps malloc at one arena
+/// (`sys/malloc.rs`), so its five threads reserve none.
+#[test]
+fn the_agents_threads_share_one_malloc_arena() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "one-arena");
+    c.env("OUT", dir.path("out"))
+        .args(["--ttl", "3s", "--heartbeat", "200ms", "--"])
+        .args(["sh", "-c", "sleep 0.5; touch \"$OUT\"; sleep 1"]);
+    let mut child = spawn(c);
+    // Renewals have run by then: every thread has allocated.
+    poll_every("the job's file", T, Duration::from_millis(10), || {
+        dir.path("out").exists().then_some(())
+    });
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+    let threads = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .count();
+    let (status, err) = wait_agent(&mut child, T);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(threads >= 5, "{threads} threads");
+    // An arena's reservation: an anonymous `---p` mapping of 16 MiB or more
+    // (thread stacks' guards are a page).
+    let reserved: Vec<&str> = maps
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let Some((a, b)) = f.first().and_then(|r| r.split_once('-')) else {
+                return false;
+            };
+            let size =
+                u64::from_str_radix(b, 16).unwrap_or(0) - u64::from_str_radix(a, 16).unwrap_or(0);
+            f.get(1) == Some(&"---p") && f.len() == 5 && size >= 16 << 20
+        })
+        .collect();
+    assert!(reserved.is_empty(), "arenas: {reserved:?}\n{maps}");
+}
+
 #[test]
 fn an_unprivileged_agent_runs_unlocked_and_says_so() {
     // `nobody`: no CAP_IPC_LOCK and a finite RLIMIT_MEMLOCK, where
