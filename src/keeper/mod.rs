@@ -605,10 +605,9 @@ impl Keeper {
             self.killing = None;
             self.out.send(&Report::TreeGone);
             // The empty cgroup goes now, while the agent releases the
-            // lease, not on the way out after `Done`: the agent waits for
-            // this process's end. Nothing can enter it again (no member
-            // is left to fork into it); the kill round after `Done` then
-            // walks the tree alone.
+            // lease, not on the way out: the agent waits for this
+            // process's end. Nothing can enter it again (no member is left
+            // to fork into it).
             if self.cgroup.as_ref().is_some_and(|cg| cg.try_remove()) {
                 self.cgroup = None;
             }
