@@ -204,7 +204,6 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
         me: rustix::process::getpid().as_raw_nonzero().get(),
         job_pid,
         leader_reaped: false,
-        tree_gone_sent: false,
         ctl: Some(std::fs::File::from(ctl)),
         finishing: false,
         killing: None,
@@ -544,7 +543,6 @@ struct Keeper {
     me: i32,
     job_pid: i32,
     leader_reaped: bool,
-    tree_gone_sent: bool,
     /// `None` once the agent closed it (EOF) or said `Done`.
     ctl: Option<std::fs::File>,
     /// The agent is gone or done: exit once the tree is gone.
@@ -562,30 +560,24 @@ struct Keeper {
 }
 
 impl Keeper {
-    /// The one loop: reap, note the tree's end, run a due kill round, then
-    /// wait for SIGCHLD, a control byte, or the next kill round.
+    /// The one loop: reap; once the tree is gone, say so and end; else run
+    /// a due kill round, then wait for SIGCHLD, a control byte, or the next
+    /// kill round.
     fn run_loop(&mut self, sigchld: &UnixStream) {
         loop {
-            let tree_gone = self.reap_and_check_tree();
-            // Once `TreeGone` is reported the keeper's work is done, `Done`
-            // or not: no process is left to fork into the tree, and a
-            // subreaper's tree cannot gain members from outside. It exits
-            // while the agent releases instead of after (the agent waits
-            // for its end).
-            if tree_gone && (self.finishing || self.tree_gone_sent) {
-                self.out.flush();
+            if self.reap_and_check_tree() {
+                self.tree_gone();
                 return;
             }
-            self.kill_round_timer(tree_gone);
+            // Does nothing unless a kill is in progress and a round is due.
+            self.kill_round();
             // The newest deadline first: a keeper resumed after a stop has
             // the `Arm`s sent meanwhile queued (a read that finds nothing
             // costs one syscall).
             if self.ctl.is_some() {
                 self.read_ctl();
             }
-            if !tree_gone || !self.leader_reaped {
-                self.deadline_due();
-            }
+            self.deadline_due();
             let (chld_ready, ctl_ready) = self.wait_for_events(sigchld);
             if chld_ready {
                 drain_sigchld(sigchld);
@@ -594,35 +586,23 @@ impl Keeper {
         }
     }
 
-    /// Reaps what ended; reports `TreeGone` once, when the leader is reaped
-    /// and nothing is left below us (nor in the cgroup). Returns whether the
-    /// tree is gone.
+    /// Reaps what ended; whether the whole tree is gone: no child left below
+    /// us (so the leader, our child, was reaped too) and nothing left in the
+    /// job's cgroup.
     fn reap_and_check_tree(&mut self) -> bool {
-        let no_children = self.reap();
-        let tree_gone = no_children && self.cgroup_empty();
-        if tree_gone && self.leader_reaped && !self.tree_gone_sent {
-            self.tree_gone_sent = true;
-            self.killing = None;
-            self.out.send(&Report::TreeGone);
-            // The empty cgroup goes now, while the agent releases the
-            // lease, not on the way out: the agent waits for this
-            // process's end. Nothing can enter it again (no member is left
-            // to fork into it).
-            if self.cgroup.as_ref().is_some_and(|cg| cg.try_remove()) {
-                self.cgroup = None;
-            }
-        }
-        tree_gone
+        self.reap() && self.cgroup_empty()
     }
 
-    /// While killing: the next round of SIGKILL when it is due; once the
-    /// tree is gone there is nothing left to kill (the leader's report is
-    /// on its way).
-    fn kill_round_timer(&mut self, tree_gone: bool) {
-        if tree_gone {
-            self.killing = None;
-        } else if self.killing.is_some() {
-            self.kill_round();
+    /// The end of the keeper's work, `Done` or not: no process is left to
+    /// fork into the tree, and a subreaper's tree cannot gain members from
+    /// outside. `TreeGone` goes out, and the empty cgroup is removed now,
+    /// while the agent releases the lease, not after: the agent waits for
+    /// this process's end.
+    fn tree_gone(&mut self) {
+        self.out.send(&Report::TreeGone);
+        self.out.flush();
+        if self.cgroup.as_ref().is_some_and(|cg| cg.try_remove()) {
+            self.cgroup = None;
         }
     }
 

@@ -271,6 +271,19 @@ mod tests {
     }
 
     #[test]
+    fn odd_path_entries_are_passed_over() {
+        use std::os::unix::ffi::OsStringExt;
+        let a = tempfile::tempdir().unwrap();
+        let job = file(a.path(), "job", 0o755);
+        // Bytes that are no UTF-8, a relative directory and an empty entry
+        // (the current directory, which holds no `job`) before the real one.
+        let mut path = b"/no\xffsuch:relative/dir::".to_vec();
+        path.extend_from_slice(a.path().as_os_str().as_bytes());
+        let path = std::ffi::OsString::from_vec(path);
+        assert_eq!(find_in_path(OsStr::new("job"), Some(&path)), Some(job));
+    }
+
+    #[test]
     fn an_unset_path_is_glibcs_default() {
         assert_eq!(
             find_in_path(OsStr::new("sh"), None),

@@ -113,7 +113,9 @@ fn escapees_die_when_the_command_ends_and_before_the_release() {
 
 /// The keeper (the job's parent) has exited and been reaped by the time
 /// the agent exits, on the embedded authority and over HTTP: an agent that
-/// gave up waiting for it would leave it behind, re-parented to init.
+/// gave up waiting for it would leave it behind, re-parented to init. The
+/// job's cgroup (as root there is one) is gone too: the keeper removes it
+/// as the tree ends, while the agent releases.
 #[test]
 fn the_keeper_is_gone_when_the_agent_exits() {
     let fake = FakeAuthority::start();
@@ -138,6 +140,17 @@ fn the_keeper_is_gone_when_the_agent_exits() {
             !String::from_utf8_lossy(&cmdline).contains("__keeper"),
             "{authority}: keeper {keeper} outlived the agent; {err}"
         );
+        let cgroup = err
+            .split("the job runs in cgroup ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next());
+        if rustix::process::geteuid().is_root() {
+            let cgroup = cgroup.unwrap_or_else(|| panic!("root: no job cgroup; {err}"));
+            assert!(
+                !std::path::Path::new(cgroup).exists(),
+                "{authority}: {cgroup} outlived the run; {err}"
+            );
+        }
     }
 }
 
