@@ -30,7 +30,7 @@ use crate::time::clock::BootInstant;
 pub const EXIT_NOT_VALID: u8 = 1;
 
 /// `leaseagent check` (flags and help: `cmd::defs::CHECK`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CheckArgs {
     /// `--min-remaining`.
     pub min_remaining: Duration,

@@ -1,57 +1,177 @@
-//! The flag tables: every command's flags, positionals and help texts, in
-//! the order help lists them. Parsing and `--help` are both driven from
-//! here (see [`super::flags`] for the rules and how to add a flag).
+//! The flag tables: every command's flags and positionals in the order help
+//! lists them, each with its reader, and each command's rules between flags
+//! (its `finish`). Parsing, `--help`, the man pages and the completions are
+//! all made from here ([`super::flags`] has the types, [`super::parse`] the
+//! rules of the command line).
+//!
+//! ## Adding a flag
+//!
+//! One entry in the command's list, ending with its reader:
+//!
+//! ```text
+//! Flag::value("lock-timeout", "DUR", "Longest wait for another publisher of DEST")
+//!     .default_value("30s")
+//!     .reads(|a, v| { a.lock_timeout = dur(v)?; Ok(()) }),
+//! ```
+//!
+//! and the field it writes in the command's typed arguments (`RawRun` in
+//! `agent/config.rs` for the run path, `ServeArgs` in `serve/mod.rs`, the
+//! `*Args` of `cmd/`). A value's own rule belongs in its reader (`dur`,
+//! `number`, `text`; the error names the flag by itself); a rule between
+//! flags in the command's `finish` below (the run path's: `RawRun::validate`).
+//! `Flag::switch(..).sets(|a| ..)` for a switch, `Flag::optional` for
+//! `--flag [VALUE]`. Builders: `.short('q')`, `.env("VAR")`,
+//! `.default_value("30s")` (read when absent, shown), `.default_note("ttl/3")`
+//! (shown only), `.required()`, `.complete(Complete::Files)` (what a shell
+//! offers; nothing unless said), `.doc("...")` (the man page's text when it
+//! says more than the help line). A help text may be broken by hand with
+//! `\n`; it is wrapped where it is wider than help's columns anyway. Then
+//! `LEASEAGENT_BLESS=1 cargo test --test integration cli_` rewrites the
+//! golden help, man pages and completions: read the diff. The test
+//! `every_table_entry_is_read` gives each flag two values and checks that
+//! the typed arguments change; a new value name (`DUR`, `FILE`, ...) needs
+//! two sample values in `parse::check_readers`.
 
-use super::flags::{CommandDef, Flag, Group, Positional, Style};
+use std::ffi::OsString;
+use std::path::PathBuf;
 
-/// The operator commands' `--authority`.
-const AUTHORITY: Flag = Flag::value("authority", "URL", "Lease authority")
-    .env("LEASEAGENT_AUTHORITY")
-    .default_note("the embedded per-host authority");
-
-/// How every client of an authority trusts it and proves who it is (the run
-/// path and the operator commands; `authority::trust`). Files only: no
-/// secret is ever taken from argv.
-const TRUST: Group = Group {
-    heading: Some("Trust (https://, etcds://, credentials; secrets only in files, mode 0600)"),
-    flags: &[
-        Flag::value(
-            "ca-file",
-            "FILE",
-            "PEM CAs that sign the authority's certificate",
-        )
-        .env("LEASEAGENT_CA_FILE")
-        .default_note("the system's roots"),
-        Flag::value(
-            "client-cert",
-            "FILE",
-            "PEM client certificate for mutual TLS (with --client-key)",
-        )
-        .env("LEASEAGENT_CLIENT_CERT"),
-        Flag::value("client-key", "FILE", "PEM key of --client-cert").env("LEASEAGENT_CLIENT_KEY"),
-        Flag::value(
-            "auth-token-file",
-            "FILE",
-            "Bearer token for leaseagent serve: the file's first line",
-        )
-        .env("LEASEAGENT_AUTH_TOKEN_FILE"),
-        Flag::value(
-            "etcd-user",
-            "NAME",
-            "etcd user (etcd's own authentication; with --etcd-password-file)",
-        )
-        .env("LEASEAGENT_ETCD_USER"),
-        Flag::value(
-            "etcd-password-file",
-            "FILE",
-            "That etcd user's password: the file's first line",
-        )
-        .env("LEASEAGENT_ETCD_PASSWORD_FILE"),
-    ],
+use super::flags::{
+    BoxError, Command, CommandDef, Complete, Entry, Flag, Group, Positional, Syntax, UsageError,
+    dur, number, print, text,
 };
+use super::operator::{AuthorityArg, ClearArgs, HistoryArgs, LeasesArgs, RevokeArgs};
+use crate::agent::config::RawRun;
+use crate::authority::trust::TrustFiles;
+
+/// The subcommands, in the order the man page and the completions list
+/// them; the run path is [`RUN`].
+pub const SUBCOMMANDS: &[&dyn Entry] = &[
+    &SERVE,
+    &PUBLISH,
+    &CHECK,
+    &LEASES,
+    &REVOKE,
+    &CLEAR,
+    &HISTORY,
+    &COMPLETIONS,
+    &MAN,
+    &TOKEN,
+];
+
+/// The whole command line as the generators see it.
+pub fn cli() -> super::generate::Cli<'static> {
+    super::generate::Cli {
+        run: RUN.doc(),
+        subs: SUBCOMMANDS.iter().map(|d| d.doc()).collect(),
+        version: env!("CARGO_PKG_VERSION"),
+    }
+}
+
+/// Typed arguments that take the trust flags ([`Trusting::TRUST`]).
+pub trait Trusting: Sized + 'static {
+    fn trust(&mut self) -> &mut TrustFiles;
+
+    /// How every client of an authority trusts it and proves who it is (the
+    /// run path and the operator commands; `authority::trust`). Files only:
+    /// no secret is ever taken from argv.
+    const TRUST: Group<Self> = Group {
+        heading: Some("Trust (https://, etcds://, credentials; secrets only in files, mode 0600)"),
+        flags: &[
+            Flag::value(
+                "ca-file",
+                "FILE",
+                "PEM CAs that sign the authority's certificate",
+            )
+            .env("LEASEAGENT_CA_FILE")
+            .default_note("the system's roots")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.trust().ca_file = Some(v.into());
+                Ok(())
+            }),
+            Flag::value(
+                "client-cert",
+                "FILE",
+                "PEM client certificate for mutual TLS (with --client-key)",
+            )
+            .env("LEASEAGENT_CLIENT_CERT")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.trust().client_cert = Some(v.into());
+                Ok(())
+            }),
+            Flag::value("client-key", "FILE", "PEM key of --client-cert")
+                .env("LEASEAGENT_CLIENT_KEY")
+                .complete(Complete::Files)
+                .reads(|a, v| {
+                    a.trust().client_key = Some(v.into());
+                    Ok(())
+                }),
+            Flag::value(
+                "auth-token-file",
+                "FILE",
+                "Bearer token for leaseagent serve: the file's first line",
+            )
+            .env("LEASEAGENT_AUTH_TOKEN_FILE")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.trust().auth_token_file = Some(v.into());
+                Ok(())
+            }),
+            Flag::value(
+                "etcd-user",
+                "NAME",
+                "etcd user (etcd's own authentication; with --etcd-password-file)",
+            )
+            .env("LEASEAGENT_ETCD_USER")
+            .reads(|a, v| {
+                a.trust().etcd_user = Some(v.to_string_lossy().into_owned());
+                Ok(())
+            }),
+            Flag::value(
+                "etcd-password-file",
+                "FILE",
+                "That etcd user's password: the file's first line",
+            )
+            .env("LEASEAGENT_ETCD_PASSWORD_FILE")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.trust().etcd_password_file = Some(v.into());
+                Ok(())
+            }),
+        ],
+    };
+}
+
+/// Typed arguments of an operator command: `--authority` and the trust
+/// flags ([`AuthorityArg`]).
+pub trait Operating: Sized + 'static {
+    fn target(&mut self) -> &mut AuthorityArg;
+
+    /// The operator commands' `--authority`.
+    const AUTHORITY: Flag<Self> = Flag::value("authority", "URL", "Lease authority")
+        .env("LEASEAGENT_AUTHORITY")
+        .default_note("the embedded per-host authority")
+        .reads(|a, v| {
+            a.target().authority = Some(text(v)?);
+            Ok(())
+        });
+}
+
+impl<T: Operating> Trusting for T {
+    fn trust(&mut self) -> &mut TrustFiles {
+        &mut self.target().trust
+    }
+}
+
+impl Trusting for RawRun {
+    fn trust(&mut self) -> &mut TrustFiles {
+        &mut self.trust
+    }
+}
 
 /// `leaseagent [OPTIONS] -- COMMAND [ARG...]`.
-pub static RUN: CommandDef = CommandDef {
+pub static RUN: CommandDef<RawRun> = CommandDef {
     name: "",
     about: "\
 Run a command under a lease: renewed from a dedicated thread, stopped before
@@ -59,79 +179,128 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
     usage: Some(
         "leaseagent [OPTIONS] --task NAME -- COMMAND [ARG...]\n       leaseagent SUBCOMMAND [ARGS]",
     ),
-    groups: &[Group {
-        heading: None,
-        flags: &[
-        Flag::value(
-            "authority",
-            "URL",
-            "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
-        )
-        .env("LEASEAGENT_AUTHORITY")
-        .default_note("the embedded per-host authority"),
-        Flag::value(
-            "task",
-            "NAME",
-            "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
-        )
-        .env("LEASEAGENT_TASK"),
-        Flag::value("ttl", "DUR", "Lease duration asked for (1s to 24h)").default_value("30s"),
-        Flag::value(
-            "heartbeat",
-            "DUR",
-            "Renewal interval: at least 100ms, with room for a retry before the\ncommand's SIGTERM at ttl - grace",
-        )
-        .default_note("ttl/3"),
-        Flag::value(
-            "grace",
-            "DUR",
-            "SIGTERM -> SIGKILL grace when the command is stopped",
-        )
-        .default_note("ttl/6"),
-        Flag::value(
-            "holder",
-            "NAME",
-            "Who holds the lease, as the authority shows it",
-        )
-        .default_note("HOSTNAME/PID"),
-        Flag::value(
-            "on-expiry",
-            "P",
-            "What the authority does when this lease expires: redispatch, grace, hold",
-        )
-        .default_value("redispatch"),
-        Flag::value(
-            "expiry-grace",
-            "DUR",
-            "With --on-expiry grace: how long after expiry the task stays blocked",
-        )
-        .default_note("ttl"),
-        Flag::value(
-            "wait",
-            "DUR",
-            "Wait up to DUR (forever without DUR) while another holder has the task",
-        )
-        .optional_value(),
-        Flag::value(
-            "clock-drift",
-            "PPM",
-            "Clock-rate difference budgeted between this host and the authority:\nthe deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
-        )
-        .default_value("1000"),
-        Flag::value(
-            "renew-priority",
-            "DSCP,PRIO",
-            "How renewal packets are marked, so that a host or link that honours\npriority sends them ahead of the command's own traffic: DSCP (0-63,\ncs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN),\nor off",
-        )
-        .env("LEASEAGENT_RENEW_PRIORITY")
-        .default_value(crate::authority::netpath::DEFAULT_MARKS),
-        Flag::switch(
-            "remap-exit",
-            "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
-        ),
+    groups: &[
+        Group {
+            heading: None,
+            flags: &[
+                Flag::value(
+                    "authority",
+                    "URL",
+                    "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
+                )
+                .env("LEASEAGENT_AUTHORITY")
+                .default_note("the embedded per-host authority")
+                .reads(|a, v| {
+                    a.authority = Some(text(v)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "task",
+                    "NAME",
+                    "What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)",
+                )
+                .env("LEASEAGENT_TASK")
+                .reads(|a, v| {
+                    a.task = Some(text(v)?);
+                    Ok(())
+                }),
+                Flag::value("ttl", "DUR", "Lease duration asked for (1s to 24h)")
+                    .default_value("30s")
+                    .reads(|a, v| {
+                        a.ttl = dur(v)?;
+                        Ok(())
+                    }),
+                Flag::value(
+                    "heartbeat",
+                    "DUR",
+                    "Renewal interval: at least 100ms, with room for a retry before the\ncommand's SIGTERM at ttl - grace",
+                )
+                .default_note("ttl/3")
+                .reads(|a, v| {
+                    a.heartbeat = Some(dur(v)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "grace",
+                    "DUR",
+                    "SIGTERM -> SIGKILL grace when the command is stopped",
+                )
+                .default_note("ttl/6")
+                .reads(|a, v| {
+                    a.grace = Some(dur(v)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "holder",
+                    "NAME",
+                    "Who holds the lease, as the authority shows it",
+                )
+                .default_note("HOSTNAME/PID")
+                .reads(|a, v| {
+                    a.holder = Some(text(v)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "on-expiry",
+                    "P",
+                    "What the authority does when this lease expires: redispatch, grace, hold",
+                )
+                .default_value("redispatch")
+                .reads(|a, v| {
+                    a.on_expiry = text(v)?;
+                    Ok(())
+                }),
+                Flag::value(
+                    "expiry-grace",
+                    "DUR",
+                    "With --on-expiry grace: how long after expiry the task stays blocked",
+                )
+                .default_note("ttl")
+                .reads(|a, v| {
+                    a.expiry_grace = Some(dur(v)?);
+                    Ok(())
+                }),
+                Flag::optional(
+                    "wait",
+                    "DUR",
+                    "Wait up to DUR (forever without DUR) while another holder has the task",
+                )
+                .reads(|a, v| {
+                    a.wait = Some(v.map(dur).transpose()?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "clock-drift",
+                    "PPM",
+                    "Clock-rate difference budgeted between this host and the authority:\nthe deadline is sent + ttl*(1 - PPM/1e6) - 1ms",
+                )
+                .default_value("1000")
+                .reads(|a, v| {
+                    a.clock_drift_ppm = Some(ppm(v)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "renew-priority",
+                    "DSCP,PRIO",
+                    "How renewal packets are marked, so that a host or link that honours\npriority sends them ahead of the command's own traffic: DSCP (0-63,\ncs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN),\nor off",
+                )
+                .env("LEASEAGENT_RENEW_PRIORITY")
+                .default_value(crate::authority::netpath::DEFAULT_MARKS)
+                .reads(|a, v| {
+                    a.renew_marks = crate::authority::netpath::parse_marks(&text(v)?)?;
+                    Ok(())
+                }),
+                Flag::switch(
+                    "remap-exit",
+                    "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
+                )
+                .sets(|a| a.remap_exit = true),
+            ],
+        },
+        RawRun::TRUST,
     ],
-    }, TRUST],
     positionals: &[],
+    syntax: Syntax::Run(|a, command| a.command = command),
     notes: Some("DUR is a whole number with a unit: 250ms, 2s, 5m, 1h."),
     examples: "\
 Examples:
@@ -164,11 +333,34 @@ Subcommands:
 
 Exit status: the command's own; 128+N killed by signal N; 124 lease lost;
 75 task held elsewhere; 125 agent failed; 126 cannot execute; 127 not found.",
-    style: Style::Run,
+    // The run path's rules between flags: `RawRun::validate` (with
+    // `agent::timing`).
+    finish: |raw| Ok(Command::Run(raw.validate()?)),
 };
 
+/// A `--clock-drift` value that is not a whole number of parts per million.
+#[derive(Debug, thiserror::Error)]
+#[error("`{value}` is not a whole number of parts per million")]
+struct NotPpm {
+    value: String,
+    #[source]
+    source: std::num::ParseIntError,
+}
+
+/// `--clock-drift`: a whole number of parts per million.
+fn ppm(v: OsString) -> Result<u32, BoxError> {
+    let s = text(v)?;
+    s.parse().map_err(|source| {
+        NotPpm {
+            value: s.clone(),
+            source,
+        }
+        .into()
+    })
+}
+
 /// `leaseagent serve`.
-pub static SERVE: CommandDef = CommandDef {
+pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
     name: "serve",
     about: "The reference lease authority (lease protocol v1) with its state in SQLite",
     usage: None,
@@ -180,84 +372,147 @@ pub static SERVE: CommandDef = CommandDef {
                 "ADDR",
                 "Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)",
             )
-            .required(),
+            .required()
+            .reads(|a, v| {
+                a.listen = text(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "db",
                 "PATH",
                 "SQLite database file holding tokens and leases (created if missing)",
             )
-            .required(),
+            .required()
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.db = v.into();
+                Ok(())
+            }),
             Flag::value(
                 "tls-cert",
                 "FILE",
                 "Serve HTTPS with this PEM certificate chain (with --tls-key)",
-            ),
-            Flag::value("tls-key", "FILE", "The PEM private key of --tls-cert"),
+            )
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.tls_cert = Some(v.into());
+                Ok(())
+            }),
+            Flag::value("tls-key", "FILE", "The PEM private key of --tls-cert")
+                .complete(Complete::Files)
+                .reads(|a, v| {
+                    a.tls_key = Some(v.into());
+                    Ok(())
+                }),
             Flag::value(
                 "client-ca",
                 "FILE",
                 "Require client certificates signed by these PEM CAs (mutual TLS)",
-            ),
+            )
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.client_ca = Some(v.into());
+                Ok(())
+            }),
             Flag::value(
                 "auth-file",
                 "FILE",
                 "The principals (TOML; re-read on SIGHUP); without it, anyone may do anything",
-            ),
+            )
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.auth_file = Some(v.into());
+                Ok(())
+            }),
             Flag::switch(
                 "insecure-listen",
                 "Allow a non-loopback --listen without TLS and an auth file",
-            ),
+            )
+            .sets(|a| a.insecure_listen = true),
             Flag::value(
                 "max-connections",
                 "N",
                 "Most open connections; past this, one answer (503) and closed",
             )
-            .default_value("16384"),
+            .default_value("16384")
+            .reads(|a, v| {
+                a.max_connections = number(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "max-connections-per-peer",
                 "N",
                 "Most open connections from one IP address; past this, closed at once (before TLS)",
             )
-            .default_value("1024"),
+            .default_value("1024")
+            .reads(|a, v| {
+                a.max_connections_per_peer = number(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "max-leases",
                 "N",
                 "Most live leases overall; past this, acquires get 503 unavailable",
             )
-            .default_value("100000"),
+            .default_value("100000")
+            .reads(|a, v| {
+                a.max_leases = Some(number(v)?);
+                Ok(())
+            }),
             Flag::value(
                 "max-leases-per-principal",
                 "N",
                 "Most live leases of one principal without `max_leases` in the auth file (all \
                  clients are one principal without an auth file); past this, 429",
             )
-            .default_value("25000"),
+            .default_value("25000")
+            .reads(|a, v| {
+                a.max_leases_per_principal = number(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "history-max-age",
                 "DUR",
                 "Run history: finished attempts older than this are deleted",
             )
-            .default_value("720h"),
+            .default_value("720h")
+            .reads(|a, v| {
+                a.history.max_age = dur(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "history-max-rows",
                 "N",
                 "Run history: at most this many attempts are kept",
             )
-            .default_value("100000"),
+            .default_value("100000")
+            .reads(|a, v| {
+                a.history.max_rows = number(v)?;
+                Ok(())
+            }),
             Flag::value(
                 "status-listen",
                 "ADDR",
                 "Also serve the status page (GET /, read-only, no credentials) on this\nloopback address, e.g. 127.0.0.1:7879",
-            ),
+            )
+            .reads(|a, v| {
+                a.status_listen = Some(text(v)?);
+                Ok(())
+            }),
             Flag::value(
                 "status-held-alert",
                 "DUR",
                 "The status page shows a task held for an operator longer than this in red",
             )
-            .default_value("15m"),
+            .default_value("15m")
+            .reads(|a, v| {
+                a.status_held_alert = dur(v)?;
+                Ok(())
+            }),
         ],
     }],
     positionals: &[],
+    syntax: Syntax::Sub,
     notes: None,
     examples: "\
 Examples:
@@ -272,38 +527,65 @@ Examples:
 
   # as a systemd service (systemd/leaseagent-serve.service)
   systemctl enable --now leaseagent-serve.service",
-    style: Style::Sub,
+    finish: serve,
 };
 
+/// `serve`'s rules between flags.
+fn serve(args: crate::serve::ServeArgs) -> Result<Command, UsageError> {
+    let refuse = |msg: &str| Err(UsageError::Words(msg.to_string()));
+    if args.history.max_rows == 0 {
+        return refuse("--history-max-rows must be at least 1");
+    }
+    if args.tls_cert.is_some() != args.tls_key.is_some() {
+        return refuse("--tls-cert and --tls-key go together: give both or neither");
+    }
+    if args.client_ca.is_some() && args.tls_cert.is_none() {
+        return refuse("--client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)");
+    }
+    Ok(Command::Serve(args))
+}
+
 /// `leaseagent publish`.
-pub static PUBLISH: CommandDef = CommandDef {
+pub static PUBLISH: CommandDef<super::publish::PublishArgs> = CommandDef {
     name: "publish",
     about: "Move a job's output into place only if its fencing token is not superseded",
     usage: None,
     groups: &[Group {
         heading: None,
         flags: &[
-            Flag::value("token", "N", "Fencing token of this attempt").default_note("$LEASE_TOKEN"),
+            Flag::value("token", "N", "Fencing token of this attempt")
+                .default_note("$LEASE_TOKEN")
+                .reads(|a, v| {
+                    a.token = Some(number(v)?);
+                    Ok(())
+                }),
             Flag::value(
                 "lock-timeout",
                 "DUR",
                 "Longest wait for another publisher of DEST",
             )
-            .default_value("30s"),
+            .default_value("30s")
+            .reads(|a, v| {
+                a.lock_timeout = dur(v)?;
+                Ok(())
+            }),
         ],
     }],
     positionals: &[
-        Positional {
-            name: "SRC",
-            help: "The file or directory to publish",
-            optional: false,
-        },
-        Positional {
-            name: "DEST",
-            help: "Where it becomes visible",
-            optional: false,
-        },
+        Positional::required("SRC", "The file or directory to publish")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.src = PathBuf::from(v);
+                Ok(())
+            }),
+        Positional::required("DEST", "Where it becomes visible")
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.dest = PathBuf::from(v);
+                Ok(())
+            }),
     ],
+    syntax: Syntax::Sub,
     notes: Some(
         "\
 The highest token published to DEST is kept in DEST's directory, in the hidden file
@@ -322,11 +604,11 @@ Examples:
 
   # a whole directory, with an explicit token
   leaseagent publish --token 42 /srv/site.new /srv/site",
-    style: Style::Sub,
+    finish: |a| Ok(Command::Publish(a)),
 };
 
 /// `leaseagent check`.
-pub static CHECK: CommandDef = CommandDef {
+pub static CHECK: CommandDef<super::check::CheckArgs> = CommandDef {
     name: "check",
     about: "Exit 0 while this job's lease is valid for at least --min-remaining",
     usage: None,
@@ -338,16 +620,23 @@ pub static CHECK: CommandDef = CommandDef {
                 "DUR",
                 "Succeed only if the lease is valid for at least this much longer",
             )
-            .default_value("0s"),
+            .default_value("0s")
+            .reads(|a, v| {
+                a.min_remaining = dur(v)?;
+                Ok(())
+            }),
             Flag::switch(
                 "quiet",
                 "Print nothing on stderr; the exit status alone answers",
             )
-            .short('q'),
-            Flag::switch("json", "Print the lease view as one JSON object on stdout"),
+            .short('q')
+            .sets(|a| a.quiet = true),
+            Flag::switch("json", "Print the lease view as one JSON object on stdout")
+                .sets(|a| a.json = true),
         ],
     }],
     positionals: &[],
+    syntax: Syntax::Sub,
     notes: None,
     examples: "\
 Examples:
@@ -356,22 +645,37 @@ Examples:
 
   # the agent's view of the lease, as JSON
   leaseagent check --json",
-    style: Style::Sub,
+    finish: |a| Ok(Command::Check(a)),
 };
 
+macro_rules! operating {
+    ($($args:ty),*) => {$(
+        impl Operating for $args {
+            fn target(&mut self) -> &mut AuthorityArg {
+                &mut self.authority
+            }
+        }
+    )*};
+}
+operating!(LeasesArgs, RevokeArgs, ClearArgs, HistoryArgs);
+
 /// `leaseagent leases`.
-pub static LEASES: CommandDef = CommandDef {
+pub static LEASES: CommandDef<LeasesArgs> = CommandDef {
     name: "leases",
     about: "List the leases an authority holds",
     usage: None,
-    groups: &[Group {
-        heading: None,
-        flags: &[
-            AUTHORITY,
-            Flag::switch("json", "Print JSON instead of a table"),
-        ],
-    }, TRUST],
+    groups: &[
+        Group {
+            heading: None,
+            flags: &[
+                LeasesArgs::AUTHORITY,
+                Flag::switch("json", "Print JSON instead of a table").sets(|a| a.json = true),
+            ],
+        },
+        LeasesArgs::TRUST,
+    ],
     positionals: &[],
+    syntax: Syntax::Sub,
     notes: Some(
         "\
 With etcd, every lock key is listed (leaseagent's and `etcdctl lock`'s): the first of each
@@ -389,11 +693,11 @@ Examples:
   leaseagent leases --authority https://leases.internal:7878 --ca-file ca.pem --auth-token-file token
   leaseagent leases --authority etcds://10.0.0.1:2379 --ca-file ca.pem --etcd-user root \\
                     --etcd-password-file etcd-pw",
-    style: Style::Sub,
+    finish: |a| Ok(Command::Leases(a)),
 };
 
 /// `leaseagent revoke`.
-pub static REVOKE: CommandDef = CommandDef {
+pub static REVOKE: CommandDef<RevokeArgs> = CommandDef {
     name: "revoke",
     about: "Revoke a task's current lease",
     usage: None,
@@ -401,21 +705,24 @@ pub static REVOKE: CommandDef = CommandDef {
         Group {
             heading: None,
             flags: &[
-                AUTHORITY,
+                RevokeArgs::AUTHORITY,
                 Flag::switch(
                     "force",
                     "Free the task at once instead of after the lease's current expiry",
-                ),
-                Flag::switch("json", "Print JSON instead of text"),
+                )
+                .sets(|a| a.force = true),
+                Flag::switch("json", "Print JSON instead of text").sets(|a| a.json = true),
             ],
         },
-        TRUST,
+        RevokeArgs::TRUST,
     ],
-    positionals: &[Positional {
-        name: "TASK",
-        help: "The task whose current lease is revoked",
-        optional: false,
-    }],
+    positionals: &[
+        Positional::required("TASK", "The task whose current lease is revoked").reads(|a, v| {
+            a.task = text(v)?;
+            Ok(())
+        }),
+    ],
+    syntax: Syntax::Sub,
     notes: Some(
         "\
 With etcd, revoke revokes the holder's etcd lease: its key is deleted at once and the next
@@ -428,11 +735,11 @@ Examples:
 
   # and make the task available again at once
   leaseagent revoke --force nightly-export",
-    style: Style::Sub,
+    finish: |a| Ok(Command::Revoke(a)),
 };
 
 /// `leaseagent clear`.
-pub static CLEAR: CommandDef = CommandDef {
+pub static CLEAR: CommandDef<ClearArgs> = CommandDef {
     name: "clear",
     about: "Free a task held for an operator (after an expiry with --on-expiry hold)",
     usage: None,
@@ -440,17 +747,19 @@ pub static CLEAR: CommandDef = CommandDef {
         Group {
             heading: None,
             flags: &[
-                AUTHORITY,
-                Flag::switch("json", "Print JSON instead of text"),
+                ClearArgs::AUTHORITY,
+                Flag::switch("json", "Print JSON instead of text").sets(|a| a.json = true),
             ],
         },
-        TRUST,
+        ClearArgs::TRUST,
     ],
-    positionals: &[Positional {
-        name: "TASK",
-        help: "The task held for an operator",
-        optional: false,
-    }],
+    positionals: &[
+        Positional::required("TASK", "The task held for an operator").reads(|a, v| {
+            a.task = text(v)?;
+            Ok(())
+        }),
+    ],
+    syntax: Syntax::Sub,
     notes: Some(
         "\
 etcd has no held-for-operator state (it frees a task when its lease expires, and leaseagent
@@ -461,11 +770,11 @@ Examples:
   # a lease with --on-expiry hold expired: after checking the job's side effects,
   # let the task be granted again
   leaseagent clear --authority http://leases.internal:7878 nightly-export",
-    style: Style::Sub,
+    finish: |a| Ok(Command::Clear(a)),
 };
 
 /// `leaseagent history`.
-pub static HISTORY: CommandDef = CommandDef {
+pub static HISTORY: CommandDef<HistoryArgs> = CommandDef {
     name: "history",
     about: "Show past attempts of tasks: who held them, with which token, how each ended",
     usage: None,
@@ -473,19 +782,25 @@ pub static HISTORY: CommandDef = CommandDef {
         Group {
             heading: None,
             flags: &[
-                AUTHORITY,
+                HistoryArgs::AUTHORITY,
                 Flag::value("since", "DUR", "Only attempts started within this long ago")
-                    .default_note("all that are kept"),
-                Flag::switch("json", "Print JSON instead of a table"),
+                    .default_note("all that are kept")
+                    .reads(|a, v| {
+                        a.since = Some(dur(v)?);
+                        Ok(())
+                    }),
+                Flag::switch("json", "Print JSON instead of a table").sets(|a| a.json = true),
             ],
         },
-        TRUST,
+        HistoryArgs::TRUST,
     ],
-    positionals: &[Positional {
-        name: "TASK",
-        help: "Only this task's attempts",
-        optional: true,
-    }],
+    positionals: &[
+        Positional::optional("TASK", "Only this task's attempts").reads(|a, v| {
+            a.task = Some(text(v)?);
+            Ok(())
+        }),
+    ],
+    syntax: Syntax::Sub,
     notes: Some(
         "\
 Newest first. ENDED is released, expired (its holder stopped renewing), revoked, cleared
@@ -499,11 +814,28 @@ Examples:
 
   # every task of a lease server, as JSON for scripts
   leaseagent history --authority http://leases.internal:7878 --json",
-    style: Style::Sub,
+    finish: |a| Ok(Command::History(a)),
 };
 
+/// `leaseagent completions SHELL`.
+#[derive(Debug, Default)]
+pub struct CompletionsArgs {
+    shell: String,
+}
+
+fn unknown_shell(shell: &str) -> UsageError {
+    UsageError::Argument {
+        name: "SHELL",
+        source: format!(
+            "unknown shell `{shell}`: use {}",
+            super::generate::SHELLS.join(", ")
+        )
+        .into(),
+    }
+}
+
 /// `leaseagent completions`.
-pub static COMPLETIONS: CommandDef = CommandDef {
+pub static COMPLETIONS: CommandDef<CompletionsArgs> = CommandDef {
     name: "completions",
     about: "Print a shell completion script, generated from these flag tables",
     usage: None,
@@ -511,11 +843,13 @@ pub static COMPLETIONS: CommandDef = CommandDef {
         heading: None,
         flags: &[],
     }],
-    positionals: &[Positional {
-        name: "SHELL",
-        help: "bash, zsh or fish",
-        optional: false,
-    }],
+    positionals: &[Positional::required("SHELL", "bash, zsh or fish")
+        .complete(Complete::Words(super::generate::SHELLS))
+        .reads(|a, v| {
+            a.shell = text(v)?;
+            Ok(())
+        })],
+    syntax: Syntax::Sub,
     notes: None,
     examples: "\
 Examples:
@@ -524,11 +858,21 @@ Examples:
   leaseagent completions bash > /etc/bash_completion.d/leaseagent
   leaseagent completions zsh > /usr/local/share/zsh/site-functions/_leaseagent
   leaseagent completions fish > ~/.config/fish/completions/leaseagent.fish",
-    style: Style::Sub,
+    finish: |a| match cli().completions(&a.shell) {
+        Some(script) => Ok(print(&script)),
+        None => Err(unknown_shell(&a.shell)),
+    },
 };
 
+/// `leaseagent man [SUBCOMMAND]`.
+#[derive(Debug, Default)]
+pub struct ManArgs {
+    /// `None`: leaseagent(1), the page of them all.
+    sub: Option<String>,
+}
+
 /// `leaseagent man`.
-pub static MAN: CommandDef = CommandDef {
+pub static MAN: CommandDef<ManArgs> = CommandDef {
     name: "man",
     about: "Print a man page (roff), generated from these flag tables",
     usage: Some("leaseagent man [SUBCOMMAND]"),
@@ -536,11 +880,16 @@ pub static MAN: CommandDef = CommandDef {
         heading: None,
         flags: &[],
     }],
-    positionals: &[Positional {
-        name: "SUBCOMMAND",
-        help: "Print leaseagent-SUBCOMMAND(1) instead of leaseagent(1), which has them all",
-        optional: true,
-    }],
+    positionals: &[Positional::optional(
+        "SUBCOMMAND",
+        "Print leaseagent-SUBCOMMAND(1) instead of leaseagent(1), which has them all",
+    )
+    .complete(Complete::Subcommands)
+    .reads(|a, v| {
+        a.sub = Some(text(v)?);
+        Ok(())
+    })],
+    syntax: Syntax::Sub,
     notes: None,
     examples: "\
 Examples:
@@ -548,5 +897,55 @@ Examples:
   leaseagent man | man -l -
   leaseagent man > /usr/local/share/man/man1/leaseagent.1
   leaseagent man serve > /usr/local/share/man/man1/leaseagent-serve.1",
-    style: Style::Sub,
+    finish: |a| match cli().man(a.sub.as_deref()) {
+        Some(page) => Ok(print(&page)),
+        None => Err(UsageError::Argument {
+            name: "SUBCOMMAND",
+            source: format!(
+                "no subcommand `{}` (see leaseagent --help)",
+                a.sub.unwrap_or_default()
+            )
+            .into(),
+        }),
+    },
+};
+
+/// `leaseagent token new`.
+#[derive(Debug, Default)]
+pub struct TokenArgs {
+    new: bool,
+}
+
+/// `leaseagent token`.
+pub static TOKEN: CommandDef<TokenArgs> = CommandDef {
+    name: "token",
+    about: "Print a new random bearer token for serve --auth-file",
+    usage: Some("leaseagent token new"),
+    groups: &[Group {
+        heading: None,
+        flags: &[],
+    }],
+    positionals: &[Positional::required("ACTION", "new (the only one)")
+        .complete(Complete::Words(&["new"]))
+        .reads(|a, v| {
+            let action = text(v)?;
+            if action != "new" {
+                return Err(format!("unknown action `{action}`: use new").into());
+            }
+            a.new = true;
+            Ok(())
+        })],
+    syntax: Syntax::Sub,
+    notes: Some(
+        "\
+Prints a fresh random bearer token (256 bits) on stdout, and on stderr the
+`token_sha256 = \"...\"` line to paste into `leaseagent serve --auth-file`.",
+    ),
+    examples: "\
+Examples:
+  leaseagent token new > agent.token 2> agent.sha",
+    finish: |a| match a.new {
+        true => Ok(Command::TokenNew),
+        false => Err(super::flags::usage_error("usage is leaseagent token new")),
+    },
 };

@@ -1,9 +1,11 @@
 //! Man pages and shell completions, generated from the flag tables.
 //!
 //! `leaseagent man [SUBCOMMAND]` and `leaseagent completions SHELL` read the
-//! same [`CommandDef`]s the parser parses with and `--help` is rendered from
-//! (`defs.rs`), so a flag cannot be accepted or shown by `--help` without
-//! also being in the man page and in every completion script. This is
+//! same table entries the parser parses with and `--help` is rendered from
+//! (`defs.rs`, as a [`Doc`] each), so a flag cannot be accepted or shown by
+//! `--help` without also being in the man page and in every completion
+//! script. What a shell offers for a value is the entry's own
+//! [`Complete`]; a flag's man text is its [`Spec::long_doc`]. This is
 //! ripgrep's approach (`rg --generate man|complete-bash|...` from its one
 //! flag table). It is hand-written because the parser is not clap (see
 //! [`super`] for why), so clap_mangen and clap_complete cannot be used; the
@@ -20,67 +22,40 @@
 //! it); on the run path everything after `--` is the COMMAND and is
 //! completed as a command, then as files.
 
-use super::flags::{CommandDef, Default, Flag, Value};
+use super::flags::{Complete, Default, Doc, Spec, Value};
 
-/// What the generators read: the run path, the table-driven subcommands,
-/// and `token new`, whose help is a text of its own (it has no flags).
+/// What the generators read: the run path and every subcommand.
 pub struct Cli<'a> {
-    pub run: &'a CommandDef,
-    pub subs: &'a [&'a CommandDef],
-    /// `leaseagent token`'s one-line description and its `--help`.
-    pub token_about: &'a str,
-    pub token_help: &'a str,
+    pub run: Doc<'a>,
+    pub subs: Vec<Doc<'a>>,
     pub version: &'a str,
 }
 
 /// The shells `completions` knows.
 pub const SHELLS: &[&str] = &["bash", "zsh", "fish"];
 
-const HELP: Flag = Flag::switch("help", "Print help").short('h');
-const VERSION: Flag = Flag::switch("version", "Print version").short('V');
-
-/// Every flag of a command, `-h` and `-V` last, as help lists them.
-fn all_flags(def: &CommandDef) -> Vec<&Flag> {
-    def.groups
-        .iter()
-        .flat_map(|g| g.flags.iter())
-        .chain([&HELP, &VERSION])
-        .collect()
-}
-
 /// A help text on one line.
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Whether a flag's or argument's value names a file or directory.
-fn is_path(name: &str) -> bool {
-    matches!(name, "FILE" | "PATH" | "SRC" | "DEST" | "DIR")
-}
-
-fn value_name(f: &Flag) -> Option<&'static str> {
-    match f.value {
-        Value::None => None,
-        Value::Required(n) | Value::Optional(n) => Some(n),
-    }
-}
-
 impl Cli<'_> {
     fn sub_names(&self) -> Vec<&str> {
-        self.subs.iter().map(|d| d.name).chain(["token"]).collect()
+        self.subs.iter().map(|d| d.name).collect()
     }
 
-    /// The values a positional takes, when they are a fixed list.
-    fn positional_words(&self, name: &str) -> Option<Vec<&str>> {
-        match name {
-            "SHELL" => Some(SHELLS.to_vec()),
-            "SUBCOMMAND" => Some(self.subs.iter().map(|d| d.name).collect()),
-            _ => None,
+    /// The words a shell offers for a value of this kind, when they are a
+    /// fixed list.
+    fn words(&self, complete: Complete) -> Option<Vec<&str>> {
+        match complete {
+            Complete::Words(w) => Some(w.to_vec()),
+            Complete::Subcommands => Some(self.sub_names()),
+            Complete::Nothing | Complete::Files => None,
         }
     }
 
-    fn sub(&self, name: &str) -> Option<&CommandDef> {
-        self.subs.iter().copied().find(|d| d.name == name)
+    fn sub(&self, name: &str) -> Option<&Doc<'_>> {
+        self.subs.iter().find(|d| d.name == name)
     }
 
     /// `leaseagent man [SUBCOMMAND]`: roff for man(1); `None` for an
@@ -93,13 +68,13 @@ impl Cli<'_> {
     }
 
     fn man_main(&self) -> String {
-        let run = self.run;
+        let run = &self.run;
         let mut out = th("leaseagent", self.version);
         out.push_str(&format!(
             ".SH NAME\nleaseagent \\- {}\n",
             roff_line(&one_line(run.about))
         ));
-        out.push_str(&synopsis(&run.usage()));
+        out.push_str(&synopsis(&run.usage));
         out.push_str(&format!(".SH DESCRIPTION\n{}", roff_text(run.about)));
         out.push_str(".SH OPTIONS\n");
         out.push_str(&options(run, ".SS"));
@@ -108,12 +83,12 @@ impl Cli<'_> {
         }
         out.push_str(&examples(run.examples, ".SH"));
         out.push_str(".SH SUBCOMMANDS\n");
-        for d in self.subs {
+        for d in &self.subs {
             out.push_str(&format!(".SS \"{}\"\n", roff_line(&d.program())));
             out.push_str(&format!(
                 "{}.PP\nUsage: {}\n",
                 roff_text(d.about),
-                roff_line(&d.usage())
+                roff_line(&d.usage)
             ));
             out.push_str(&arguments(d, ".PP"));
             out.push_str(&options(d, ".PP"));
@@ -122,14 +97,7 @@ impl Cli<'_> {
             }
             out.push_str(&examples(d.examples, ".PP"));
         }
-        out.push_str(&format!(
-            ".SS \"leaseagent token new\"\n{}.PP\n.nf\n.RS 4\n{}.RE\n.fi\n",
-            roff_text(self.token_about),
-            roff_lines(self.token_help)
-        ));
-        out.push_str(&environment(
-            std::iter::once(run).chain(self.subs.iter().copied()),
-        ));
+        out.push_str(&environment(std::iter::once(run).chain(&self.subs)));
         let mut see: Vec<String> = self
             .subs
             .iter()
@@ -144,7 +112,7 @@ impl Cli<'_> {
         out
     }
 
-    fn man_sub(&self, d: &CommandDef) -> String {
+    fn man_sub(&self, d: &Doc) -> String {
         let page = format!("leaseagent-{}", d.name);
         let mut out = th(&page, self.version);
         out.push_str(&format!(
@@ -152,7 +120,7 @@ impl Cli<'_> {
             roff_line(&page),
             roff_line(&one_line(d.about))
         ));
-        out.push_str(&synopsis(&d.usage()));
+        out.push_str(&synopsis(&d.usage));
         out.push_str(&format!(".SH DESCRIPTION\n{}", roff_text(d.about)));
         if !d.positionals.is_empty() {
             out.push_str(".SH ARGUMENTS\n");
@@ -180,9 +148,9 @@ impl Cli<'_> {
     }
 
     /// The commands with their completion key: `run` for the run path.
-    fn keyed(&self) -> Vec<(&str, &CommandDef)> {
-        std::iter::once(("run", self.run))
-            .chain(self.subs.iter().map(|d| (d.name, *d)))
+    fn keyed(&self) -> Vec<(&str, &Doc<'_>)> {
+        std::iter::once(("run", &self.run))
+            .chain(self.subs.iter().map(|d| (d.name, d)))
             .collect()
     }
 
@@ -191,12 +159,12 @@ impl Cli<'_> {
         let mut path_values = Vec::new();
         let mut other_values = Vec::new();
         for (key, d) in self.keyed() {
-            for f in all_flags(d) {
+            for f in d.all_flags() {
                 let pattern = format!("\"{key} --{}\"", f.long);
-                match f.value {
-                    Value::Required(n) if is_path(n) => path_values.push(pattern),
-                    Value::Required(_) => other_values.push(pattern),
-                    Value::None | Value::Optional(_) => {}
+                match (f.value, f.complete) {
+                    (Value::Required(_), Complete::Files) => path_values.push(pattern),
+                    (Value::Required(_), _) => other_values.push(pattern),
+                    (Value::None | Value::Optional(_), _) => {}
                 }
             }
         }
@@ -246,7 +214,8 @@ impl Cli<'_> {
         }
         out.push_str("    esac\n    case $sub in\n");
         for (key, d) in self.keyed() {
-            let flags: Vec<String> = all_flags(d)
+            let flags: Vec<String> = d
+                .all_flags()
                 .iter()
                 .flat_map(|f| {
                     f.short
@@ -270,11 +239,7 @@ impl Cli<'_> {
             }
             out.push_str("            fi ;;\n");
         }
-        out.push_str(
-            "        token)\n            if ((COMP_CWORD == 2)); then\n                \
-             mapfile -t COMPREPLY < <(compgen -W \"new --help --version\" -- \"$cur\")\n            \
-             fi ;;\n    esac\n    return 0\n}\ncomplete -F _leaseagent leaseagent\n",
-        );
+        out.push_str("    esac\n    return 0\n}\ncomplete -F _leaseagent leaseagent\n");
         out
     }
 
@@ -286,18 +251,15 @@ impl Cli<'_> {
              _leaseagent_subcommands() {{\n    local -a subcommands=(\n",
             self.version
         );
-        for d in self.subs {
+        for d in &self.subs {
             out.push_str(&format!(
                 "        {}\n",
                 zsh_quote(&format!("{}:{}", d.name, one_line(d.about)))
             ));
         }
-        out.push_str(&format!(
-            "        {}\n    )\n    _describe -t subcommands subcommand subcommands\n}}\n\n",
-            zsh_quote(&format!("token:{}", one_line(self.token_about)))
-        ));
+        out.push_str("    )\n    _describe -t subcommands subcommand subcommands\n}\n\n");
         out.push_str("_leaseagent() {\n    local i\n    case ${words[2]} in\n");
-        for d in self.subs {
+        for d in &self.subs {
             out.push_str(&format!(
                 "        {})\n            shift words\n            (( CURRENT-- ))\n            \
                  _arguments -s -S \\\n",
@@ -309,8 +271,7 @@ impl Cli<'_> {
             out.push_str("                && return 0\n            return 1 ;;\n");
         }
         out.push_str(
-            "        token)\n            (( CURRENT == 3 )) && _values command new\n            \
-             return ;;\n    esac\n    \
+            "    esac\n    \
              # the run path: after the first --, the COMMAND and its arguments\n    \
              for (( i = 2; i < CURRENT; i++ )); do\n        \
              if [[ ${words[i]} == -- ]]; then\n            \
@@ -318,7 +279,7 @@ impl Cli<'_> {
              _normal\n            return\n        fi\n    done\n    \
              _arguments -s -S \\\n",
         );
-        for spec in zsh_specs(self, self.run) {
+        for spec in zsh_specs(self, &self.run) {
             out.push_str(&format!("        {spec} \\\n"));
         }
         out.push_str(
@@ -343,38 +304,35 @@ impl Cli<'_> {
              complete -c leaseagent -f\n",
             v = self.version,
         );
-        for d in self.subs {
+        for d in &self.subs {
             out.push_str(&format!(
                 "complete -c leaseagent -n '__fish_is_first_token' -a {} -d {}\n",
                 d.name,
                 fish_quote(&one_line(d.about))
             ));
         }
-        out.push_str(&format!(
-            "complete -c leaseagent -n '__fish_is_first_token' -a token -d {}\n\
-             complete -c leaseagent -n '__fish_leaseagent_using token' -a new\n",
-            fish_quote(&one_line(self.token_about))
-        ));
         for (key, d) in self.keyed() {
             let cond = format!("-n '__fish_leaseagent_using {key}'");
-            for f in all_flags(d) {
+            for f in d.all_flags() {
                 let mut line = format!("complete -c leaseagent {cond}");
                 if let Some(c) = f.short {
                     line.push_str(&format!(" -s {c}"));
                 }
                 line.push_str(&format!(" -l {}", f.long));
-                match value_name(f) {
-                    Some(n) if is_path(n) => line.push_str(" -r -F"),
-                    Some(_) if matches!(f.value, Value::Required(_)) => line.push_str(" -x"),
+                match (f.value, f.complete) {
+                    (Value::Required(_) | Value::Optional(_), Complete::Files) => {
+                        line.push_str(" -r -F")
+                    }
+                    (Value::Required(_), _) => line.push_str(" -x"),
                     _ => {}
                 }
                 line.push_str(&format!(" -d {}\n", fish_quote(&one_line(f.help))));
                 out.push_str(&line);
             }
-            for p in d.positionals {
-                if is_path(p.name) {
+            for p in &d.positionals {
+                if p.complete == Complete::Files {
                     out.push_str(&format!("complete -c leaseagent {cond} -F\n"));
-                } else if let Some(words) = self.positional_words(p.name) {
+                } else if let Some(words) = self.words(p.complete) {
                     out.push_str(&format!(
                         "complete -c leaseagent {cond} -a {}\n",
                         fish_quote(&words.join(" "))
@@ -387,8 +345,8 @@ impl Cli<'_> {
 }
 
 /// The positional part of a subcommand's bash branch (inside `if`).
-fn bash_positionals(cli: &Cli, d: &CommandDef) -> String {
-    if d.positionals.iter().any(|p| is_path(p.name)) {
+fn bash_positionals(cli: &Cli, d: &Doc) -> String {
+    if d.positionals.iter().any(|p| p.complete == Complete::Files) {
         return "            else\n                compopt -o filenames 2>/dev/null\n                \
                 mapfile -t COMPREPLY < <(compgen -f -- \"$cur\")\n"
             .to_string();
@@ -396,7 +354,7 @@ fn bash_positionals(cli: &Cli, d: &CommandDef) -> String {
     let words: Vec<&str> = d
         .positionals
         .iter()
-        .filter_map(|p| cli.positional_words(p.name))
+        .filter_map(|p| cli.words(p.complete))
         .flatten()
         .collect();
     if words.is_empty() {
@@ -409,15 +367,18 @@ fn bash_positionals(cli: &Cli, d: &CommandDef) -> String {
 }
 
 /// `_arguments` specs of one command.
-fn zsh_specs(cli: &Cli, d: &CommandDef) -> Vec<String> {
+fn zsh_specs(cli: &Cli, d: &Doc) -> Vec<String> {
     let mut specs = Vec::new();
-    for f in all_flags(d) {
+    for f in d.all_flags() {
         let help = zsh_bracket(&one_line(f.help));
+        let (colons, n) = match f.value {
+            Value::None => ("", ""),
+            Value::Required(n) => (":", n),
+            Value::Optional(n) => ("::", n),
+        };
         let arg = match f.value {
             Value::None => String::new(),
-            Value::Required(n) if is_path(n) => format!(":{n}:_files"),
-            Value::Required(n) => format!(":{n}: "),
-            Value::Optional(n) => format!("::{n}: "),
+            _ => format!("{colons}{n}:{}", zsh_action(cli, f.complete)),
         };
         let eq = match f.value {
             Value::None => "",
@@ -436,16 +397,21 @@ fn zsh_specs(cli: &Cli, d: &CommandDef) -> Vec<String> {
         }
     }
     for (i, p) in d.positionals.iter().enumerate() {
-        let action = if is_path(p.name) {
-            "_files".to_string()
-        } else if let Some(words) = cli.positional_words(p.name) {
-            format!("({})", words.join(" "))
-        } else {
-            " ".to_string()
-        };
+        let action = zsh_action(cli, p.complete);
         specs.push(zsh_quote(&format!("{}:{}:{action}", i + 1, p.name)));
     }
     specs
+}
+
+/// The action of an `_arguments` spec: what zsh offers for a value.
+fn zsh_action(cli: &Cli, complete: Complete) -> String {
+    match complete {
+        Complete::Files => "_files".to_string(),
+        _ => match cli.words(complete) {
+            Some(words) => format!("({})", words.join(" ")),
+            None => " ".to_string(),
+        },
+    }
 }
 
 /// A word in single quotes for zsh and bash.
@@ -485,26 +451,30 @@ fn synopsis(usage: &str) -> String {
 
 /// The options of every group; a later group under `heading` (`.SS` on a
 /// page of its own, a bold paragraph inside SUBCOMMANDS).
-fn options(d: &CommandDef, heading: &str) -> String {
+fn options(d: &Doc, heading: &str) -> String {
     let mut out = String::new();
     let last = d.groups.len().saturating_sub(1);
-    for (i, g) in d.groups.iter().enumerate() {
-        if let Some(h) = g.heading {
+    for (i, (h, flags)) in d.groups.iter().enumerate() {
+        if let Some(h) = h {
             if heading == ".SS" {
                 out.push_str(&format!(".SS \"{}\"\n", roff_line(h)));
             } else {
                 out.push_str(&format!(".PP\n\\fB{}\\fR\n", roff_line(h)));
             }
         }
-        let builtin: &[&Flag] = if i == last { &[&HELP, &VERSION] } else { &[] };
-        for f in g.flags.iter().chain(builtin.iter().copied()) {
+        let builtin: &[&Spec] = if i == last {
+            &[&super::flags::HELP, &super::flags::VERSION]
+        } else {
+            &[]
+        };
+        for f in flags.iter().chain(builtin) {
             out.push_str(&option(f));
         }
     }
     out
 }
 
-fn option(f: &Flag) -> String {
+fn option(f: &Spec) -> String {
     let mut tag = String::new();
     if let Some(c) = f.short {
         tag.push_str(&format!("\\fB\\-{c}\\fR, "));
@@ -515,7 +485,7 @@ fn option(f: &Flag) -> String {
         Value::Required(n) => tag.push_str(&format!(" \\fI{}\\fR", roff_line(n))),
         Value::Optional(n) => tag.push_str(&format!(" [\\fI{}\\fR]", roff_line(n))),
     }
-    let mut text = one_line(f.help);
+    let mut text = one_line(f.long_doc());
     match f.default {
         Default::Value(v) | Default::Note(v) => text.push_str(&format!(" (default: {v})")),
         Default::None => {}
@@ -529,12 +499,12 @@ fn option(f: &Flag) -> String {
     format!(".TP\n{tag}\n{}\n", roff_line(&text))
 }
 
-fn arguments(d: &CommandDef, lead: &str) -> String {
+fn arguments(d: &Doc, lead: &str) -> String {
     let mut out = String::new();
     if !d.positionals.is_empty() && !lead.is_empty() {
         out.push_str(&format!("{lead}\n\\fBArguments:\\fR\n"));
     }
-    for p in d.positionals {
+    for p in &d.positionals {
         out.push_str(&format!(
             ".TP\n\\fI{}\\fR\n{}\n",
             roff_line(p.name),
@@ -557,10 +527,10 @@ fn examples(text: &str, heading: &str) -> String {
 }
 
 /// The ENVIRONMENT section: every variable a flag reads.
-fn environment<'a>(defs: impl Iterator<Item = &'a CommandDef>) -> String {
+fn environment<'a, 'b: 'a>(docs: impl Iterator<Item = &'a Doc<'b>>) -> String {
     let mut vars: Vec<(&str, &str)> = Vec::new();
-    for d in defs {
-        for f in d.groups.iter().flat_map(|g| g.flags.iter()) {
+    for d in docs {
+        for f in d.groups.iter().flat_map(|(_, flags)| flags.iter()) {
             if let Some(var) = f.env
                 && !vars.iter().any(|(v, _)| *v == var)
             {
@@ -621,6 +591,26 @@ mod tests {
         assert_eq!(roff_line("'quoted'"), "\\&'quoted'");
         assert_eq!(roff_line("a\\b"), "a\\eb");
         assert_eq!(roff_text("a\nb\n\nc"), "a\nb\n.PP\nc\n");
+    }
+
+    #[test]
+    fn a_flag_s_man_text_is_its_long_doc_when_it_has_one() {
+        let short: crate::cmd::flags::Flag<()> =
+            crate::cmd::flags::Flag::value("ttl", "DUR", "Lease duration")
+                .default_value("30s")
+                .reads(|_, _| Ok(()));
+        assert_eq!(
+            option(&short.spec),
+            ".TP\n\\fB\\-\\-ttl\\fR \\fIDUR\\fR\nLease duration (default: 30s)\n"
+        );
+        let long: crate::cmd::flags::Flag<()> =
+            crate::cmd::flags::Flag::value("ttl", "DUR", "Lease duration")
+                .doc("How long the lease\nis asked for.")
+                .reads(|_, _| Ok(()));
+        assert_eq!(
+            option(&long.spec),
+            ".TP\n\\fB\\-\\-ttl\\fR \\fIDUR\\fR\nHow long the lease is asked for.\n"
+        );
     }
 
     #[test]

@@ -23,14 +23,14 @@ pub struct AuthorityArg {
 }
 
 /// `leaseagent leases` (flags: `cmd::defs::LEASES`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LeasesArgs {
     pub authority: AuthorityArg,
     pub json: bool,
 }
 
 /// `leaseagent revoke` (flags: `cmd::defs::REVOKE`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RevokeArgs {
     pub authority: AuthorityArg,
     pub task: String,
@@ -39,7 +39,7 @@ pub struct RevokeArgs {
 }
 
 /// `leaseagent clear` (flags: `cmd::defs::CLEAR`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ClearArgs {
     pub authority: AuthorityArg,
     pub task: String,
@@ -47,7 +47,7 @@ pub struct ClearArgs {
 }
 
 /// `leaseagent history` (flags: `cmd::defs::HISTORY`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct HistoryArgs {
     pub authority: AuthorityArg,
     pub task: Option<String>,

@@ -36,7 +36,7 @@ pub const EXIT_FAILED: u8 = 2;
 pub const FAULT_ENV: &str = "LEASEAGENT_TEST_FAULT";
 
 /// `leaseagent publish` (flags and help: `cmd::defs::PUBLISH`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PublishArgs {
     /// `--token`; `None`: `$LEASE_TOKEN`.
     pub token: Option<u64>,

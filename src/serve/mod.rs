@@ -25,7 +25,7 @@ use std::time::Duration;
 use crate::engine::batched::ServeEngine;
 
 /// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServeArgs {
     /// `--listen`: address to listen on; anything but loopback needs TLS and
     /// an auth file, or `--insecure-listen`.

@@ -1,7 +1,8 @@
-//! The command line, byte for byte: every `--help`/`-h` against a golden
-//! file captured from the binary before the parser was rewritten
-//! (`golden/help-*.txt`), `--version` everywhere, and the usage errors of
-//! every subcommand (exit 125, one line that names what is wrong).
+//! The command line, byte for byte: every `--help`/`-h` against its golden
+//! file (`golden/help-*.txt`; the run path's was captured from the binary
+//! before the parser was rewritten, and every subcommand's help has its
+//! layout since), `--version` everywhere, and the usage errors of every
+//! subcommand (exit 125, one line that names what is wrong).
 //! After a deliberate change to a flag table, `LEASEAGENT_BLESS=1` rewrites
 //! the golden files (`support/golden.rs`).
 
@@ -9,11 +10,14 @@ use std::process::Command;
 
 fn run_env(args: &[&str], authority: Option<&str>) -> (i32, String, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_leaseagent"));
-    c.args(args)
-        .env_remove("LEASEAGENT_AUTHORITY")
-        .env_remove("LEASEAGENT_TASK")
-        .env_remove("LEASEAGENT_STATE_FILE")
-        .env_remove("LEASE_TOKEN");
+    c.args(args).env_remove("LEASE_TOKEN");
+    // Help shows the current value of every variable a flag reads: none is
+    // inherited from the shell that runs the tests.
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("LEASEAGENT_") {
+            c.env_remove(var);
+        }
+    }
     if let Some(a) = authority {
         c.env("LEASEAGENT_AUTHORITY", a);
     }
@@ -48,6 +52,7 @@ const COMMANDS: &[&str] = &[
     "completions",
     "man",
     "history",
+    "token",
 ];
 
 #[test]
@@ -72,15 +77,19 @@ fn help_wins_over_missing_arguments_and_shows_the_authority_variable() {
     // Required arguments are not asked for when help is.
     let (code, out, _) = run(&["serve", "--listen", "x", "--help"]);
     assert_eq!((code, out), (0, golden("serve")));
-    // The operator commands show the variable's current value, as before.
-    let (code, out, _) = run_env(&["leases", "--help"], Some("http://example.invalid:1"));
-    assert_eq!(code, 0);
-    assert!(
-        out.contains(
-            "[default: the embedded per-host authority] [env:\n                         LEASEAGENT_AUTHORITY=http://example.invalid:1]\n"
-        ),
-        "{out}"
-    );
+    // Help shows a variable's current value when it is set, on the run
+    // path as on the operator commands (one layout), never a password.
+    for args in [&["leases", "--help"][..], &["--help"]] {
+        let (code, out, _) = run_env(args, Some("http://user:pa55w0rd@example.invalid:1"));
+        assert_eq!(code, 0);
+        assert!(
+            out.contains(
+                "[env: LEASEAGENT_AUTHORITY=http://example.invalid:1; default: the embedded"
+            ),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("pa55w0rd"), "{args:?}: {out}");
+    }
 }
 
 #[test]
@@ -138,11 +147,11 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         ),
         (
             &["serve"],
-            "leaseagent serve: error: --listen <ADDR> and --db <PATH> are required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+            "leaseagent serve: error: --listen ADDR and --db PATH are required: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
         ),
         (
             &["serve", "--listen", "127.0.0.1:0"],
-            "leaseagent serve: error: --db <PATH> is required: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+            "leaseagent serve: error: --db PATH is required: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
         ),
         (
             &[
@@ -158,7 +167,7 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         ),
         (
             &["serve", "--listen", "x", "--db", "y", "extra"],
-            "leaseagent serve: error: unexpected argument `extra`: usage is leaseagent serve [OPTIONS] --listen <ADDR> --db <PATH>",
+            "leaseagent serve: error: unexpected argument `extra`: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
         ),
         (
             &["serve", "--listen", "x", "--listen", "y", "--db", "z"],
@@ -246,6 +255,35 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         (
             &["clear", "--json", "a", "b"],
             "leaseagent clear: error: unexpected argument `b`: usage is leaseagent clear [OPTIONS] <TASK>",
+        ),
+        // completions, man, token
+        (
+            &["completions", "tcsh"],
+            "leaseagent completions: error: <SHELL>: unknown shell `tcsh`: use bash, zsh, fish",
+        ),
+        (
+            &["man", "nope"],
+            "leaseagent man: error: <SUBCOMMAND>: no subcommand `nope` (see leaseagent --help)",
+        ),
+        (
+            &["man", "serve", "x"],
+            "leaseagent man: error: unexpected argument `x`: usage is leaseagent man [SUBCOMMAND]",
+        ),
+        (
+            &["token"],
+            "leaseagent token: error: <ACTION> is required: usage is leaseagent token new",
+        ),
+        (
+            &["token", "old"],
+            "leaseagent token: error: <ACTION>: unknown action `old`: use new",
+        ),
+        (
+            &["token", "new", "x"],
+            "leaseagent token: error: unexpected argument `x`: usage is leaseagent token new",
+        ),
+        (
+            &["token", "--bogus"],
+            "leaseagent token: error: unknown option --bogus (see leaseagent token --help)",
         ),
     ];
     for (args, want) in cases {

@@ -80,11 +80,13 @@ _leaseagent() {
             if [[ $cur == -* ]]; then
                 mapfile -t COMPREPLY < <(compgen -W "-h --help -V --version" -- "$cur")
             else
-                mapfile -t COMPREPLY < <(compgen -W "serve publish check leases revoke clear history completions man" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "serve publish check leases revoke clear history completions man token" -- "$cur")
             fi ;;
         token)
-            if ((COMP_CWORD == 2)); then
-                mapfile -t COMPREPLY < <(compgen -W "new --help --version" -- "$cur")
+            if [[ $cur == -* ]]; then
+                mapfile -t COMPREPLY < <(compgen -W "-h --help -V --version" -- "$cur")
+            else
+                mapfile -t COMPREPLY < <(compgen -W "new" -- "$cur")
             fi ;;
     esac
     return 0

@@ -170,12 +170,20 @@ _leaseagent() {
                 '--help[Print help]' \
                 '-V[Print version]' \
                 '--version[Print version]' \
-                '1:SUBCOMMAND:(serve publish check leases revoke clear history completions man)' \
+                '1:SUBCOMMAND:(serve publish check leases revoke clear history completions man token)' \
                 && return 0
             return 1 ;;
         token)
-            (( CURRENT == 3 )) && _values command new
-            return ;;
+            shift words
+            (( CURRENT-- ))
+            _arguments -s -S \
+                '-h[Print help]' \
+                '--help[Print help]' \
+                '-V[Print version]' \
+                '--version[Print version]' \
+                '1:ACTION:(new)' \
+                && return 0
+            return 1 ;;
     esac
     # the run path: after the first --, the COMMAND and its arguments
     for (( i = 2; i < CURRENT; i++ )); do
