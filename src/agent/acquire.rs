@@ -242,3 +242,165 @@ impl Waiting {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::scripted::{Scripted, grant, held};
+    use crate::authority::{Failure, FailureKind};
+    use crate::sys::signal::Sig;
+
+    fn cfg(wait: Option<Option<Duration>>) -> RunConfig {
+        crate::agent::config::RawRun {
+            authority: Some("http://127.0.0.1:1".into()),
+            task: Some("t".into()),
+            ttl: Duration::from_secs(30),
+            on_expiry: "redispatch".into(),
+            command: vec!["true".into()],
+            wait,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+    }
+
+    fn quiet() -> Notifier {
+        Notifier::from_vars(None, None, None, std::process::id())
+    }
+
+    /// Runs the acquire against `auth` with `signals` already queued: the
+    /// granted token, or the exit status.
+    fn run(cfg: &RunConfig, auth: &mut Scripted, signals: &[Sig]) -> Result<u64, u8> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        for sig in signals {
+            tx.send(Event::Signal(*sig)).unwrap();
+        }
+        match acquire(cfg, auth, &rx, &mut quiet()) {
+            Acquired::Granted(g, _) => Ok(g.token),
+            Acquired::Exit(code) => Err(code),
+        }
+    }
+
+    fn failure() -> AcquireError {
+        AcquireError::Transient(Failure::new(FailureKind::Connect, "refused"))
+    }
+
+    #[test]
+    fn a_held_task_without_wait_is_75_and_asked_once() {
+        let mut auth = Scripted {
+            acquired: [Err(held(None))].into(),
+            queue: true,
+            ..Scripted::default()
+        };
+        assert_eq!(run(&cfg(None), &mut auth, &[]), Err(exit::HELD));
+        assert_eq!(auth.calls, ["acquire"]);
+    }
+
+    #[test]
+    fn a_queue_is_waited_in_until_the_grant() {
+        let mut auth = Scripted {
+            acquired: [
+                Err(held(Some(Duration::ZERO))),
+                Err(held(Some(Duration::ZERO))),
+                Ok(grant(5, Duration::from_secs(30))),
+            ]
+            .into(),
+            queue: true,
+            ..Scripted::default()
+        };
+        let wait = cfg(Some(Some(Duration::from_secs(30))));
+        // A relayable signal has no job to go to yet: dropped, not an end.
+        assert_eq!(run(&wait, &mut auth, &[Sig::Hup]), Ok(5));
+        assert_eq!(auth.calls, ["acquire_wait"; 3]);
+    }
+
+    #[test]
+    fn without_a_queue_each_ask_is_a_plain_acquire() {
+        let mut auth = Scripted {
+            acquired: [Err(held(None)), Ok(grant(9, Duration::from_secs(30)))].into(),
+            ..Scripted::default()
+        };
+        assert_eq!(run(&cfg(Some(None)), &mut auth, &[]), Ok(9));
+        assert_eq!(auth.calls, ["acquire", "acquire"]);
+    }
+
+    #[test]
+    fn every_way_out_of_a_wait_gives_the_place_up() {
+        let wait = cfg(Some(Some(Duration::from_secs(30))));
+        let ways: [(RunConfig, AcquireError, &[Sig], u8); 5] = [
+            (wait.clone(), failure(), &[], exit::AGENT_FAILED),
+            (
+                wait.clone(),
+                AcquireError::Rejected("bad".into()),
+                &[],
+                exit::AGENT_FAILED,
+            ),
+            (
+                wait.clone(),
+                AcquireError::Trust("certificate: x".into()),
+                &[],
+                exit::AGENT_FAILED,
+            ),
+            // The wait's end.
+            (cfg(Some(Some(Duration::ZERO))), held(None), &[], exit::HELD),
+            (wait.clone(), held(None), &[Sig::Term], 143),
+        ];
+        for (cfg, answer, signals, code) in ways {
+            let mut auth = Scripted {
+                acquired: [Err(answer.clone())].into(),
+                queue: true,
+                ..Scripted::default()
+            };
+            assert_eq!(run(&cfg, &mut auth, signals), Err(code), "{answer:?}");
+            assert_eq!(auth.calls, ["acquire_wait", "abandon_wait"], "{answer:?}");
+        }
+        // Without --wait there is no place to give up.
+        let mut auth = Scripted {
+            acquired: [Err(failure())].into(),
+            queue: true,
+            ..Scripted::default()
+        };
+        assert_eq!(run(&cfg(None), &mut auth, &[]), Err(exit::AGENT_FAILED));
+        assert_eq!(auth.calls, ["acquire"]);
+    }
+
+    #[test]
+    fn the_pause_backs_off_to_a_second_and_never_past_the_wait() {
+        let started = BootInstant::now();
+        let mut waiting = Waiting {
+            started,
+            until: Some(None),
+            backoff: Duration::from_millis(100),
+            last_note: String::new(),
+            timeout: Duration::from_secs(1),
+        };
+        let cfg = cfg(Some(None));
+        let mut auth = Scripted::default();
+        let mut pause = |w: &mut Waiting, answer: AcquireError| match w.after_refusal(
+            &cfg,
+            &mut auth,
+            answer,
+            &mut quiet(),
+        ) {
+            Next::AskAgain(p) => p.as_millis(),
+            Next::Exit(code) => panic!("exit {code}"),
+        };
+        // 100 ms doubling to 1 s, each ±20 %.
+        for base in [100, 200, 400, 800, 1000, 1000] {
+            let p = pause(&mut waiting, held(None));
+            assert!(
+                (base * 8 / 10..=base * 12 / 10).contains(&p),
+                "{p} ms for {base}"
+            );
+        }
+        // The authority's retry_after shortens it (to 20 ms at least).
+        let p = pause(&mut waiting, held(Some(Duration::ZERO)));
+        assert!((16..=24).contains(&p), "{p}");
+        let p = pause(&mut waiting, held(Some(Duration::from_millis(300))));
+        assert!((240..=360).contains(&p), "{p}");
+        // Never past the end of the wait.
+        waiting.until = Some(Some(BootInstant::now() + Duration::from_millis(50)));
+        let p = pause(&mut waiting, held(None));
+        assert!(p <= 50, "{p}");
+    }
+}

@@ -334,4 +334,41 @@ mod tests {
             })
         ));
     }
+
+    #[test]
+    fn the_renewer_reports_before_it_checkpoints_a_grown_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.sqlite3");
+        let wal = dir.path().join("l.sqlite3-wal");
+        let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let t = Duration::from_secs(5);
+        let mut a = EmbeddedAuthority::new(db.clone());
+        let g = a.acquire(&req("x"), t).unwrap();
+        let mut renewer = a.renewer();
+        // Another writer grows the WAL past the renewals' bound (the grant's
+        // connection stays open, so closing this one checkpoints nothing).
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE pad(b); INSERT INTO pad VALUES (zeroblob(2000000)); DROP TABLE pad;",
+        )
+        .unwrap();
+        drop(c);
+        assert!(wal_len() > TIDY_AFTER_RENEWAL, "{}", wal_len());
+        let mut reported = Vec::new();
+        renewer.renew(&g.lease_ref(), t, &mut |answer| {
+            reported.push((answer, wal_len()));
+        });
+        let [(answer, wal_when_reported)] = &reported[..] else {
+            panic!("{} answers", reported.len());
+        };
+        assert_eq!(answer, &Ok(Renewed { ttl: g.ttl }));
+        assert!(
+            *wal_when_reported > TIDY_AFTER_RENEWAL,
+            "tidied before the answer"
+        );
+        assert!(wal_len() < TIDY_AFTER_RENEWAL, "not tidied: {}", wal_len());
+        // The handle that made the grant still releases on its connection.
+        a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), t)
+            .unwrap();
+    }
 }

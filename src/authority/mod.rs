@@ -43,6 +43,8 @@ pub mod error;
 pub mod etcd;
 pub mod http;
 pub mod netpath;
+#[cfg(test)]
+pub mod scripted;
 pub mod transport;
 pub mod trust;
 pub mod untrusted;

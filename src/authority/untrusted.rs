@@ -317,6 +317,69 @@ impl Operator for CheckedOperator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authority::scripted::{Scripted, grant};
+    use crate::authority::{ExpiryPolicy, LeaseState};
+
+    fn req(ttl: Duration) -> AcquireRequest {
+        AcquireRequest {
+            task: "t".into(),
+            holder: "h".into(),
+            ttl,
+            on_expiry: ExpiryPolicy::Redispatch,
+            grace: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn every_capability_answers_through_the_checks() {
+        let asked = Duration::from_secs(3);
+        let long = Duration::from_secs(3600);
+        let inner = Scripted {
+            acquired: [Ok(grant(0, long)), Ok(grant(7, long))].into(),
+            renewed: [Ok(Renewed { ttl: long })].into(),
+            queue: true,
+            leases: Some(vec![LeaseInfo {
+                task: "t".into(),
+                lease_id: "l1".into(),
+                token: 7,
+                holder: "bob\nleaseagent: info: released\u{1b}[2J".into(),
+                principal: String::new(),
+                state: LeaseState::Active,
+                expires_in_ms: None,
+            }]),
+            ..Scripted::default()
+        };
+        let mut c = Checked::new(Box::new(inner));
+        let t = Duration::from_secs(1);
+        // The queue's grants pass the checks acquire's do.
+        let mut queue = c.waiter().expect("the inner client's queue");
+        match queue.acquire_wait(&req(asked), t, t) {
+            Err(AcquireError::Transient(f)) => {
+                assert_eq!(f.kind, FailureKind::Malformed);
+                assert!(f.message.starts_with("malformed grant: "), "{f}");
+            }
+            other => panic!("token 0 believed: {other:?}"),
+        }
+        let g = queue.acquire_wait(&req(asked), t, t).unwrap();
+        assert_eq!(g.ttl, asked);
+        drop(queue);
+        // The heartbeat's handle caps renewals at the ask.
+        let mut renewer = c.renewer();
+        let mut answers = Vec::new();
+        renewer.renew(&g.lease_ref(), t, &mut |a| answers.push(a));
+        assert_eq!(answers, vec![Ok(Renewed { ttl: asked })]);
+        // The operator's strings are escaped.
+        let list = c.operator().expect("the inner client's operator").leases(t);
+        let holder = &list.unwrap()[0].holder;
+        assert!(!holder.chars().any(char::is_control), "{holder:?}");
+    }
+
+    #[test]
+    fn a_capability_the_inner_client_lacks_is_none() {
+        let mut c = Checked::new(Box::new(Scripted::default()));
+        assert!(c.waiter().is_none());
+        assert!(c.operator().is_none());
+    }
 
     #[test]
     fn escape_leaves_one_harmless_line() {

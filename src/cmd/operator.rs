@@ -302,3 +302,36 @@ pub fn clear(a: ClearArgs) -> ExitCode {
         Err(e) => failed("clear", &e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::scripted::Scripted;
+
+    #[test]
+    fn an_authority_without_operator_calls_says_so_by_name() {
+        let mut t = Scripted::default();
+        let e = with_operator(
+            &mut t,
+            |url| format!("{url} has no clear"),
+            |op| op.clear("x", TIMEOUT),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            OperatorError::Unsupported("scripted: has no clear".into())
+        );
+        assert!(t.calls.is_empty());
+        let mut t = Scripted {
+            leases: Some(Vec::new()),
+            ..Scripted::default()
+        };
+        let revoked = with_operator(
+            &mut t,
+            |_| unreachable!(),
+            |op| op.revoke("x", true, TIMEOUT),
+        );
+        assert_eq!(revoked, Ok(Revoked::Now));
+        assert_eq!(t.calls, ["revoke"]);
+    }
+}
