@@ -121,7 +121,9 @@ fn run(
         }
         let timeout = try_timeout(heartbeat).min(left);
         let mut done = false;
+        let mut answered = false;
         authority.renew(lease, timeout, &mut |answer| {
+            answered = true;
             let event = match answer {
                 Ok(r) => {
                     // The same rule as the machine: the latest answer counts,
@@ -160,6 +162,15 @@ fn run(
         });
         if done {
             return;
+        }
+        if !answered {
+            // A client that broke its contract: retried like a failure,
+            // never in a tight loop.
+            log::error!(
+                "renewal of task {}: the authority client gave no answer",
+                lease.task
+            );
+            next = (sent_at + retry_interval(heartbeat)).max(BootInstant::now());
         }
     }
 }
