@@ -68,8 +68,8 @@ pub mod testing {
     pub use crate::authority::etcd::EtcdAuthority;
     pub use crate::authority::trust::{ClientTrust, TrustFiles};
     pub use crate::authority::{
-        AcquireError, AcquireRequest, Authority, ExpiryPolicy, Grant, LeaseInfo, LeaseRef,
-        LeaseState, OperatorError, Outcome, RefusalReason, RenewError, Renewed,
+        AcquireError, AcquireRequest, ExpiryPolicy, Grant, LeaseClient, LeaseInfo, LeaseRef,
+        LeaseState, Operator, OperatorError, Outcome, RefusalReason, RenewError, Renewed, Waiter,
     };
     pub use crate::time::clock::{BootInstant, boot_id};
 }

@@ -2,8 +2,10 @@
 //!
 //! It is an OS thread of its own: no async runtime, no shared
 //! lock, nothing the job or the supervisor loop does can delay it. It owns its
-//! own authority handle and reports every answer to the supervisor as an
-//! event; it decides nothing about the job.
+//! own authority handle (a [`Renewer`]) and reports every answer to the
+//! supervisor as an event the moment the handle has it (whatever the handle
+//! tidies afterwards waits behind the event, never in front of it); it
+//! decides nothing about the job.
 //!
 //! Timing rules:
 //! - A renewal is sent every `heartbeat` after the previous successful one's
@@ -35,7 +37,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::agent::machine::{Event, Settings};
-use crate::authority::{Authority, LeaseRef, RenewError};
+use crate::authority::{LeaseRef, RenewError, Renewer};
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
 /// Timing of the renewals.
@@ -69,7 +71,7 @@ pub struct Heartbeat {
 
 /// Starts the heartbeat thread.
 pub fn spawn(
-    mut authority: Box<dyn Authority>,
+    mut authority: Box<dyn Renewer>,
     lease: LeaseRef,
     schedule: Schedule,
     events: Sender<Event>,
@@ -96,7 +98,7 @@ fn sleep_until(until: BootInstant, stop: &Receiver<()>) -> bool {
 }
 
 fn run(
-    authority: &mut dyn Authority,
+    authority: &mut dyn Renewer,
     lease: &LeaseRef,
     s: Schedule,
     events: &Sender<Event>,
@@ -118,41 +120,57 @@ fn run(
             continue;
         }
         let timeout = try_timeout(heartbeat).min(left);
-        let event = match authority.renew(lease, timeout) {
-            Ok(r) => {
-                // The same rule as the machine: the latest answer counts,
-                // longer or shorter than before.
-                deadline = s.settings.deadline(sent_at, r.ttl);
-                heartbeat = s.settings.fitted(r.ttl).0;
-                next = sent_at + heartbeat;
-                log::debug!(
-                    "renewed task {} token {}: ttl {}",
-                    lease.task,
-                    lease.token,
-                    crate::time::duration::format(r.ttl)
-                );
-                Event::Renewed {
-                    sent_at,
-                    ttl: r.ttl,
+        let mut done = false;
+        let mut answered = false;
+        authority.renew(lease, timeout, &mut |answer| {
+            answered = true;
+            let event = match answer {
+                Ok(r) => {
+                    // The same rule as the machine: the latest answer counts,
+                    // longer or shorter than before.
+                    deadline = s.settings.deadline(sent_at, r.ttl);
+                    heartbeat = s.settings.fitted(r.ttl).0;
+                    next = sent_at + heartbeat;
+                    log::debug!(
+                        "renewed task {} token {}: ttl {}",
+                        lease.task,
+                        lease.token,
+                        crate::time::duration::format(r.ttl)
+                    );
+                    Event::Renewed {
+                        sent_at,
+                        ttl: r.ttl,
+                    }
                 }
+                Err(RenewError::Refused { reason, message }) => {
+                    // The lease is gone for good: nothing more to renew.
+                    done = true;
+                    Event::Refused { reason, message }
+                }
+                Err(RenewError::Transient(error)) => {
+                    // The pause counts from the try's send: a try that timed out
+                    // has waited longer already and the next goes out at once.
+                    next = (sent_at + retry_interval(heartbeat)).max(BootInstant::now());
+                    Event::RenewFailed {
+                        error: error.to_string(),
+                    }
+                }
+            };
+            if events.send(event).is_err() {
+                done = true;
             }
-            Err(RenewError::Refused { reason, message }) => {
-                let _ = events.send(Event::Refused { reason, message });
-                return;
-            }
-            Err(RenewError::Transient(error)) => {
-                // The pause counts from the try's send: a try that timed out
-                // has waited longer already and the next goes out at once.
-                next = (sent_at + retry_interval(heartbeat)).max(BootInstant::now());
-                Event::RenewFailed { error }
-            }
-        };
-        let renewed = matches!(event, Event::Renewed { .. });
-        if events.send(event).is_err() {
+        });
+        if done {
             return;
         }
-        if renewed {
-            authority.after_renewal();
+        if !answered {
+            // A client that broke its contract: retried like a failure,
+            // never in a tight loop.
+            log::error!(
+                "renewal of task {}: the authority client gave no answer",
+                lease.task
+            );
+            next = (sent_at + retry_interval(heartbeat)).max(BootInstant::now());
         }
     }
 }

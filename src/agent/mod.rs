@@ -1,5 +1,6 @@
-//! `leaseagent [OPTIONS] -- COMMAND`: acquire (and `--wait`), then hand over
-//! to the supervisor loop. This module only wires the pieces together.
+//! `leaseagent [OPTIONS] -- COMMAND`: acquire (and `--wait`, in
+//! [`acquire`]), then hand over to the supervisor loop. This module only
+//! wires the pieces together.
 //!
 //! Order matters:
 //! 1. Signal handlers first, so a SIGTERM during acquire or `--wait` ends the
@@ -13,6 +14,7 @@
 //!    not hit the job that starts afterwards).
 //! 4. Keeper and job, then the heartbeat thread, then the loop.
 
+pub mod acquire;
 pub mod config;
 pub mod heartbeat;
 pub mod logging;
@@ -26,22 +28,18 @@ pub mod timing;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 
+use crate::agent::acquire::Acquired;
 use crate::agent::config::RunConfig;
 use crate::agent::machine::{Event, Machine};
 use crate::agent::supervisor::{Supervisor, release_timeout};
-use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant, Outcome};
+use crate::authority::{self, Grant, LeaseClient, Outcome};
 use crate::exit;
 use crate::keeper::handle::News;
 use crate::keeper::protocol::{Report, SpawnFailure};
 use crate::sys::notify::Notifier;
 use crate::time::clock::BootInstant;
-
-/// The longest acquire may take.
-fn acquire_timeout(cfg: &RunConfig) -> Duration {
-    (cfg.ttl / 2).clamp(Duration::from_millis(1), Duration::from_secs(10))
-}
 
 /// Runs the command under a lease; the whole life of the agent.
 pub fn main(cfg: RunConfig) -> ExitCode {
@@ -93,7 +91,7 @@ fn run(cfg: RunConfig) -> u8 {
     };
     let mut notifier = Notifier::from_env();
     notifier.status(&format!("acquiring task {}", cfg.task));
-    let (grant, sent) = match acquire(&cfg, &mut *auth, &rx, &mut notifier) {
+    let (grant, sent) = match acquire::acquire(&cfg, &mut *auth, &rx, &mut notifier) {
         Acquired::Granted(g, sent) => (g, sent),
         Acquired::Exit(code) => return code,
     };
@@ -101,213 +99,6 @@ fn run(cfg: RunConfig) -> u8 {
         return code;
     }
     start(&cfg, grant, sent, auth, keeper, (tx, rx), notifier)
-}
-
-// ---------------------------------------------------------------- acquire
-
-enum Acquired {
-    Granted(Grant, BootInstant),
-    Exit(u8),
-}
-
-/// One acquire call's answer, when it is not a grant.
-enum NotGranted {
-    /// The task is held; `note` says by whom.
-    Held {
-        note: String,
-        retry_after: Option<Duration>,
-    },
-    Exit(u8),
-}
-
-/// The state of a `--wait` between attempts.
-struct Waiting {
-    started: BootInstant,
-    /// `None`: no `--wait`. `Some(None)`: forever.
-    until: Option<Option<BootInstant>>,
-    backoff: Duration,
-    last_note: String,
-}
-
-/// Acquires the task, waiting while it is held if `--wait` says so.
-fn acquire(
-    cfg: &RunConfig,
-    auth: &mut dyn Authority,
-    events: &Receiver<Event>,
-    notifier: &mut Notifier,
-) -> Acquired {
-    let req = AcquireRequest {
-        task: cfg.task.clone(),
-        holder: cfg.holder.clone(),
-        ttl: cfg.ttl,
-        on_expiry: cfg.on_expiry,
-        grace: cfg.expiry_grace,
-    };
-    let started = BootInstant::now();
-    let mut waiting = Waiting {
-        started,
-        until: cfg.wait.map(|d| d.map(|d| started + d)),
-        backoff: Duration::from_millis(100),
-        last_note: String::new(),
-    };
-    loop {
-        let sent = BootInstant::now();
-        let (note, retry_after) = match attempt(cfg, auth, &req, waiting.until, sent) {
-            Ok(g) => return Acquired::Granted(g, sent),
-            Err(NotGranted::Exit(code)) => {
-                // Every way out of a wait that is not a grant gives up the
-                // queued place (etcd), or it would block the next holder.
-                if waiting.until.is_some() {
-                    auth.abandon_wait(acquire_timeout(cfg));
-                }
-                return Acquired::Exit(code);
-            }
-            Err(NotGranted::Held { note, retry_after }) => (note, retry_after),
-        };
-        let Some(until) = waiting.until else {
-            log::error!(
-                "task {} is {note}; not acquired (use --wait to wait for it)",
-                cfg.task
-            );
-            return Acquired::Exit(exit::HELD);
-        };
-        if let Some(code) = waiting.note_or_give_up(cfg, auth, until, note, notifier) {
-            return Acquired::Exit(code);
-        }
-        if let Some(code) = waiting.pause(cfg, auth, until, retry_after, events) {
-            return Acquired::Exit(code);
-        }
-    }
-}
-
-/// One acquire call (a slice of at most a second of waiting in the
-/// authority's queue with `--wait`).
-fn attempt(
-    cfg: &RunConfig,
-    auth: &mut dyn Authority,
-    req: &AcquireRequest,
-    wait_until: Option<Option<BootInstant>>,
-    sent: BootInstant,
-) -> Result<Grant, NotGranted> {
-    let answer = match wait_until {
-        // Waiting: an authority with a queue (etcd) keeps our place
-        // between calls; slices of at most a second keep signals and our
-        // own deadline noticed.
-        Some(until) => {
-            let slice = until.map_or(Duration::from_secs(1), |u| {
-                sent.until(u).min(Duration::from_secs(1))
-            });
-            auth.acquire_wait(req, slice, acquire_timeout(cfg))
-        }
-        None => auth.acquire(req, acquire_timeout(cfg)),
-    };
-    match answer {
-        Ok(g) => Ok(g),
-        Err(AcquireError::Rejected(m)) => {
-            log::error!("cannot acquire task {}: {m}", cfg.task);
-            Err(NotGranted::Exit(exit::AGENT_FAILED))
-        }
-        Err(AcquireError::Trust(m)) => {
-            log::error!("cannot acquire task {}: {m}", cfg.task);
-            Err(NotGranted::Exit(exit::AGENT_FAILED))
-        }
-        Err(AcquireError::Transient(m)) => {
-            log::error!(
-                "cannot acquire task {}: authority {} unreachable or broken: {m}",
-                cfg.task,
-                auth.url()
-            );
-            Err(NotGranted::Exit(exit::AGENT_FAILED))
-        }
-        Err(e @ AcquireError::Held { .. }) | Err(e @ AcquireError::HeldForOperator { .. }) => {
-            let retry_after = match &e {
-                AcquireError::Held { retry_after, .. } => *retry_after,
-                _ => None,
-            };
-            Err(NotGranted::Held {
-                note: e.to_string(),
-                retry_after,
-            })
-        }
-    }
-}
-
-impl Waiting {
-    /// Gives up when `--wait` ran out (`Some(exit status)`); otherwise says
-    /// who holds the task, once per change of holder.
-    fn note_or_give_up(
-        &mut self,
-        cfg: &RunConfig,
-        auth: &mut dyn Authority,
-        until: Option<BootInstant>,
-        note: String,
-        notifier: &mut Notifier,
-    ) -> Option<u8> {
-        let now = BootInstant::now();
-        if until.is_some_and(|u| now >= u) {
-            auth.abandon_wait(acquire_timeout(cfg));
-            log::error!(
-                "task {} is still {note} after waiting {}; giving up",
-                cfg.task,
-                crate::time::duration::format(now.saturating_since(self.started))
-            );
-            return Some(exit::HELD);
-        }
-        if note != self.last_note {
-            let limit = match until {
-                Some(u) => format!("up to {} more", crate::time::duration::format(now.until(u))),
-                None => "with no limit".into(),
-            };
-            log::info!("task {} is {note}; waiting ({limit})", cfg.task);
-            notifier.status(&format!("waiting for task {}: {note}", cfg.task));
-            self.last_note = note;
-        }
-        None
-    }
-
-    /// Sleeps before the next attempt, watching for stop signals
-    /// (`Some(128 + N)`). Polls again soon: a release frees the task at once,
-    /// and retry_after only says when it frees at the latest. Jitter spreads
-    /// waiters.
-    fn pause(
-        &mut self,
-        cfg: &RunConfig,
-        auth: &mut dyn Authority,
-        until: Option<BootInstant>,
-        retry_after: Option<Duration>,
-        events: &Receiver<Event>,
-    ) -> Option<u8> {
-        let now = BootInstant::now();
-        let mut pause = self.backoff;
-        if let Some(r) = retry_after {
-            pause = pause.min(r.max(Duration::from_millis(20)));
-        }
-        pause = pause.mul_f64(0.8 + fastrand::f64() * 0.4);
-        if let Some(u) = until {
-            pause = pause.min(now.until(u));
-        }
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
-        let pause_until = BootInstant::now() + pause;
-        loop {
-            let left = BootInstant::now().until(pause_until);
-            if left.is_zero() {
-                return None;
-            }
-            match events.recv_timeout(left.min(crate::time::clock::MAX_WAIT)) {
-                Ok(Event::Signal(sig)) if sig.ends_run() => {
-                    auth.abandon_wait(acquire_timeout(cfg));
-                    log::warn!(
-                        "signal {sig} while waiting for task {}; not acquired",
-                        cfg.task
-                    );
-                    return Some(sig.exit_status());
-                }
-                // No job yet: other signals have nothing to go to.
-                Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------- start
@@ -318,7 +109,7 @@ impl Waiting {
 /// to relay them to when they came.
 fn signals_before_start(
     grant: &Grant,
-    auth: &mut dyn Authority,
+    auth: &mut dyn LeaseClient,
     events: &Receiver<Event>,
 ) -> Option<u8> {
     let mut stop = None;
@@ -368,7 +159,7 @@ fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
 /// The variables the job gets on top of the agent's environment.
 fn job_env(
     grant: &Grant,
-    auth: &dyn Authority,
+    auth: &dyn LeaseClient,
     state: Option<&crate::agent::state_file::StateWriter>,
 ) -> Vec<(String, String)> {
     let mut env = vec![
@@ -405,7 +196,7 @@ fn job_env(
 }
 
 /// Says what was granted (and what was scaled to fit a clamped ttl).
-fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn Authority) {
+fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn LeaseClient) {
     let (heartbeat, grace) = cfg.settings().fitted(grant.ttl);
     if grant.ttl < cfg.ttl && (heartbeat, grace) != (cfg.heartbeat, cfg.grace) {
         log::warn!(
@@ -434,7 +225,7 @@ fn start(
     cfg: &RunConfig,
     grant: Grant,
     sent: BootInstant,
-    mut auth: Box<dyn Authority>,
+    mut auth: Box<dyn LeaseClient>,
     keeper: crate::keeper::handle::Pending,
     events: (Sender<Event>, Receiver<Event>),
     notifier: Notifier,
@@ -459,24 +250,17 @@ fn start(
     let state = state_writer();
     let env = job_env(&grant, &*auth, state.as_ref());
     let tx = events.0.clone();
-    // `auth` goes to the heartbeat thread, `releaser` to the supervisor.
-    let mut releaser = auth.clone_box();
-    if auth.release_keeps_connection() {
-        std::mem::swap(&mut auth, &mut releaser);
-    }
-    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
+    // The heartbeat thread's handle; `auth` goes to the supervisor, which
+    // releases (the client decides which keeps its open connection).
+    let renewer = auth.renewer();
+    let mut sup = Supervisor::new(machine, grant.clone(), auth, events, notifier, state);
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial();
     match keeper.start(&env, tx.clone(), event_of) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             log::error!("cannot start the keeper process: {e}");
-            let _ = auth.release(
-                &grant.lease_ref(),
-                Outcome::Failed,
-                None,
-                release_timeout(grant.ttl),
-            );
+            sup.release_unstarted(Outcome::Failed);
             return exit::AGENT_FAILED;
         }
     }
@@ -485,7 +269,7 @@ fn start(
         ttl: grant.ttl,
         granted_at: sent,
     };
-    match crate::agent::heartbeat::spawn(auth, grant.lease_ref(), schedule, tx) {
+    match crate::agent::heartbeat::spawn(renewer, grant.lease_ref(), schedule, tx) {
         Ok(h) => sup.set_heartbeat(h),
         Err(e) => {
             // No renewals: the machine stops the job before the deadline.

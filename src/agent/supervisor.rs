@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::authority::{Authority, Grant, Outcome, RenewError};
+use crate::authority::{Grant, LeaseClient, Outcome, RenewError};
 use crate::keeper::handle::Keeper;
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
@@ -34,7 +34,7 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 pub struct Supervisor {
     machine: Machine,
     grant: Grant,
-    authority: Box<dyn Authority>,
+    authority: Box<dyn LeaseClient>,
     events: Receiver<Event>,
     notifier: Notifier,
     /// Until the writer thread starts; then `queue` owns it.
@@ -69,7 +69,7 @@ impl Supervisor {
     pub fn new(
         machine: Machine,
         grant: Grant,
-        authority: Box<dyn Authority>,
+        authority: Box<dyn LeaseClient>,
         events: (Sender<Event>, Receiver<Event>),
         notifier: Notifier,
         state: Option<StateWriter>,
@@ -100,6 +100,15 @@ impl Supervisor {
         self.keeper = Some(keeper);
         let arm = self.machine.arm_keeper();
         self.send_signals(&[arm]);
+    }
+
+    /// Gives the lease back, without a word, when the command could not be
+    /// started (the loop never ran: there is nothing to report to).
+    pub fn release_unstarted(&mut self, outcome: Outcome) {
+        let timeout = release_timeout(self.grant.ttl);
+        let _ = self
+            .authority
+            .release(&self.grant.lease_ref(), outcome, None, timeout);
     }
 
     /// Hands the heartbeat thread over (dropped to stop renewals).

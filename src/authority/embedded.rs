@@ -2,9 +2,13 @@
 //! SQLite file shared by every agent on the host.
 //!
 //! Each handle opens its own connection lazily, once, on first use (and
-//! again only after a failed open); [`Authority::clone_box`] gives a handle
-//! with its own connection, so the renewal thread never shares one with the
-//! main thread. Cross-process exclusion and durability are the engine's
+//! again only after a failed open). The heartbeat thread's handle
+//! ([`LeaseClient::renewer`]) is a new one that opens at its first renewal,
+//! which a short run never reaches, so the renewal thread never shares a
+//! connection with the main thread, and the handle that made the grant
+//! keeps its connection for the release: opening is the costly part of a
+//! run (the WAL index is rebuilt, the schema checked, the first sync pays
+//! a directory fsync). Cross-process exclusion and durability are the engine's
 //! (see `engine::file`): one immediate transaction per call, the write lock
 //! taken in turns with other processes and waited for until the call's
 //! timeout, so every call returns within its timeout and a busy or broken
@@ -12,9 +16,9 @@
 //! principals here: every lease is owned by `""`.
 //!
 //! The WAL is checkpointed (never waiting for anyone) after a release and
-//! after the heartbeat thread has reported a renewal, once it has grown past
-//! a small bound: never inside a grant or a renewal, whose answers someone
-//! waits for.
+//! after the heartbeat thread has reported a renewal ([`Renewer::renew`]),
+//! once it has grown past a small bound: never inside a grant or a renewal,
+//! whose answers someone waits for.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +36,15 @@ pub struct EmbeddedAuthority {
 impl EmbeddedAuthority {
     pub fn new(path: PathBuf) -> Self {
         EmbeddedAuthority { path, engine: None }
+    }
+
+    /// Checkpoints the WAL if it has grown past the renewals' bound (never
+    /// waiting for anyone). Done by the heartbeat's handle once a renewal's
+    /// answer is on its way ([`EmbeddedRenewer`]).
+    pub fn after_renewal(&mut self) {
+        if let Some(engine) = &mut self.engine {
+            engine.tidy(TIDY_AFTER_RENEWAL);
+        }
     }
 
     /// The handle's connection, opened on first use.
@@ -57,30 +70,58 @@ struct NotOpened {
     source: EngineError,
 }
 
+impl NotOpened {
+    fn failure(&self) -> Failure {
+        Failure::new(FailureKind::Store, self.to_string())
+    }
+}
+
+/// An engine error that is not an answer: the database failed, was busy
+/// past the deadline, or holds something it should not.
+fn store_failure(e: &EngineError) -> Failure {
+    Failure::new(FailureKind::Store, e.to_string())
+}
+
 fn renew_error(e: EngineError) -> RenewError {
     match e {
         EngineError::Refused(reason) => RenewError::Refused {
             reason,
             message: String::new(),
         },
-        other => RenewError::Transient(other.to_string()),
+        other => RenewError::Transient(store_failure(&other)),
     }
 }
 
 fn operator_error(e: EngineError) -> OperatorError {
     match e {
         EngineError::NotFound(m) => OperatorError::NotFound(m),
-        other => OperatorError::Failed(other.to_string()),
+        other => OperatorError::Failed(store_failure(&other)),
     }
 }
 
-impl Authority for EmbeddedAuthority {
+/// The heartbeat thread's handle: checkpoints a grown WAL once a renewal's
+/// answer has been reported, never before.
+pub struct EmbeddedRenewer(EmbeddedAuthority);
+
+impl Renewer for EmbeddedRenewer {
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    ) {
+        let answer = self.0.renew(lease, timeout);
+        let renewed = answer.is_ok();
+        report(answer);
+        if renewed {
+            self.0.after_renewal();
+        }
+    }
+}
+
+impl LeaseClient for EmbeddedAuthority {
     fn url(&self) -> String {
         format!("sqlite:{}", self.path.display())
-    }
-
-    fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(EmbeddedAuthority::new(self.path.clone()))
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -103,7 +144,7 @@ impl Authority for EmbeddedAuthority {
             .map_err(|e| AcquireError::Rejected(e.to_string()))?;
         let engine = self
             .engine(timeout)
-            .map_err(|e| AcquireError::Transient(e.to_string()))?;
+            .map_err(|e| AcquireError::Transient(e.failure()))?;
         match engine.acquire(&spec, timeout) {
             Ok(g) => Ok(Grant {
                 lease_id: g.lease_id,
@@ -122,14 +163,14 @@ impl Authority for EmbeddedAuthority {
                 Err(AcquireError::HeldForOperator { holder, lease_id })
             }
             Err(EngineError::BadRequest(e)) => Err(AcquireError::Rejected(e.to_string())),
-            Err(e) => Err(AcquireError::Transient(e.to_string())),
+            Err(e) => Err(AcquireError::Transient(store_failure(&e))),
         }
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let engine = self
             .engine(timeout)
-            .map_err(|e| RenewError::Transient(e.to_string()))?;
+            .map_err(|e| RenewError::Transient(e.failure()))?;
         engine
             .renew(&lease.lease_id, lease.token, "", timeout)
             .map(|ttl| Renewed {
@@ -147,7 +188,7 @@ impl Authority for EmbeddedAuthority {
     ) -> Result<(), RenewError> {
         let engine = self
             .engine(timeout)
-            .map_err(|e| RenewError::Transient(e.to_string()))?;
+            .map_err(|e| RenewError::Transient(e.failure()))?;
         let released = engine
             .release_reporting(
                 &lease.lease_id,
@@ -164,31 +205,43 @@ impl Authority for EmbeddedAuthority {
         released
     }
 
-    fn release_keeps_connection(&self) -> bool {
-        true
+    /// A new handle, which opens its connection at its first renewal; this
+    /// one keeps the connection that made the grant, for the release.
+    fn renewer(&mut self) -> Box<dyn Renewer> {
+        Box::new(EmbeddedRenewer(EmbeddedAuthority::new(self.path.clone())))
     }
 
-    fn after_renewal(&mut self) {
-        if let Some(engine) = &mut self.engine {
-            engine.tidy(TIDY_AFTER_RENEWAL);
-        }
+    /// No queue: `--wait` asks again with its own backoff.
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
+        None
     }
 
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
+        Some(Box::new(self))
+    }
+}
+
+impl Operator for EmbeddedAuthority {
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
         let engine = self
             .engine(timeout)
-            .map_err(|e| OperatorError::Failed(e.to_string()))?;
+            .map_err(|e| OperatorError::Failed(e.failure()))?;
         engine.leases(timeout).map_err(operator_error)
     }
 
-    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
         let engine = self
             .engine(timeout)
-            .map_err(|e| OperatorError::Failed(e.to_string()))?;
+            .map_err(|e| OperatorError::Failed(e.failure()))?;
         engine
             .revoke(task, force, timeout)
-            .map(|_| ())
-            .map_err(operator_error)
+            .map_err(operator_error)?;
+        Ok(Revoked::forced(force))
     }
 
     fn history(
@@ -200,7 +253,7 @@ impl Authority for EmbeddedAuthority {
         let deadline = std::time::Instant::now() + timeout;
         let engine = self
             .engine(timeout)
-            .map_err(|e| OperatorError::Failed(e.to_string()))?;
+            .map_err(|e| OperatorError::Failed(e.failure()))?;
         let mut all = Vec::new();
         let mut before = None;
         loop {
@@ -225,7 +278,7 @@ impl Authority for EmbeddedAuthority {
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
         let engine = self
             .engine(timeout)
-            .map_err(|e| OperatorError::Failed(e.to_string()))?;
+            .map_err(|e| OperatorError::Failed(e.failure()))?;
         engine
             .clear(task, timeout)
             .map(|_| ())
@@ -253,7 +306,7 @@ mod tests {
         let mut a = EmbeddedAuthority::new(dir.path().join("sub/l.sqlite3"));
         let t = Duration::from_secs(5);
         let g = a.acquire(&req("x"), t).unwrap();
-        let mut b = a.clone_box();
+        let mut b = EmbeddedAuthority::new(dir.path().join("sub/l.sqlite3"));
         let e = b.acquire(&req("x"), t);
         assert!(matches!(e, Err(AcquireError::Held { .. })), "{e:?}");
         b.renew(&g.lease_ref(), t).unwrap();
@@ -280,5 +333,42 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_renewer_reports_before_it_checkpoints_a_grown_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("l.sqlite3");
+        let wal = dir.path().join("l.sqlite3-wal");
+        let wal_len = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let t = Duration::from_secs(5);
+        let mut a = EmbeddedAuthority::new(db.clone());
+        let g = a.acquire(&req("x"), t).unwrap();
+        let mut renewer = a.renewer();
+        // Another writer grows the WAL past the renewals' bound (the grant's
+        // connection stays open, so closing this one checkpoints nothing).
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE pad(b); INSERT INTO pad VALUES (zeroblob(2000000)); DROP TABLE pad;",
+        )
+        .unwrap();
+        drop(c);
+        assert!(wal_len() > TIDY_AFTER_RENEWAL, "{}", wal_len());
+        let mut reported = Vec::new();
+        renewer.renew(&g.lease_ref(), t, &mut |answer| {
+            reported.push((answer, wal_len()));
+        });
+        let [(answer, wal_when_reported)] = &reported[..] else {
+            panic!("{} answers", reported.len());
+        };
+        assert_eq!(answer, &Ok(Renewed { ttl: g.ttl }));
+        assert!(
+            *wal_when_reported > TIDY_AFTER_RENEWAL,
+            "tidied before the answer"
+        );
+        assert!(wal_len() < TIDY_AFTER_RENEWAL, "not tidied: {}", wal_len());
+        // The handle that made the grant still releases on its connection.
+        a.release(&g.lease_ref(), Outcome::Succeeded, Some(0), t)
+            .unwrap();
     }
 }

@@ -1,9 +1,13 @@
-//! Lease protocol v1 over HTTP(S), on ureq 3 with rustls.
+//! Lease protocol v1 over HTTP(S), on ureq 3 with rustls: the lease calls
+//! and the operator calls (`GET /v1/leases`, `GET /v1/history`,
+//! `POST /v1/revoke`, `POST /v1/clear`), on one ureq agent per handle and
+//! with one reader of the protocol's error bodies.
 //!
 //! Every request carries its own timeout (the caller's, which the heartbeat
 //! thread keeps below the time the lease has left) and every response body is
-//! read with a 64 KiB cap: a slow or hostile authority can delay a renewal
-//! only until the timeout, and can never make the agent buffer without bound.
+//! read with a 64 KiB cap (an operator listing, which may be long, 64 MiB): a
+//! slow or hostile authority can delay a renewal only until the timeout, and
+//! can never make the agent buffer without bound.
 //!
 //! Answers are classified exactly as the protocol's "How the agent reads
 //! answers" says. Only a `200` whose body is a JSON object of the expected
@@ -17,10 +21,13 @@
 //! [`AcquireError::Trust`] (exit 125 naming `unauthenticated`, `forbidden`
 //! or `certificate`); during renewal and release they are transient like any
 //! other failure, but logged at error level since they rarely heal alone.
-
-use std::time::Duration;
+//!
+//! The operator calls live in [`operator`] (a module of their own so that
+//! the linker can keep their code away from an agent's: see
+//! `link/code-groups.ld`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::transport::Failure;
 use super::trust::ClientTrust;
@@ -30,6 +37,9 @@ use crate::protocol::v1::{
 };
 
 pub use super::transport::BODY_LIMIT;
+
+/// The largest operator answer read (a listing page may be long).
+const LISTING_LIMIT: u64 = 64 << 20;
 
 /// A lease protocol v1 client.
 pub struct HttpAuthority {
@@ -57,29 +67,36 @@ impl HttpAuthority {
         format!("{}{}", self.base, path)
     }
 
+    /// One call: `GET` when `body` is `None`, else `POST` of it as JSON.
     fn call(
         &self,
         path: &str,
-        body: impl serde::Serialize,
+        body: Option<&[u8]>,
         timeout: Duration,
+        limit: u64,
     ) -> Result<Answer, Failure> {
-        let bytes = serde_json::to_vec(&body).map_err(|e| Failure {
-            kind: super::transport::FailureKind::Encode,
-            trust: None,
-            message: e.to_string(),
-        })?;
         let url = self.url(path);
         let auth = self.trust.bearer_header();
-        let (status, body) = super::transport::call(
-            &self.agent,
-            &url,
-            Some(&bytes),
-            auth.as_deref(),
-            timeout,
-            BODY_LIMIT,
-        )?;
+        let (status, body) =
+            super::transport::call(&self.agent, &url, body, auth.as_deref(), timeout, limit)?;
         Ok(Answer { status, body })
     }
+
+    /// POSTs `body` as JSON to `path`.
+    fn post(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<Answer, Failure> {
+        let bytes = json(body)?;
+        self.call(path, Some(&bytes), timeout, BODY_LIMIT)
+    }
+}
+
+/// A request body as JSON.
+fn json(body: &impl serde::Serialize) -> Result<Vec<u8>, Failure> {
+    serde_json::to_vec(body).map_err(|e| Failure::new(FailureKind::Encode, e.to_string()))
 }
 
 /// The trust cause of a 401/403 answer.
@@ -91,21 +108,21 @@ fn denied(status: u16) -> Option<&'static str> {
 /// only a probe can name (`transport::trust_failure`).
 fn acquire_failure(base: &str, f: Failure, timeout: Duration) -> AcquireError {
     match super::transport::trust_failure(base, &f, timeout) {
-        Some(named) => AcquireError::Trust(named),
-        None => AcquireError::Transient(f.message),
+        Some(named) => AcquireError::Trust(named.message),
+        None => AcquireError::Transient(f),
     }
 }
 
 /// A call failure during renewal or release: always transient, trust
 /// problems logged at error level.
 fn renew_failure(what: &str, f: Failure) -> RenewError {
-    if let Some(cause) = f.trust {
+    if let Some(cause) = f.trust() {
         log::error!(
             "{what}: {cause}: {} (retried until the local deadline)",
             f.message
         );
     }
-    RenewError::Transient(f.message)
+    RenewError::Transient(f)
 }
 
 /// A non-200 answer to renew or release that is not a refusal.
@@ -113,11 +130,11 @@ fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
     if let Some(r) = refusal(status, body) {
         return r;
     }
-    let m = transient_status(status, body);
+    let f = transient_status(status, body);
     if let Some(cause) = denied(status) {
-        log::error!("{what}: {cause}: {m} (retried until the local deadline)");
+        log::error!("{what}: {cause}: {f} (retried until the local deadline)");
     }
-    RenewError::Transient(m)
+    RenewError::Transient(f)
 }
 
 /// A duration in whole milliseconds, as the protocol sends it.
@@ -125,6 +142,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A body that is a JSON object of `T`'s shape (anything else: `None`).
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     if !v.is_object() {
@@ -133,11 +151,24 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     serde_json::from_value(v).ok()
 }
 
-fn transient_status(status: u16, body: &[u8]) -> String {
-    let detail = parse::<ErrorBody>(body)
+/// The protocol's error body, if the answer carries one: the one reader of
+/// error bodies, for the lease calls and the operator calls alike.
+fn error_body(body: &[u8]) -> Option<ErrorBody> {
+    parse(body)
+}
+
+fn transient_status(status: u16, body: &[u8]) -> Failure {
+    let detail = error_body(body)
         .map(|e| format!(": {} {}", e.error, e.message.unwrap_or_default()))
         .unwrap_or_default();
-    format!("authority answered HTTP {status}{detail}")
+    Failure::new(
+        FailureKind::Status(status),
+        format!("authority answered HTTP {status}{detail}"),
+    )
+}
+
+fn malformed(message: &str) -> Failure {
+    Failure::new(FailureKind::Malformed, message)
 }
 
 /// A refusal, if the answer is one: 409/404 with a refusal code.
@@ -145,7 +176,7 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     if status != 409 && status != 404 {
         return None;
     }
-    let e: ErrorBody = parse(body)?;
+    let e = error_body(body)?;
     let ErrorCode::Refused(reason) = e.code()? else {
         return None;
     };
@@ -155,13 +186,9 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     })
 }
 
-impl Authority for HttpAuthority {
+impl LeaseClient for HttpAuthority {
     fn url(&self) -> String {
         self.base.clone()
-    }
-
-    fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(HttpAuthority::with_trust(&self.base, self.trust.clone()))
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -173,25 +200,25 @@ impl Authority for HttpAuthority {
             grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| millis(req.grace)),
         };
         let a = self
-            .call("/v1/acquire", body, timeout)
+            .post("/v1/acquire", &body, timeout)
             .map_err(|f| acquire_failure(&self.base, f, timeout))?;
         match a.status {
             200 => {
                 let bytes = a.body;
                 let g: GrantBody = parse(&bytes).ok_or_else(|| {
-                    AcquireError::Transient(
-                        "authority answered 200 to acquire with a malformed body".into(),
-                    )
+                    AcquireError::Transient(malformed(
+                        "authority answered 200 to acquire with a malformed body",
+                    ))
                 })?;
                 if g.lease_id.is_empty() || g.ttl_ms == 0 {
-                    return Err(AcquireError::Transient(
-                        "authority granted a lease with an empty lease_id or a zero ttl".into(),
-                    ));
+                    return Err(AcquireError::Transient(malformed(
+                        "authority granted a lease with an empty lease_id or a zero ttl",
+                    )));
                 }
                 if g.task.as_deref().is_some_and(|t| t != req.task) {
-                    return Err(AcquireError::Transient(
-                        "authority granted a lease for another task".into(),
-                    ));
+                    return Err(AcquireError::Transient(malformed(
+                        "authority granted a lease for another task",
+                    )));
                 }
                 Ok(Grant {
                     lease_id: g.lease_id,
@@ -200,24 +227,21 @@ impl Authority for HttpAuthority {
                     ttl: Duration::from_millis(g.ttl_ms),
                 })
             }
-            409 => {
-                let e: Option<ErrorBody> = parse(&a.body);
-                match e {
-                    Some(e) if e.code() == Some(ErrorCode::Held) => Err(AcquireError::Held {
-                        holder: e.holder.unwrap_or_else(|| "another holder".into()),
-                        retry_after: e.retry_after_ms.map(Duration::from_millis),
-                    }),
-                    Some(e) if e.code() == Some(ErrorCode::HeldForOperator) => {
-                        Err(AcquireError::HeldForOperator {
-                            holder: e.holder.unwrap_or_default(),
-                            lease_id: e.lease_id.unwrap_or_default(),
-                        })
-                    }
-                    _ => Err(AcquireError::Transient(transient_status(409, &a.body))),
+            409 => match error_body(&a.body) {
+                Some(e) if e.code() == Some(ErrorCode::Held) => Err(AcquireError::Held {
+                    holder: e.holder.unwrap_or_else(|| "another holder".into()),
+                    retry_after: e.retry_after_ms.map(Duration::from_millis),
+                }),
+                Some(e) if e.code() == Some(ErrorCode::HeldForOperator) => {
+                    Err(AcquireError::HeldForOperator {
+                        holder: e.holder.unwrap_or_default(),
+                        lease_id: e.lease_id.unwrap_or_default(),
+                    })
                 }
-            }
+                _ => Err(AcquireError::Transient(transient_status(409, &a.body))),
+            },
             400 => {
-                let msg = parse::<ErrorBody>(&a.body)
+                let msg = error_body(&a.body)
                     .map(|e| e.message.unwrap_or(e.error))
                     .unwrap_or_else(|| "bad request".into());
                 Err(AcquireError::Rejected(msg))
@@ -238,7 +262,7 @@ impl Authority for HttpAuthority {
         };
         let what = format!("renewal of task {}", lease.task);
         let a = self
-            .call("/v1/renew", body, timeout)
+            .post("/v1/renew", &body, timeout)
             .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             let bytes = a.body;
@@ -246,9 +270,9 @@ impl Authority for HttpAuthority {
                 Some(r) if r.ttl_ms > 0 => Ok(Renewed {
                     ttl: Duration::from_millis(r.ttl_ms),
                 }),
-                _ => Err(RenewError::Transient(
-                    "authority answered 200 to renew with a malformed body".into(),
-                )),
+                _ => Err(RenewError::Transient(malformed(
+                    "authority answered 200 to renew with a malformed body",
+                ))),
             };
         }
         Err(renew_status(&what, a.status, &a.body))
@@ -269,7 +293,7 @@ impl Authority for HttpAuthority {
         };
         let what = format!("release of task {}", lease.task);
         let a = self
-            .call("/v1/release", body, timeout)
+            .post("/v1/release", &body, timeout)
             .map_err(|f| renew_failure(&what, f))?;
         if a.status == 200 {
             return Ok(());
@@ -277,16 +301,43 @@ impl Authority for HttpAuthority {
         Err(renew_status(&what, a.status, &a.body))
     }
 
-    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        super::http_operator::leases(&self.base, &self.trust, timeout)
+    /// The renewer gets the connection the grant came over (kept alive, it
+    /// serves the renewals); this handle, which releases, opens its own.
+    fn renewer(&mut self) -> Box<dyn Renewer> {
+        let fresh = super::transport::agent(&self.trust);
+        Box::new(Renewing(HttpAuthority {
+            base: self.base.clone(),
+            agent: std::mem::replace(&mut self.agent, fresh),
+            trust: self.trust.clone(),
+        }))
     }
 
-    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::revoke(&self.base, &self.trust, task, force, timeout)
+    /// No queue: `--wait` asks again with its own backoff.
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
+        None
+    }
+
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
+        Some(Box::new(self))
+    }
+}
+
+impl Operator for HttpAuthority {
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        operator::leases(self, timeout)
+    }
+
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        operator::revoke(self, task, force, timeout)
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-        super::http_operator::clear(&self.base, &self.trust, task, timeout)
+        operator::clear(self, task, timeout)
     }
 
     fn history(
@@ -295,6 +346,223 @@ impl Authority for HttpAuthority {
         since_ms: u64,
         timeout: Duration,
     ) -> Result<Vec<Attempt>, OperatorError> {
-        super::http_operator::history(&self.base, &self.trust, task, since_ms, timeout)
+        operator::history(self, task, since_ms, timeout)
+    }
+}
+
+/// The operator calls of lease protocol v1. Every call is bounded by its
+/// timeout; an answer is read up to 64 KiB (a listing page up to 64 MiB).
+pub mod operator {
+    use std::time::Duration;
+
+    use super::{Answer, BODY_LIMIT, HttpAuthority, LISTING_LIMIT, error_body};
+    use crate::authority::{
+        Attempt, Failure, FailureKind, LeaseInfo, OperatorError, Revoked, transport,
+    };
+    use crate::protocol::v1::{ClearBody, ErrorCode, HistoryBody, LeasesBody, RevokeBody};
+
+    /// Most pages one listing follows (1,000 leases each on `serve`).
+    pub const MAX_PAGES: usize = 1000;
+
+    fn failed(kind: FailureKind, message: String) -> OperatorError {
+        OperatorError::Failed(Failure::new(kind, message))
+    }
+
+    /// A call that gave no answer: trust problems named (a probe included,
+    /// `transport::trust_failure`), as at acquire.
+    fn no_answer(a: &HttpAuthority, f: Failure, timeout: Duration) -> OperatorError {
+        OperatorError::Failed(transport::trust_failure(&a.base, &f, timeout).unwrap_or(f))
+    }
+
+    /// `GET path` (a listing page): the body of a 200, else the
+    /// authority's error.
+    fn get(a: &HttpAuthority, path: &str, timeout: Duration) -> Result<String, OperatorError> {
+        let answer = a
+            .call(path, None, timeout, LISTING_LIMIT)
+            .map_err(|f| no_answer(a, f, timeout))?;
+        ok_body(answer)
+    }
+
+    /// POSTs `body` to `path`: any answer but 200 is the authority's error.
+    fn post_expecting_200(
+        a: &HttpAuthority,
+        path: &str,
+        body: &impl serde::Serialize,
+        timeout: Duration,
+    ) -> Result<(), OperatorError> {
+        let bytes = super::json(body).map_err(OperatorError::Failed)?;
+        let answer = a
+            .call(path, Some(&bytes), timeout, BODY_LIMIT)
+            .map_err(|f| no_answer(a, f, timeout))?;
+        ok_body(answer).map(drop)
+    }
+
+    /// The body of a 200 as text, else the authority's error.
+    fn ok_body(answer: Answer) -> Result<String, OperatorError> {
+        if answer.status != 200 {
+            return Err(failure(answer.status, &answer.body));
+        }
+        Ok(String::from_utf8_lossy(&answer.body).into_owned())
+    }
+
+    /// Turns a non-200 answer into an error carrying the authority's message.
+    fn failure(status: u16, body: &[u8]) -> OperatorError {
+        let body = error_body(body);
+        let code = body.as_ref().map(|b| b.error.as_str()).unwrap_or("");
+        let msg = body
+            .as_ref()
+            .and_then(|b| b.message.clone())
+            .unwrap_or_else(|| format!("HTTP {status}"));
+        let kind = FailureKind::Status(status);
+        match (status, body.as_ref().and_then(|b| b.code())) {
+            (404, Some(ErrorCode::NotFound)) => OperatorError::NotFound(msg),
+            (404 | 405, _) => OperatorError::Unsupported(format!(
+                "the authority does not support this operator call (HTTP {status})"
+            )),
+            _ if ErrorCode::from_status(status) == Some(ErrorCode::Unauthenticated) => failed(
+                kind,
+                format!(
+                    "{}: HTTP {status}: {msg} (see --auth-token-file, --client-cert)",
+                    ErrorCode::Unauthenticated.as_str()
+                ),
+            ),
+            _ if ErrorCode::from_status(status) == Some(ErrorCode::Forbidden) => failed(
+                kind,
+                format!("{}: HTTP {status}: {msg}", ErrorCode::Forbidden.as_str()),
+            ),
+            _ => failed(kind, format!("HTTP {status} {code}: {msg}")),
+        }
+    }
+
+    /// The whole listing: follows `next_after` page by page (each call
+    /// within `timeout`) until the authority gives none, at most
+    /// [`MAX_PAGES`] pages. A `next_after` that does not move forward is an
+    /// error, not a loop.
+    pub fn leases(a: &HttpAuthority, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let path = match &after {
+                None => "/v1/leases".to_string(),
+                Some(task) => format!("/v1/leases?after={}", percent_encode(task)),
+            };
+            let text = get(a, &path, timeout)?;
+            let page = serde_json::from_str::<LeasesBody>(&text).map_err(|e| {
+                failed(
+                    FailureKind::Malformed,
+                    format!("malformed lease listing: {e}"),
+                )
+            })?;
+            all.extend(page.leases);
+            match page.next_after {
+                None => return Ok(all),
+                Some(next) if after.as_ref().is_some_and(|a| next.as_str() <= a.as_str()) => {
+                    return Err(failed(
+                        FailureKind::Malformed,
+                        format!(
+                            "malformed lease listing: next_after {next:?} does not move past {:?}",
+                            after.unwrap_or_default()
+                        ),
+                    ));
+                }
+                Some(next) => after = Some(next),
+            }
+        }
+        Err(failed(
+            FailureKind::Other,
+            format!("the lease listing has more than {MAX_PAGES} pages; stopped"),
+        ))
+    }
+
+    /// `GET /v1/history`, page by page (each call within `timeout`), until
+    /// an attempt acquired before `since_ms`, the last page, or
+    /// [`MAX_HISTORY`](crate::authority::MAX_HISTORY) attempts. A cursor
+    /// that does not move back is an error, not a loop.
+    pub fn history(
+        a: &HttpAuthority,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        let task_q = task
+            .map(|t| format!("task={}&", percent_encode(t)))
+            .unwrap_or_default();
+        for _ in 0..MAX_PAGES {
+            let path = match &after {
+                None => format!("/v1/history?{task_q}limit=1000"),
+                Some(c) => format!("/v1/history?{task_q}limit=1000&after={}", percent_encode(c)),
+            };
+            let text = get(a, &path, timeout)?;
+            let page = serde_json::from_str::<HistoryBody>(&text)
+                .map_err(|e| failed(FailureKind::Malformed, format!("malformed history: {e}")))?;
+            for at in page.attempts {
+                if crate::authority::acquired_ms(&at) < since_ms
+                    || all.len() >= crate::authority::MAX_HISTORY
+                {
+                    return Ok(all);
+                }
+                all.push(at);
+            }
+            match page.next_after {
+                None => return Ok(all),
+                Some(next) if after.as_ref() == Some(&next) => {
+                    return Err(failed(
+                        FailureKind::Malformed,
+                        format!("malformed history: next_after {next:?} repeats"),
+                    ));
+                }
+                Some(next) => after = Some(next),
+            }
+        }
+        Ok(all)
+    }
+
+    /// Percent-encodes everything but RFC 3986 unreserved characters.
+    fn percent_encode(s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+
+    /// `POST /v1/revoke`. Without `force` the authority frees the task once
+    /// the lease's current expiry has passed; with it, at once.
+    pub fn revoke(
+        a: &HttpAuthority,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        let body = RevokeBody {
+            task: task.to_string(),
+            force,
+        };
+        post_expecting_200(a, "/v1/revoke", &body, timeout)?;
+        Ok(Revoked::forced(force))
+    }
+
+    pub fn clear(a: &HttpAuthority, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        let body = ClearBody {
+            task: task.to_string(),
+        };
+        post_expecting_200(a, "/v1/clear", &body, timeout)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn percent_encode_keeps_unreserved_only() {
+            assert_eq!(
+                super::percent_encode("etl/a b@c:1.x_y-z~"),
+                "etl%2Fa%20b%40c%3A1.x_y-z~"
+            );
+        }
     }
 }

@@ -1,11 +1,27 @@
-//! The one interface between the agent and whatever grants leases.
+//! The interface between the agent (and the operator commands) and
+//! whatever grants leases, split by what each caller needs.
 //!
 //! Every lease authority (lease protocol v1 over HTTP, the embedded SQLite
-//! engine, etcd) is an [`Authority`]. The supervisor never knows which one it
-//! talks to: it only sees the three outcomes the protocol defines for an
-//! answer — a grant or renewal, a **refusal** (the lease is gone for good:
-//! stop the command), or a **transient** failure (the lease may still be
-//! valid: retry until the local deadline).
+//! engine, etcd) is a [`LeaseClient`]: acquire, renew, release, and a
+//! [`Renewer`] for the heartbeat thread. The supervisor never knows which
+//! one it talks to: it only sees the three outcomes the protocol defines for
+//! an answer — a grant or renewal, a **refusal** (the lease is gone for
+//! good: stop the command), or a **transient** failure (the lease may still
+//! be valid: retry until the local deadline).
+//!
+//! What only some authorities have is a capability, asked for and answered
+//! with `None` where there is none, never a method with a default body that
+//! a wrapper could forget to forward: [`LeaseClient::waiter`] (etcd's queue,
+//! which keeps a `--wait`'s place between calls) and
+//! [`LeaseClient::operator`] (`leases`, `revoke`, `clear`, `history`). The
+//! shape is etcd's `client/v3/concurrency`: a lease's life (grant, keepalive,
+//! revoke: the `Session`) apart from the queue a `Mutex` keeps on top of it.
+//! No method of the traits has a default body, so a decorator
+//! ([`untrusted::Checked`]) that forgets one does not compile.
+//!
+//! How a backend manages its connections (which handle keeps the one that
+//! made the grant, what it tidies once an answer is out) is its own
+//! business, behind [`LeaseClient::renewer`] and [`Renewer::renew`].
 //!
 //! Invariants every implementation keeps:
 //! - Every call returns within the `timeout` it is given. The heartbeat thread
@@ -14,17 +30,21 @@
 //! - Anything that is not a well-formed answer of the expected shape is
 //!   [`RenewError::Transient`], never a success: a malformed `200` must not
 //!   extend the lease.
-//! - Implementations are `Send` and owned by one thread at a time; a thread
-//!   that needs its own connection calls [`Authority::clone_box`]. Nothing is
-//!   shared between threads but what the handles only read (the client
-//!   trust, built once from the flags) and etcd's per-lease expiry clock
-//!   (a mutex held for a map lookup).
+//! - Errors are typed by their source ([`error`]): nothing reads an error's
+//!   message back to decide anything.
+//! - Implementations are `Send` and owned by one thread at a time; the
+//!   heartbeat thread gets its own handle ([`LeaseClient::renewer`]).
+//!   Nothing is shared between threads but what the handles only read (the
+//!   client trust, built once from the flags) and etcd's per-lease expiry
+//!   clock (a mutex held for a map lookup).
 
 pub mod embedded;
+pub mod error;
 pub mod etcd;
 pub mod http;
-pub mod http_operator;
 pub mod netpath;
+#[cfg(test)]
+pub mod scripted;
 pub mod transport;
 pub mod trust;
 pub mod untrusted;
@@ -35,134 +55,17 @@ pub use crate::lease::{
     AcquireRequest, Attempt, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome,
     RefusalReason, Renewed,
 };
+pub use error::{AcquireError, Failure, FailureKind, OperatorError, RenewError, TrustCause};
 
-/// Why an acquire did not give a lease.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AcquireError {
-    /// Another holder's lease is live (or in its grace period).
-    #[error("held by {holder}{}", free_in(*retry_after))]
-    Held {
-        holder: String,
-        retry_after: Option<Duration>,
-    },
-    /// The previous lease expired under policy `hold`: nobody gets the task
-    /// until an operator clears it.
-    #[error(
-        "held for an operator after lease {lease_id} of {holder} expired under policy hold (clear it with `leaseagent clear`)"
-    )]
-    HeldForOperator { holder: String, lease_id: String },
-    /// The authority said the request itself is wrong (400): retrying the
-    /// same request cannot help.
-    #[error("authority rejected the request: {0}")]
-    Rejected(String),
-    /// A TLS or credential problem (certificate not accepted, TLS spoken to
-    /// a plain port or the reverse, 401 unauthenticated, 403 forbidden, etcd
-    /// "authentication failed" or "permission denied"): retrying the same
-    /// request cannot help. The message names the cause.
-    #[error("{0}")]
-    Trust(String),
-    /// Unreachable, timed out, 5xx, malformed answer.
-    #[error("{0}")]
-    Transient(String),
-}
-
-/// ` (free in about 5s)`, or nothing when the authority did not say.
-fn free_in(retry_after: Option<Duration>) -> String {
-    retry_after
-        .map(|r| format!(" (free in about {})", crate::time::duration::format(r)))
-        .unwrap_or_default()
-}
-
-/// Why a renewal or release did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum RenewError {
-    /// The lease is gone for good; the command must stop.
-    #[error("refused ({reason}){}", colon(message))]
-    Refused {
-        reason: RefusalReason,
-        message: String,
-    },
-    /// The lease may still be valid; retry until the local deadline.
-    #[error("{0}")]
-    Transient(String),
-}
-
-/// `: message`, or nothing for an empty message.
-fn colon(message: &str) -> String {
-    if message.is_empty() {
-        String::new()
-    } else {
-        format!(": {message}")
-    }
-}
-
-/// Errors of the operator calls.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum OperatorError {
-    /// This kind of authority has no such operation.
-    #[error("{0}")]
-    Unsupported(String),
-    /// There is nothing to act on (no lease for the task, not held for an operator).
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// A lease authority, as the agent sees it.
-pub trait Authority: Send {
+/// A lease authority, as the agent sees it: one lease's life.
+pub trait LeaseClient: Send {
     /// The URL given to the job as `LEASE_AUTHORITY`.
     fn url(&self) -> String;
 
-    /// Another handle on the same authority, for another thread.
-    fn clone_box(&self) -> Box<dyn Authority>;
-
+    /// Asks for the task once; a held task is [`AcquireError::Held`] at once.
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError>;
 
-    /// Acquire for `--wait`: like [`Authority::acquire`], but an authority
-    /// with a queue (etcd) may wait up to `wait` for the task and keep its
-    /// place in the queue between calls, so a waiter is not sent to the back
-    /// each time it retries. Each network call inside still finishes within
-    /// `timeout`; the whole call returns within about `wait + timeout`.
-    ///
-    /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
-    /// again (right away)". The agent's `--wait` loop calls this in slices
-    /// (so it can notice signals and its own deadline) and calls
-    /// [`Authority::abandon_wait`] when it stops waiting without a grant.
-    ///
-    /// The default is one plain `acquire` (no queue): the caller keeps its
-    /// own backoff between calls, unchanged for authorities without a queue.
-    fn acquire_wait(
-        &mut self,
-        req: &AcquireRequest,
-        wait: Duration,
-        timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        let _ = wait;
-        self.acquire(req, timeout)
-    }
-
-    /// Gives up a place in the queue kept by [`Authority::acquire_wait`]
-    /// (best effort, within `timeout`). The default does nothing.
-    fn abandon_wait(&mut self, _timeout: Duration) {}
-
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
-
-    /// Whether the supervisor (which releases) should keep the handle that
-    /// made the grant, and the heartbeat thread get a new one. Network
-    /// authorities answer no: their warm connection serves the renewals.
-    /// The embedded one answers yes: its open is the costly part, every run
-    /// releases while a short one never renews, and a new handle opens its
-    /// connection lazily at its first renewal.
-    fn release_keeps_connection(&self) -> bool {
-        false
-    }
-
-    /// Housekeeping the heartbeat thread does after it has reported a
-    /// successful renewal (never inside the renewal itself, so a renewal's
-    /// answer never waits for it). The embedded authority checkpoints its
-    /// WAL here when it has grown; the default does nothing.
-    fn after_renewal(&mut self) {}
 
     fn release(
         &mut self,
@@ -172,48 +75,164 @@ pub trait Authority: Send {
         timeout: Duration,
     ) -> Result<(), RenewError>;
 
-    /// Operator view: every lease on record.
-    fn leases(&mut self, _timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        Err(OperatorError::Unsupported(format!(
-            "{} has no lease listing",
-            self.url()
-        )))
+    /// The heartbeat thread's own handle on this authority, made once per
+    /// grant; this handle stays with the supervisor, which releases. The
+    /// client decides which of the two keeps what it has open: a network
+    /// client hands its warm connection to the renewer (it serves the
+    /// renewals), the embedded one keeps its database connection for the
+    /// release (its open is the costly part, and a short run never renews).
+    fn renewer(&mut self) -> Box<dyn Renewer>;
+
+    /// The authority's queue of waiters, if it keeps one (etcd): a `--wait`
+    /// then keeps its place between calls instead of asking anew each time.
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>>;
+
+    /// The operator calls, if the authority has them.
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>>;
+}
+
+/// What the heartbeat thread holds: renewals of one lease.
+pub trait Renewer: Send {
+    /// Renews, handing the answer to `report` as soon as it is known (the
+    /// heartbeat sends it to the supervisor from there), then returns. What
+    /// the client does between the two (the embedded database checkpoints
+    /// its WAL once it has grown) delays no one waiting for the answer,
+    /// only the next renewal's start, which is a heartbeat away.
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    );
+}
+
+/// A [`LeaseClient`] as a [`Renewer`]: the answer is reported as soon as
+/// `renew` returns, and there is nothing to do after it.
+pub struct Renewing<C: LeaseClient>(pub C);
+
+impl<C: LeaseClient> Renewer for Renewing<C> {
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    ) {
+        report(self.0.renew(lease, timeout));
+    }
+}
+
+/// An authority's queue of waiters for a task (etcd's: the keys of
+/// `etcdctl lock`), for `--wait`.
+pub trait Waiter {
+    /// Like [`LeaseClient::acquire`], but waits up to `wait` for the task
+    /// and keeps the place in the queue between calls, so a waiter is not
+    /// sent to the back each time it asks again. Each network call inside
+    /// still finishes within `timeout`; the whole call returns within about
+    /// `wait + timeout`.
+    ///
+    /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
+    /// again (right away)". The agent's `--wait` loop calls this in slices
+    /// (so it can notice signals and its own deadline) and calls
+    /// [`Waiter::abandon_wait`] when it stops waiting without a grant.
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError>;
+
+    /// Gives up the place kept by [`Waiter::acquire_wait`] (best effort,
+    /// within `timeout`).
+    fn abandon_wait(&mut self, timeout: Duration);
+}
+
+impl<W: Waiter + ?Sized> Waiter for &mut W {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        (**self).acquire_wait(req, wait, timeout)
     }
 
-    /// Operator: refuse the task's current lease at its next renewal.
+    fn abandon_wait(&mut self, timeout: Duration) {
+        (**self).abandon_wait(timeout)
+    }
+}
+
+/// When a revoked task can be granted again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revoked {
+    /// At once (`--force`, or an authority that frees it at once: etcd).
+    Now,
+    /// Once the lease's current expiry has passed.
+    AtExpiry,
+}
+
+impl Revoked {
+    /// What an authority that keeps a revoked lease until its expiry
+    /// unless forced did.
+    pub fn forced(force: bool) -> Self {
+        if force {
+            Revoked::Now
+        } else {
+            Revoked::AtExpiry
+        }
+    }
+}
+
+/// The operator calls (`leaseagent leases|revoke|clear|history`).
+pub trait Operator {
+    /// Every lease on record.
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError>;
+
+    /// Refuses the task's current lease at its next renewal.
     fn revoke(
         &mut self,
-        _task: &str,
-        _force: bool,
-        _timeout: Duration,
-    ) -> Result<(), OperatorError> {
-        Err(OperatorError::Unsupported(format!(
-            "{} has no revoke",
-            self.url()
-        )))
-    }
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError>;
 
-    /// Operator: end a `held_for_operator` state.
-    fn clear(&mut self, _task: &str, _timeout: Duration) -> Result<(), OperatorError> {
-        Err(OperatorError::Unsupported(format!(
-            "{} has no clear",
-            self.url()
-        )))
-    }
+    /// Ends a `held_for_operator` state.
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError>;
 
-    /// Operator: the attempts of `task` (or of every task) acquired at
-    /// or after `since_ms` (wall-clock ms; 0: all that are kept), newest
-    /// first.
+    /// The attempts of `task` (or of every task) acquired at or after
+    /// `since_ms` (wall-clock ms; 0: all that are kept), newest first.
     fn history(
         &mut self,
-        _task: Option<&str>,
-        _since_ms: u64,
-        _timeout: Duration,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError>;
+}
+
+impl<O: Operator + ?Sized> Operator for &mut O {
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        (**self).leases(timeout)
+    }
+
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        (**self).revoke(task, force, timeout)
+    }
+
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        (**self).clear(task, timeout)
+    }
+
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
     ) -> Result<Vec<Attempt>, OperatorError> {
-        Err(OperatorError::Unsupported(format!(
-            "{} keeps no run history",
-            self.url()
-        )))
+        (**self).history(task, since_ms, timeout)
     }
 }
 
@@ -410,10 +429,10 @@ impl AuthoritySpec {
 pub fn open(
     spec: &AuthoritySpec,
     files: &trust::TrustFiles,
-) -> Result<Box<dyn Authority>, OpenError> {
+) -> Result<Box<dyn LeaseClient>, OpenError> {
     let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
     refuse_cleartext(spec, &trust)?;
-    let inner: Box<dyn Authority> = match spec {
+    let inner: Box<dyn LeaseClient> = match spec {
         AuthoritySpec::Http(base) => Box::new(http::HttpAuthority::with_trust(base, trust)),
         AuthoritySpec::Etcd(endpoints) => Box::new(etcd::EtcdAuthority::with_trust(
             endpoints.clone(),

@@ -17,7 +17,8 @@
 //!   failure that is about trust (the certificate, a TLS handshake with
 //!   something that does not speak TLS, or plain HTTP answered in TLS) is
 //!   told apart from other failures ([`Failure::trust`]), so that acquire can
-//!   exit 125 naming the cause instead of calling it "unreachable".
+//!   exit 125 naming the cause instead of calling it "unreachable". That
+//!   is read from rustls's own error, never from an error message's words.
 
 use std::time::Duration;
 
@@ -63,43 +64,7 @@ pub fn agent(trust: &ClientTrust) -> ureq::Agent {
     super::netpath::agent(config)
 }
 
-/// What kind of failure a call met. Statuses are not failures here (each
-/// client reads them by its protocol's rules), nor is a malformed answer
-/// body (the client that knows the shape says so).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailureKind {
-    /// The call's deadline passed (connect, send or reading the answer).
-    Timeout,
-    /// No connection: refused, reset, unreachable, host not found.
-    Connect,
-    /// The answer's body was over the cap.
-    TooLarge,
-    /// TLS trust: the certificate, or TLS against plain HTTP ([`Failure::trust`]).
-    Trust,
-    /// The request could not be encoded.
-    Encode,
-    /// Anything else on the wire.
-    Other,
-}
-
-/// Why a call gave no answer.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Failure {
-    pub kind: FailureKind,
-    /// `Some(cause)` when the failure is about TLS trust: `certificate`
-    /// (the peer's certificate was not accepted, or ours was refused) or
-    /// `TLS` (one side speaks TLS and the other does not).
-    pub trust: Option<&'static str>,
-    /// What failed, naming the URL (never a credential).
-    pub message: String,
-}
-
-impl From<Failure> for String {
-    fn from(f: Failure) -> String {
-        f.message
-    }
-}
+pub use super::error::{Failure, FailureKind, TrustCause};
 
 /// One request: `GET` when `json_body` is `None`, else `POST` of that JSON,
 /// with `authorization` as the `Authorization` header if given.
@@ -122,11 +87,10 @@ pub fn call(
             Some(v)
         }
         Some(Err(_)) => {
-            return Err(Failure {
-                kind: FailureKind::Encode,
-                trust: None,
-                message: format!("{url}: the credential is not a valid header value"),
-            });
+            return Err(Failure::new(
+                FailureKind::Encode,
+                format!("{url}: the credential is not a valid header value"),
+            ));
         }
     };
     let sent = match json_body {
@@ -158,11 +122,10 @@ pub fn call(
         .limit(limit)
         .read_to_vec()
         .map_err(|e| match e {
-            ureq::Error::BodyExceedsLimit(_) => Failure {
-                kind: FailureKind::TooLarge,
-                trust: None,
-                message: format!("{url}: answer body over {limit} bytes"),
-            },
+            ureq::Error::BodyExceedsLimit(_) => Failure::new(
+                FailureKind::TooLarge,
+                format!("{url}: answer body over {limit} bytes"),
+            ),
             e => describe(url, e),
         })?;
     Ok((status, body))
@@ -174,21 +137,22 @@ pub fn call(
 /// server that asks for a client certificate we did not give (the
 /// handshake then fails as a reset or a broken pipe), or a port of the
 /// other scheme (plain HTTP to a TLS port, or the reverse). `None`: not a
-/// trust problem as far as can be told.
-pub fn trust_failure(base: &str, f: &Failure, timeout: Duration) -> Option<String> {
-    if let Some(cause) = f.trust {
-        return Some(format!("{cause}: {}", f.message));
+/// trust problem as far as can be told. The message starts with the cause.
+pub fn trust_failure(base: &str, f: &Failure, timeout: Duration) -> Option<Failure> {
+    if let Some(cause) = f.trust() {
+        return Some(Failure::new(f.kind, format!("{cause}: {}", f.message)));
     }
-    if !matches!(f.kind, FailureKind::Connect | FailureKind::Other)
-        || f.message.ends_with("timed out")
-    {
+    if !matches!(f.kind, FailureKind::Connect | FailureKind::Other) {
         return None;
     }
     let probe = timeout.min(Duration::from_secs(1));
     if client_certificate_required(base, probe) {
-        return Some(format!(
-            "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
-            f.message
+        return Some(Failure::new(
+            FailureKind::Trust(TrustCause::Certificate),
+            format!(
+                "certificate: {} (the authority requires a client certificate it accepts: see --client-cert, --client-key)",
+                f.message
+            ),
         ));
     }
     if other_scheme_answers(base, probe) {
@@ -197,7 +161,10 @@ pub fn trust_failure(base: &str, f: &Failure, timeout: Duration) -> Option<Strin
         } else {
             "the port speaks TLS: use https://"
         };
-        return Some(format!("TLS: {} ({hint})", f.message));
+        return Some(Failure::new(
+            FailureKind::Trust(TrustCause::Tls),
+            format!("TLS: {} ({hint})", f.message),
+        ));
     }
     None
 }
@@ -231,7 +198,9 @@ pub fn other_scheme_answers(url: &str, timeout: Duration) -> bool {
     match probe.get(&format!("{other}://{host}/healthz")).call() {
         Ok(_) => true,
         // A TLS alert (e.g. "certificate required") is a TLS server talking.
-        Err(e) => other == "https" && e.to_string().to_ascii_lowercase().contains("alert"),
+        Err(e) => {
+            other == "https" && matches!(rustls_error(&e), Some(rustls::Error::AlertReceived(_)))
+        }
     }
 }
 
@@ -297,7 +266,7 @@ pub fn client_certificate_required(url: &str, timeout: Duration) -> bool {
     let mut tls = rustls::StreamOwned::new(conn, sock);
     let mut byte = [0u8; 1];
     match tls.read_exact(&mut byte) {
-        Err(e) => e.to_string().to_ascii_lowercase().contains("certificate"),
+        Err(e) => io_rustls_error(&e).and_then(tls_cause) == Some(TrustCause::Certificate),
         Ok(()) => false,
     }
 }
@@ -358,23 +327,26 @@ fn describe(url: &str, e: ureq::Error) -> Failure {
         ureq::Error::Io(io) => io.to_string(),
         e => e.to_string(),
     };
-    // Classified on the error alone: the URL may contain any word.
+    // Classified on the error alone: the URL may contain any word. Plain
+    // `http://` failures are never classified here: "plain HTTP to a TLS
+    // port" is found by [`other_scheme_answers`].
     let tls = url.starts_with("https://");
-    let trust = if tls { trust_cause(&detail) } else { None };
-    let message = match trust {
-        Some("TLS") => format!(
+    let rustls = if tls { rustls_error(&e) } else { None };
+    let trust = rustls.and_then(tls_cause);
+    let message = match (trust, rustls) {
+        (Some(TrustCause::Tls), _) => format!(
             "{url}: {detail} (TLS handshake failed: does this port speak TLS? use http:// for a plain port)"
         ),
         // An alert the server sent is about our side: no client
         // certificate, or one it does not accept.
-        Some(_) if detail.contains("received fatal alert") => format!(
+        (Some(_), Some(rustls::Error::AlertReceived(_))) => format!(
             "{url}: {detail} (the authority requires a client certificate it accepts: see --client-cert, --client-key)"
         ),
-        Some(_) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
-        None => format!("{url}: {detail}"),
+        (Some(_), _) => format!("{url}: {detail} (certificate not accepted; see --ca-file)"),
+        (None, _) => format!("{url}: {detail}"),
     };
     let kind = match (&e, trust) {
-        (_, Some(_)) => FailureKind::Trust,
+        (_, Some(cause)) => FailureKind::Trust(cause),
         (ureq::Error::Timeout(_), _) => FailureKind::Timeout,
         (ureq::Error::HostNotFound | ureq::Error::ConnectionFailed, _) => FailureKind::Connect,
         (ureq::Error::Io(io), _) if is_connect(io.kind()) => FailureKind::Connect,
@@ -383,11 +355,7 @@ fn describe(url: &str, e: ureq::Error) -> Failure {
         }
         _ => FailureKind::Other,
     };
-    Failure {
-        kind,
-        trust,
-        message,
-    }
+    Failure { kind, message }
 }
 
 /// io errors that mean "no connection to talk over".
@@ -406,23 +374,54 @@ fn is_connect(kind: std::io::ErrorKind) -> bool {
     )
 }
 
-/// Classifies the error of a TLS connection (rustls errors reach us as text
-/// inside io errors). Plain `http://` failures are never classified here:
-/// "plain HTTP to a TLS port" is found by [`other_scheme_answers`].
-fn trust_cause(detail: &str) -> Option<&'static str> {
-    let t = detail.to_ascii_lowercase();
-    if t.contains("certificate") || t.contains("unknownissuer") || t.contains("notvalidforname") {
-        return Some("certificate");
+/// The rustls error behind a failed call, if TLS failed: ureq passes it on
+/// as its own variant, or (from inside a TLS stream) inside an io error.
+fn rustls_error(e: &ureq::Error) -> Option<&rustls::Error> {
+    match e {
+        ureq::Error::Rustls(r) => Some(r),
+        ureq::Error::Io(io) => io_rustls_error(io),
+        _ => None,
     }
-    if t.contains("corrupt message")
-        || t.contains("invalidcontenttype")
-        || t.contains("invalid message")
-        || t.contains("peer is incompatible")
-        || t.contains("handshake")
-    {
-        return Some("TLS");
+}
+
+/// The rustls error inside an io error from a TLS stream.
+fn io_rustls_error(io: &std::io::Error) -> Option<&rustls::Error> {
+    io.get_ref()?.downcast_ref::<rustls::Error>()
+}
+
+/// Whether a TLS failure is about trust, and which: the certificate (the
+/// peer's not accepted, ours refused or missing: the alerts about
+/// certificates) or TLS itself (the peer does not speak TLS, or not the
+/// TLS we speak: a corrupt or unexpected record, an incompatible peer, a
+/// handshake the peer ended). Other TLS failures (a misbehaving peer, a
+/// decryption error, an alert about something else) are not trust problems.
+fn tls_cause(e: &rustls::Error) -> Option<TrustCause> {
+    use rustls::AlertDescription as A;
+    use rustls::Error as E;
+    match e {
+        E::InvalidCertificate(_) | E::InvalidCertRevocationList(_) | E::NoCertificatesPresented => {
+            Some(TrustCause::Certificate)
+        }
+        E::AlertReceived(
+            A::NoCertificate
+            | A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::CertificateUnobtainable
+            | A::BadCertificateStatusResponse
+            | A::BadCertificateHashValue
+            | A::CertificateRequired,
+        ) => Some(TrustCause::Certificate),
+        E::AlertReceived(A::HandshakeFailure)
+        | E::InvalidMessage(_)
+        | E::InappropriateMessage { .. }
+        | E::InappropriateHandshakeMessage { .. }
+        | E::PeerIncompatible(_)
+        | E::HandshakeNotComplete => Some(TrustCause::Tls),
+        _ => None,
     }
-    None
 }
 
 #[cfg(test)]
@@ -483,12 +482,13 @@ mod tests {
         // names it, for the agent and the operator commands alike.
         let port = mtls_server(1);
         let url = format!("https://127.0.0.1:{port}");
-        let f = Failure {
-            kind: FailureKind::Connect,
-            trust: None,
-            message: format!("{url}/v1/leases: Broken pipe (os error 32)"),
-        };
+        let f = Failure::new(
+            FailureKind::Connect,
+            format!("{url}/v1/leases: Broken pipe (os error 32)"),
+        );
         let named = trust_failure(&url, &f, Duration::from_secs(5)).expect("named");
+        assert_eq!(named.trust(), Some(TrustCause::Certificate));
+        let named = named.message;
         assert!(named.starts_with("certificate: "), "{named}");
         assert!(named.contains("--client-cert"), "{named}");
         // A timeout is not probed (it would only wait again), and a cause
@@ -498,14 +498,10 @@ mod tests {
             ..f.clone()
         };
         assert_eq!(trust_failure(&url, &timeout, Duration::from_secs(5)), None);
-        let known = Failure {
-            kind: FailureKind::Trust,
-            trust: Some("certificate"),
-            message: "m".into(),
-        };
+        let known = Failure::new(FailureKind::Trust(TrustCause::Certificate), "m");
         assert_eq!(
-            trust_failure(&url, &known, Duration::from_secs(5)).as_deref(),
-            Some("certificate: m")
+            trust_failure(&url, &known, Duration::from_secs(5)).map(|f| f.message),
+            Some("certificate: m".to_string())
         );
     }
 
@@ -517,11 +513,10 @@ mod tests {
             .unwrap()
             .port();
         let url = format!("https://127.0.0.1:{port}");
-        let f = Failure {
-            kind: FailureKind::Connect,
-            trust: None,
-            message: format!("{url}/v1/leases: Connection refused (os error 111)"),
-        };
+        let f = Failure::new(
+            FailureKind::Connect,
+            format!("{url}/v1/leases: Connection refused (os error 111)"),
+        );
         assert_eq!(trust_failure(&url, &f, Duration::from_secs(2)), None);
     }
 
@@ -619,20 +614,55 @@ mod tests {
 
     #[test]
     fn trust_causes_come_from_the_error_not_the_url() {
-        assert_eq!(
-            trust_cause("invalid peer certificate: UnknownIssuer"),
-            Some("certificate")
+        use rustls::{AlertDescription, CertificateError, InvalidMessage};
+        let io = |e: rustls::Error| {
+            ureq::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        };
+        let url = "https://h:1/v1/acquire";
+        let f = describe(
+            url,
+            io(rustls::Error::InvalidCertificate(
+                CertificateError::UnknownIssuer,
+            )),
         );
+        assert_eq!(f.trust(), Some(TrustCause::Certificate));
         assert_eq!(
-            trust_cause("received corrupt message of type InvalidContentType"),
-            Some("TLS")
+            f.message,
+            "https://h:1/v1/acquire: invalid peer certificate: UnknownIssuer (certificate not accepted; see --ca-file)"
         );
-        assert_eq!(trust_cause("Connection refused (os error 111)"), None);
+        let f = describe(
+            url,
+            io(rustls::Error::InvalidMessage(
+                InvalidMessage::InvalidContentType,
+            )),
+        );
+        assert_eq!(f.trust(), Some(TrustCause::Tls));
+        assert!(f.message.ends_with("use http:// for a plain port)"), "{f}");
+        let f = describe(
+            url,
+            io(rustls::Error::AlertReceived(
+                AlertDescription::CertificateRequired,
+            )),
+        );
+        assert_eq!(f.trust(), Some(TrustCause::Certificate));
+        assert!(f.message.contains("requires a client certificate"), "{f}");
+        // Words alone name nothing: an io error that says "certificate"
+        // is not a TLS failure, and a plain http:// URL is never classified.
+        let words = std::io::Error::other("certificate handshake corrupt message");
+        assert_eq!(describe(url, ureq::Error::Io(words)).trust(), None);
+        let plain = describe(
+            "http://h:1/v1/acquire",
+            io(rustls::Error::InvalidCertificate(
+                CertificateError::UnknownIssuer,
+            )),
+        );
+        assert_eq!(plain.trust(), None);
         let f = describe(
             "https://certificate.example:1/v1/acquire",
             ureq::Error::Timeout(ureq::Timeout::Global),
         );
-        assert_eq!(f.trust, None);
+        assert_eq!(f.trust(), None);
+        assert_eq!(f.kind, FailureKind::Timeout);
         assert!(f.message.ends_with("timed out"), "{}", f.message);
     }
 }

@@ -20,8 +20,8 @@ use std::time::Duration;
 pub use crate::escape::escape;
 
 use super::{
-    AcquireError, AcquireRequest, Attempt, Authority, Grant, LeaseInfo, LeaseRef, OperatorError,
-    Outcome, RenewError, Renewed,
+    AcquireError, AcquireRequest, Attempt, Failure, FailureKind, Grant, LeaseClient, LeaseInfo,
+    LeaseRef, Operator, OperatorError, Outcome, RenewError, Renewed, Renewer, Revoked, Waiter,
 };
 
 /// The largest token accepted: what `serve` (SQLite INTEGER) can store.
@@ -78,15 +78,20 @@ pub fn check_lease_id(id: &str) -> Result<(), Malformed> {
 /// (`super::open`) wraps each client in one, so the rules hold for HTTP,
 /// etcd and the embedded database alike, in one place.
 ///
+/// It implements every method of [`LeaseClient`] itself (none has a default
+/// body), and wraps each capability the inner client offers ([`Renewer`],
+/// [`Waiter`], [`Operator`]) in a checked one: a capability added to the
+/// trait does not compile until it is checked here too.
+///
 /// [`open`]: super::open
 pub struct Checked {
-    inner: Box<dyn Authority>,
+    inner: Box<dyn LeaseClient>,
     /// The ttl of the last acquire: renewals are capped at it.
     asked: Option<Duration>,
 }
 
 impl Checked {
-    pub fn new(inner: Box<dyn Authority>) -> Self {
+    pub fn new(inner: Box<dyn LeaseClient>) -> Self {
         Checked { inner, asked: None }
     }
 }
@@ -94,13 +99,41 @@ impl Checked {
 /// A grant as the agent may believe it: token and lease id in range, ttl
 /// capped at the ask.
 fn check_grant(g: Grant, asked: Duration) -> Result<Grant, AcquireError> {
-    let malformed = |m: Malformed| AcquireError::Transient(format!("malformed grant: {m}"));
+    let malformed = |m: Malformed| {
+        AcquireError::Transient(Failure::new(
+            FailureKind::Malformed,
+            format!("malformed grant: {m}"),
+        ))
+    };
     check_token(g.token).map_err(malformed)?;
     check_lease_id(&g.lease_id).map_err(malformed)?;
     Ok(Grant {
         ttl: cap_ttl(g.ttl, asked),
         ..g
     })
+}
+
+/// An acquire's answer as the agent may believe it.
+fn check_acquired(
+    answer: Result<Grant, AcquireError>,
+    asked: Duration,
+) -> Result<Grant, AcquireError> {
+    check_grant(answer.map_err(acquire_error)?, asked)
+}
+
+/// A renewal's answer as the agent may believe it: ttl capped at the ask.
+fn check_renewed(
+    answer: Result<Renewed, RenewError>,
+    asked: Option<Duration>,
+) -> Result<Renewed, RenewError> {
+    let r = answer.map_err(renew_error)?;
+    Ok(Renewed {
+        ttl: asked.map_or(r.ttl, |a| cap_ttl(r.ttl, a)),
+    })
+}
+
+fn escaped(f: Failure) -> Failure {
+    f.map_message(escape)
 }
 
 fn acquire_error(e: AcquireError) -> AcquireError {
@@ -118,7 +151,7 @@ fn acquire_error(e: AcquireError) -> AcquireError {
         },
         AcquireError::Rejected(m) => AcquireError::Rejected(escape(&m)),
         AcquireError::Trust(m) => AcquireError::Trust(escape(&m)),
-        AcquireError::Transient(m) => AcquireError::Transient(escape(&m)),
+        AcquireError::Transient(f) => AcquireError::Transient(escaped(f)),
     }
 }
 
@@ -128,7 +161,7 @@ fn renew_error(e: RenewError) -> RenewError {
             reason,
             message: escape(&message),
         },
-        RenewError::Transient(m) => RenewError::Transient(escape(&m)),
+        RenewError::Transient(f) => RenewError::Transient(escaped(f)),
     }
 }
 
@@ -136,59 +169,22 @@ fn operator_error(e: OperatorError) -> OperatorError {
     match e {
         OperatorError::Unsupported(m) => OperatorError::Unsupported(escape(&m)),
         OperatorError::NotFound(m) => OperatorError::NotFound(escape(&m)),
-        OperatorError::Failed(m) => OperatorError::Failed(escape(&m)),
+        OperatorError::Failed(f) => OperatorError::Failed(escaped(f)),
     }
 }
 
-impl Authority for Checked {
+impl LeaseClient for Checked {
     fn url(&self) -> String {
         self.inner.url()
     }
 
-    fn clone_box(&self) -> Box<dyn Authority> {
-        Box::new(Checked {
-            inner: self.inner.clone_box(),
-            asked: self.asked,
-        })
-    }
-
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
         self.asked = Some(req.ttl);
-        let g = self.inner.acquire(req, timeout).map_err(acquire_error)?;
-        check_grant(g, req.ttl)
-    }
-
-    fn acquire_wait(
-        &mut self,
-        req: &AcquireRequest,
-        wait: Duration,
-        timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        self.asked = Some(req.ttl);
-        let g = self
-            .inner
-            .acquire_wait(req, wait, timeout)
-            .map_err(acquire_error)?;
-        check_grant(g, req.ttl)
-    }
-
-    fn abandon_wait(&mut self, timeout: Duration) {
-        self.inner.abandon_wait(timeout)
+        check_acquired(self.inner.acquire(req, timeout), req.ttl)
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
-        let r = self.inner.renew(lease, timeout).map_err(renew_error)?;
-        Ok(Renewed {
-            ttl: self.asked.map_or(r.ttl, |a| cap_ttl(r.ttl, a)),
-        })
-    }
-
-    fn release_keeps_connection(&self) -> bool {
-        self.inner.release_keeps_connection()
-    }
-
-    fn after_renewal(&mut self) {
-        self.inner.after_renewal()
+        check_renewed(self.inner.renew(lease, timeout), self.asked)
     }
 
     fn release(
@@ -203,8 +199,74 @@ impl Authority for Checked {
             .map_err(renew_error)
     }
 
+    fn renewer(&mut self) -> Box<dyn Renewer> {
+        Box::new(CheckedRenewer {
+            inner: self.inner.renewer(),
+            asked: self.asked,
+        })
+    }
+
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
+        let inner = self.inner.waiter()?;
+        Some(Box::new(CheckedWaiter {
+            inner,
+            asked: &mut self.asked,
+        }))
+    }
+
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
+        Some(Box::new(CheckedOperator(self.inner.operator()?)))
+    }
+}
+
+/// The heartbeat's handle, behind the same checks.
+struct CheckedRenewer {
+    inner: Box<dyn Renewer>,
+    asked: Option<Duration>,
+}
+
+impl Renewer for CheckedRenewer {
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    ) {
+        let asked = self.asked;
+        self.inner.renew(lease, timeout, &mut |answer| {
+            report(check_renewed(answer, asked))
+        });
+    }
+}
+
+/// The inner client's queue, behind the same checks.
+struct CheckedWaiter<'a> {
+    inner: Box<dyn Waiter + 'a>,
+    asked: &'a mut Option<Duration>,
+}
+
+impl Waiter for CheckedWaiter<'_> {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        *self.asked = Some(req.ttl);
+        check_acquired(self.inner.acquire_wait(req, wait, timeout), req.ttl)
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        self.inner.abandon_wait(timeout)
+    }
+}
+
+/// The inner client's operator calls, their strings escaped.
+struct CheckedOperator<'a>(Box<dyn Operator + 'a>);
+
+impl Operator for CheckedOperator<'_> {
     fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        let list = self.inner.leases(timeout).map_err(operator_error)?;
+        let list = self.0.leases(timeout).map_err(operator_error)?;
         Ok(list
             .into_iter()
             .map(|l| LeaseInfo {
@@ -216,14 +278,17 @@ impl Authority for Checked {
             .collect())
     }
 
-    fn revoke(&mut self, task: &str, force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        self.inner
-            .revoke(task, force, timeout)
-            .map_err(operator_error)
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        self.0.revoke(task, force, timeout).map_err(operator_error)
     }
 
     fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
-        self.inner.clear(task, timeout).map_err(operator_error)
+        self.0.clear(task, timeout).map_err(operator_error)
     }
 
     fn history(
@@ -233,7 +298,7 @@ impl Authority for Checked {
         timeout: Duration,
     ) -> Result<Vec<Attempt>, OperatorError> {
         let list = self
-            .inner
+            .0
             .history(task, since_ms, timeout)
             .map_err(operator_error)?;
         Ok(list
@@ -252,13 +317,68 @@ impl Authority for Checked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authority::scripted::{Scripted, grant};
+    use crate::authority::{ExpiryPolicy, LeaseState};
+
+    fn req(ttl: Duration) -> AcquireRequest {
+        AcquireRequest {
+            task: "t".into(),
+            holder: "h".into(),
+            ttl,
+            on_expiry: ExpiryPolicy::Redispatch,
+            grace: Duration::ZERO,
+        }
+    }
 
     #[test]
-    fn the_embedded_authority_keeps_its_connection_through_the_checks() {
-        let d = tempfile::tempdir().unwrap();
-        let inner = crate::authority::embedded::EmbeddedAuthority::new(d.path().join("l.db"));
-        let checked = Checked::new(Box::new(inner));
-        assert!(checked.release_keeps_connection());
+    fn every_capability_answers_through_the_checks() {
+        let asked = Duration::from_secs(3);
+        let long = Duration::from_secs(3600);
+        let inner = Scripted {
+            acquired: [Ok(grant(0, long)), Ok(grant(7, long))].into(),
+            renewed: [Ok(Renewed { ttl: long })].into(),
+            queue: true,
+            leases: Some(vec![LeaseInfo {
+                task: "t".into(),
+                lease_id: "l1".into(),
+                token: 7,
+                holder: "bob\nleaseagent: info: released\u{1b}[2J".into(),
+                principal: String::new(),
+                state: LeaseState::Active,
+                expires_in_ms: None,
+            }]),
+            ..Scripted::default()
+        };
+        let mut c = Checked::new(Box::new(inner));
+        let t = Duration::from_secs(1);
+        // The queue's grants pass the checks acquire's do.
+        let mut queue = c.waiter().expect("the inner client's queue");
+        match queue.acquire_wait(&req(asked), t, t) {
+            Err(AcquireError::Transient(f)) => {
+                assert_eq!(f.kind, FailureKind::Malformed);
+                assert!(f.message.starts_with("malformed grant: "), "{f}");
+            }
+            other => panic!("token 0 believed: {other:?}"),
+        }
+        let g = queue.acquire_wait(&req(asked), t, t).unwrap();
+        assert_eq!(g.ttl, asked);
+        drop(queue);
+        // The heartbeat's handle caps renewals at the ask.
+        let mut renewer = c.renewer();
+        let mut answers = Vec::new();
+        renewer.renew(&g.lease_ref(), t, &mut |a| answers.push(a));
+        assert_eq!(answers, vec![Ok(Renewed { ttl: asked })]);
+        // The operator's strings are escaped.
+        let list = c.operator().expect("the inner client's operator").leases(t);
+        let holder = &list.unwrap()[0].holder;
+        assert!(!holder.chars().any(char::is_control), "{holder:?}");
+    }
+
+    #[test]
+    fn a_capability_the_inner_client_lacks_is_none() {
+        let mut c = Checked::new(Box::new(Scripted::default()));
+        assert!(c.waiter().is_none());
+        assert!(c.operator().is_none());
     }
 
     #[test]

@@ -1,16 +1,19 @@
 //! Operator subcommands against any authority: `leases`, `revoke`, `clear`,
 //! `history`.
 //!
-//! Every kind of authority is called through its [`Authority`] operator
-//! methods (HTTP and the embedded default implement them; etcd says it
-//! cannot). Exit status: 0 done, 1
-//! nothing to act on (no such lease, not held for an operator), 125 the
-//! authority could not be reached or failed.
+//! Every kind of authority is called through its [`Operator`] capability
+//! (`LeaseClient::operator`: HTTP, the embedded default and etcd have one;
+//! etcd answers `clear` and `history` with why it has nothing of the kind).
+//! Exit status: 0 done, 1 nothing to act on (no such lease, not held for an
+//! operator), 125 the authority could not be reached or failed, or has no
+//! such call.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::authority::{Attempt, Authority, AuthoritySpec, LeaseInfo, OperatorError};
+use crate::authority::{
+    Attempt, AuthoritySpec, LeaseClient, LeaseInfo, Operator, OperatorError, Revoked,
+};
 
 /// The authority flags every operator command shares (flag table:
 /// `cmd::defs`, `AUTHORITY`).
@@ -70,9 +73,8 @@ enum TargetError {
     Open(#[from] crate::authority::OpenError),
 }
 
-/// The authority an operator command talks to (any kind: each implements
-/// the operator methods of [`Authority`] or says it cannot).
-fn open_target(a: &AuthorityArg) -> Result<Box<dyn Authority>, TargetError> {
+/// The authority an operator command talks to (any kind).
+fn open_target(a: &AuthorityArg) -> Result<Box<dyn LeaseClient>, TargetError> {
     let spec = AuthoritySpec::from_flag(a.authority.as_deref())?;
     Ok(crate::authority::open(&spec, &a.trust)?)
 }
@@ -85,11 +87,26 @@ fn failed(cmd: &str, e: &OperatorError) -> ExitCode {
     }
 }
 
-fn open_or_exit(cmd: &str, a: &AuthorityArg) -> Result<Box<dyn Authority>, ExitCode> {
+fn open_or_exit(cmd: &str, a: &AuthorityArg) -> Result<Box<dyn LeaseClient>, ExitCode> {
     open_target(a).map_err(|e| {
         eprintln!("leaseagent {cmd}: {e}");
         ExitCode::from(crate::exit::AGENT_FAILED)
     })
+}
+
+/// Runs `call` on the authority's operator; an authority without one
+/// answers [`OperatorError::Unsupported`], worded by `missing` (given the
+/// authority's URL).
+fn with_operator<T>(
+    t: &mut dyn LeaseClient,
+    missing: impl FnOnce(&str) -> String,
+    call: impl FnOnce(&mut dyn Operator) -> Result<T, OperatorError>,
+) -> Result<T, OperatorError> {
+    let url = t.url();
+    match t.operator() {
+        Some(mut op) => call(&mut *op),
+        None => Err(OperatorError::Unsupported(missing(&url))),
+    }
 }
 
 /// Lays out `rows` under `header`, columns padded to their widest cell.
@@ -161,7 +178,12 @@ pub fn history(a: HistoryArgs) -> ExitCode {
     let since_ms = a.since.map_or(0, |d| {
         now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     });
-    match t.history(a.task.as_deref(), since_ms, TIMEOUT) {
+    let answer = with_operator(
+        &mut *t,
+        |url| format!("{url} keeps no run history"),
+        |op| op.history(a.task.as_deref(), since_ms, TIMEOUT),
+    );
+    match answer {
         Ok(list) => {
             if a.json {
                 println!("{}", serde_json::json!({ "attempts": list }));
@@ -204,7 +226,12 @@ pub fn leases(a: LeasesArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.leases(TIMEOUT) {
+    let answer = with_operator(
+        &mut *t,
+        |url| format!("{url} has no lease listing"),
+        |op| op.leases(TIMEOUT),
+    );
+    match answer {
         Ok(list) => {
             if a.json {
                 println!("{}", serde_json::json!({ "leases": list }));
@@ -224,14 +251,19 @@ pub fn revoke(a: RevokeArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.revoke(&a.task, a.force, TIMEOUT) {
-        Ok(()) => {
+    let answer = with_operator(
+        &mut *t,
+        |url| format!("{url} has no revoke"),
+        |op| op.revoke(&a.task, a.force, TIMEOUT),
+    );
+    match answer {
+        Ok(revoked) => {
             if a.json {
                 println!(
                     "{}",
                     serde_json::json!({"task": a.task, "revoked": true, "force": a.force})
                 );
-            } else if a.force || t.url().starts_with("etcd") {
+            } else if revoked == Revoked::Now {
                 println!(
                     "revoked the lease on {}: the task is free now; its holder is refused at its next renewal",
                     a.task
@@ -253,7 +285,12 @@ pub fn clear(a: ClearArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    match t.clear(&a.task, TIMEOUT) {
+    let answer = with_operator(
+        &mut *t,
+        |url| format!("{url} has no clear"),
+        |op| op.clear(&a.task, TIMEOUT),
+    );
+    match answer {
         Ok(()) => {
             if a.json {
                 println!("{}", serde_json::json!({"task": a.task, "cleared": true}));
@@ -263,5 +300,38 @@ pub fn clear(a: ClearArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => failed("clear", &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authority::scripted::Scripted;
+
+    #[test]
+    fn an_authority_without_operator_calls_says_so_by_name() {
+        let mut t = Scripted::default();
+        let e = with_operator(
+            &mut t,
+            |url| format!("{url} has no clear"),
+            |op| op.clear("x", TIMEOUT),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            OperatorError::Unsupported("scripted: has no clear".into())
+        );
+        assert!(t.calls.is_empty());
+        let mut t = Scripted {
+            leases: Some(Vec::new()),
+            ..Scripted::default()
+        };
+        let revoked = with_operator(
+            &mut t,
+            |_| unreachable!(),
+            |op| op.revoke("x", true, TIMEOUT),
+        );
+        assert_eq!(revoked, Ok(Revoked::Now));
+        assert_eq!(t.calls, ["revoke"]);
     }
 }

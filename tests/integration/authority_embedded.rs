@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use leaseagent::testing::EmbeddedAuthority;
 use leaseagent::testing::{
-    AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
+    AcquireError, AcquireRequest, ExpiryPolicy, LeaseClient, Operator, Outcome, RefusalReason,
+    RenewError,
 };
 use support::authority::poll;
 

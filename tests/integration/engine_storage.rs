@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use leaseagent::testing::{AcquireRequest, Authority, EmbeddedAuthority, ExpiryPolicy};
+use leaseagent::testing::{AcquireRequest, EmbeddedAuthority, ExpiryPolicy, LeaseClient};
 use serde_json::{Value, json};
 use support::authority::{Server, bin, poll};
 

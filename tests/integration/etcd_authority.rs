@@ -1,5 +1,6 @@
-//! The etcd authority through the `Authority` trait, against real etcd
-//! processes on loopback ports (see tests/support_etcd).
+//! The etcd authority through the `LeaseClient` trait (and its queue, the
+//! `Waiter`), against real etcd processes on loopback ports (see
+//! tests/support_etcd).
 
 use crate::support;
 
@@ -7,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use leaseagent::testing::EtcdAuthority;
 use leaseagent::testing::{
-    AcquireError, AcquireRequest, Authority, ExpiryPolicy, Outcome, RefusalReason, RenewError,
+    AcquireError, AcquireRequest, ExpiryPolicy, LeaseClient, Outcome, RefusalReason, RenewError,
+    Waiter,
 };
 use support::etcd::{Etcd, etcdctl_lock, poll, read_rev};
 use support::stderr_of;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leaseagent::testing::{
-    AcquireError, AcquireRequest, Authority, ClientTrust, EtcdAuthority, ExpiryPolicy, Outcome,
-    TrustFiles,
+    AcquireError, AcquireRequest, ClientTrust, EtcdAuthority, ExpiryPolicy, LeaseClient, Outcome,
+    TrustFiles, Waiter,
 };
 
 use crate::support::etcd::{Etcd, Secure, Tls, poll};

@@ -40,9 +40,10 @@ use serde::de::DeserializeOwned;
 
 use super::wire::{
     AuthenticateRequest, AuthenticateResponse, GRPC_INVALID_ARGUMENT, GRPC_PERMISSION_DENIED,
-    GRPC_UNAUTHENTICATED, GatewayError, StreamError,
+    GRPC_UNAUTHENTICATED, GatewayError, Known, StreamError,
 };
 use crate::authority::trust::ClientTrust;
+use crate::authority::{Failure, FailureKind, TrustCause};
 
 // Answers larger than the protocol's limit are not answers we asked for.
 use crate::authority::transport::BODY_LIMIT;
@@ -52,14 +53,10 @@ use crate::authority::transport::BODY_LIMIT;
 pub enum CallError {
     /// Unreachable, timed out, 5xx, or unreadable: the state is unknown.
     #[error("{0}")]
-    Transient(String),
-    /// No endpoint answered, and at least one failed for TLS trust:
-    /// `cause` is `certificate` or `TLS`.
+    Transient(Failure),
+    /// No endpoint answered, and at least one failed for TLS trust.
     #[error("{cause}: {message}")]
-    Tls {
-        cause: &'static str,
-        message: String,
-    },
+    Tls { cause: TrustCause, message: String },
     /// etcd answered with a gRPC status (HTTP 4xx): a definite answer.
     #[error("etcd answered {http}: {} (grpc code {})", status.message, status.code)]
     Status { http: u16, status: GatewayError },
@@ -73,13 +70,29 @@ pub enum CallError {
 }
 
 impl CallError {
-    /// The trust cause, for failures that are about TLS or credentials.
-    pub fn trust_cause(&self) -> Option<&'static str> {
+    /// Whether the failure is about TLS or credentials.
+    pub fn is_trust(&self) -> bool {
+        matches!(self, CallError::Tls { .. } | CallError::Denied { .. })
+    }
+
+    /// The failure as the lease client reports it (the same words).
+    pub fn into_failure(self) -> Failure {
+        let kind = match &self {
+            CallError::Transient(f) => f.kind,
+            CallError::Tls { cause, .. } => FailureKind::Trust(*cause),
+            CallError::Status { http, .. } => FailureKind::Status(*http),
+            CallError::Denied { .. } => FailureKind::Denied,
+        };
         match self {
-            CallError::Tls { cause, .. } | CallError::Denied { cause, .. } => Some(cause),
-            _ => None,
+            CallError::Transient(f) => f,
+            other => Failure::new(kind, other.to_string()),
         }
     }
+}
+
+/// A failure of the gateway itself (not of one call on the wire).
+fn transient(kind: FailureKind, message: impl Into<String>) -> CallError {
+    CallError::Transient(Failure::new(kind, message))
 }
 
 /// A client for one etcd cluster, owned by one thread.
@@ -151,7 +164,8 @@ impl Gateway {
         deadline: Instant,
         limit: u64,
     ) -> Result<R, CallError> {
-        let body = serde_json::to_vec(body).map_err(|e| CallError::Transient(e.to_string()))?;
+        let body =
+            serde_json::to_vec(body).map_err(|e| transient(FailureKind::Encode, e.to_string()))?;
         if self.needs_login() && self.token.is_none() {
             self.authenticate(deadline)?;
         }
@@ -184,7 +198,7 @@ impl Gateway {
             name: &login.user,
             password: login.password.expose(),
         })
-        .map_err(|e| CallError::Transient(e.to_string()))?;
+        .map_err(|e| transient(FailureKind::Encode, e.to_string()))?;
         let user = login.user.clone();
         match self.rotate::<AuthenticateResponse>(
             "/v3/auth/authenticate",
@@ -197,11 +211,12 @@ impl Gateway {
                 self.token = Some(r.token);
                 Ok(())
             }
-            Ok(_) => Err(CallError::Transient(
-                "etcd /v3/auth/authenticate answered without a token".into(),
+            Ok(_) => Err(transient(
+                FailureKind::Malformed,
+                "etcd /v3/auth/authenticate answered without a token",
             )),
             Err(CallError::Status { status, .. })
-                if status.message.contains("authentication is not enabled") =>
+                if status.known() == Some(Known::AuthNotEnabled) =>
             {
                 log::info!("etcd: authentication is not enabled; --etcd-user is not needed");
                 self.auth_disabled = true;
@@ -230,13 +245,16 @@ impl Gateway {
         limit: u64,
     ) -> Result<R, CallError> {
         let n = self.endpoints.len().max(1);
-        let mut last = CallError::Transient("etcd: no endpoint configured".into());
+        let mut last = transient(FailureKind::Other, "etcd: no endpoint configured");
         let mut tls_failure: Option<CallError> = None;
         for tried in 0..n {
             let left = deadline.saturating_duration_since(Instant::now());
             if left < Duration::from_millis(1) {
                 if tried == 0 {
-                    last = CallError::Transient(format!("etcd {path}: no time left for the call"));
+                    last = transient(
+                        FailureKind::Timeout,
+                        format!("etcd {path}: no time left for the call"),
+                    );
                 }
                 break;
             }
@@ -267,10 +285,10 @@ impl Gateway {
                     tls_failure = Some(e.clone());
                     last = e;
                 }
-                Err(CallError::Transient(m)) => {
-                    log::debug!("etcd {endpoint}{path}: {m}; next call goes to the next endpoint");
+                Err(CallError::Transient(f)) => {
+                    log::debug!("etcd {endpoint}{path}: {f}; next call goes to the next endpoint");
                     self.cursor = (self.cursor + 1) % n;
-                    last = CallError::Transient(format!("etcd {endpoint}{path}: {m}"));
+                    last = CallError::Transient(f.context(format_args!("etcd {endpoint}{path}")));
                 }
             }
         }
@@ -289,18 +307,18 @@ impl Gateway {
         let url = format!("{}://{endpoint}{path}", self.scheme);
         let (status, bytes) =
             crate::authority::transport::call(&self.agent, &url, Some(body), token, budget, limit)
-                .map_err(|f| match f.trust {
+                .map_err(|f| match f.trust() {
                     Some(cause) => CallError::Tls {
                         cause,
                         message: f.message,
                     },
-                    None => CallError::Transient(f.message),
+                    None => CallError::Transient(f),
                 })?;
         if !(200..300).contains(&status) && !(400..500).contains(&status) {
-            return Err(CallError::Transient(format!(
-                "HTTP {status}: {}",
-                snippet(&bytes)
-            )));
+            return Err(transient(
+                FailureKind::Status(status),
+                format!("HTTP {status}: {}", snippet(&bytes)),
+            ));
         }
         if status >= 400 {
             return match first_json::<GatewayError>(&bytes) {
@@ -310,20 +328,18 @@ impl Gateway {
                 }),
                 // etcd's gateway refuses client certificates with a Common
                 // Name when it checks client certificates (CVE-2018-16886).
-                _ if String::from_utf8_lossy(&bytes).contains("CommonName of client") => {
-                    Err(CallError::Tls {
-                        cause: "certificate",
-                        message: format!(
-                            "HTTP {status}: {}: etcd's JSON gateway refuses client certificates that carry a Common Name; use one whose subject has no CN (names in subjectAltName only)",
-                            snippet(&bytes)
-                        ),
-                    })
-                }
+                _ if super::wire::refuses_common_name(&bytes) => Err(CallError::Tls {
+                    cause: TrustCause::Certificate,
+                    message: format!(
+                        "HTTP {status}: {}: etcd's JSON gateway refuses client certificates that carry a Common Name; use one whose subject has no CN (names in subjectAltName only)",
+                        snippet(&bytes)
+                    ),
+                }),
                 // A 4xx without a gRPC status is not etcd's gateway talking.
-                _ => Err(CallError::Transient(format!(
-                    "HTTP {status}: {}",
-                    snippet(&bytes)
-                ))),
+                _ => Err(transient(
+                    FailureKind::Status(status),
+                    format!("HTTP {status}: {}", snippet(&bytes)),
+                )),
             };
         }
         // A stream (keepalive) reports errors inside a 200.
@@ -335,16 +351,22 @@ impl Gateway {
                 });
             }
         }
-        first_json::<R>(&bytes)
-            .ok_or_else(|| CallError::Transient(format!("malformed answer: {}", snippet(&bytes))))
+        first_json::<R>(&bytes).ok_or_else(|| {
+            transient(
+                FailureKind::Malformed,
+                format!("malformed answer: {}", snippet(&bytes)),
+            )
+        })
     }
 }
 
 /// Whether etcd's answer says our token expired (authenticate again).
 fn token_expired(status: &GatewayError) -> bool {
     status.code == GRPC_UNAUTHENTICATED
-        || status.message.contains("invalid auth token")
-        || status.message.contains("auth store is old")
+        || matches!(
+            status.known(),
+            Some(Known::InvalidAuthToken | Known::AuthOldRevision)
+        )
 }
 
 /// Turns etcd's refusals of credentials or permissions into
@@ -362,8 +384,10 @@ fn denied(e: CallError) -> CallError {
         }
         CallError::Status { http, status }
             if status.code == GRPC_UNAUTHENTICATED
-                || status.message.contains("user name is empty")
-                || status.message.contains("invalid auth token") =>
+                || matches!(
+                    status.known(),
+                    Some(Known::UserNameEmpty | Known::InvalidAuthToken)
+                ) =>
         {
             CallError::Denied {
                 cause: "unauthenticated",

@@ -37,10 +37,15 @@
 //! expires and has no grace or hold state, so the other policies are refused
 //! rather than silently weakened.
 //!
-//! Waiting (`--wait`) uses [`Authority::acquire_wait`]: the queued key is kept
-//! (and its lease kept alive) between calls, so a waiter keeps its place in
-//! the queue like `etcdctl lock` does instead of re-entering at the back.
-//! Every way out of a wait except "still queued" revokes the place.
+//! Waiting (`--wait`) goes through the client's [`Waiter`] capability
+//! ([`Waiter::acquire_wait`]): the queued key is kept (and its lease kept
+//! alive) between calls, so a waiter keeps its place in the queue like
+//! `etcdctl lock` does instead of re-entering at the back. Every way out of
+//! a wait except "still queued" revokes the place.
+//!
+//! The operator calls ([`Operator`]): `leases` lists the lock keys, `revoke`
+//! revokes the holder's lease; etcd keeps no run history and no task held
+//! for an operator, so `history` and `clear` answer so, in words.
 //!
 //! Shared state: the `LeaseClock` is shared (behind a mutex held for a map
 //! lookup only) by the handles of one agent, since the heartbeat thread
@@ -64,7 +69,7 @@ use super::*;
 /// How often a waiter looks at the key ahead of it.
 const WAIT_POLL: Duration = Duration::from_millis(200);
 
-/// A place in a task's queue kept by [`Authority::acquire_wait`].
+/// A place in a task's queue kept by [`Waiter::acquire_wait`].
 struct Queued {
     task: String,
     lease: i64,
@@ -117,7 +122,7 @@ enum Step {
     /// Our place is gone (lease expired, key deleted): queue again at once.
     PlaceLost,
     /// A transient failure; the place (if any) is kept.
-    Failed(String),
+    Failed(Failure),
 }
 
 /// The result of putting our key in the queue.
@@ -218,9 +223,12 @@ impl EtcdAuthority {
             )
             .map_err(|e| self.first_call_error("etcd lease grant", e, deadline))?;
         if !r.error.is_empty() || r.id <= 0 || r.ttl <= 0 {
-            return Err(AcquireError::Transient(format!(
-                "etcd lease grant gave no lease (id {}, ttl {}): {}",
-                r.id, r.ttl, r.error
+            return Err(AcquireError::Transient(Failure::new(
+                FailureKind::Malformed,
+                format!(
+                    "etcd lease grant gave no lease (id {}, ttl {}): {}",
+                    r.id, r.ttl, r.error
+                ),
             )));
         }
         self.clock.extend(r.id, sent, r.ttl);
@@ -232,7 +240,7 @@ impl EtcdAuthority {
     /// a TLS port or the reverse): one bounded probe names that cause
     /// instead of "unreachable".
     fn first_call_error(&self, what: &str, e: CallError, deadline: Instant) -> AcquireError {
-        if let CallError::Transient(m) = &e {
+        if let CallError::Transient(f) = &e {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .min(Duration::from_secs(1));
@@ -241,12 +249,12 @@ impl EtcdAuthority {
             } else {
                 ("http", "etcd speaks TLS there: use etcds://")
             };
-            if !m.ends_with("timed out")
+            if f.kind != FailureKind::Timeout
                 && self.gw.endpoints().iter().any(|ep| {
                     super::transport::other_scheme_answers(&format!("{scheme}://{ep}"), left)
                 })
             {
-                return AcquireError::Trust(format!("TLS: {what}: {m} ({hint})"));
+                return AcquireError::Trust(format!("TLS: {what}: {f} ({hint})"));
             }
         }
         acquire_error(what, e)
@@ -294,9 +302,7 @@ impl EtcdAuthority {
         };
         let owner_range = r.range(1);
         if create_rev <= 0 || r.header.revision <= 0 || owner_range.is_none() {
-            return Err(CallError::Transient(
-                "etcd txn answer lacks the expected reads".into(),
-            ));
+            return Err(CallError::Transient(lacks_reads()));
         }
         Ok(Enqueued {
             create_rev,
@@ -341,7 +347,7 @@ impl EtcdAuthority {
                 ))
             }
             Err(e) => {
-                if e.trust_cause().is_some() {
+                if e.is_trust() {
                     log::error!(
                         "etcd keepalive of lease {lease:x}: {e} (retried until the local deadline)"
                     );
@@ -414,9 +420,13 @@ impl EtcdAuthority {
         Ok(())
     }
 
-    fn grant_of(task: &str, lease: i64, token: i64, ttl_secs: i64) -> Result<Grant, AcquireError> {
-        let token = u64::try_from(token)
-            .map_err(|_| AcquireError::Transient(format!("etcd gave revision {token}")))?;
+    fn grant_of(task: &str, lease: i64, token: i64, ttl_secs: i64) -> Result<Grant, Failure> {
+        let token = u64::try_from(token).map_err(|_| {
+            Failure::new(
+                FailureKind::Malformed,
+                format!("etcd gave revision {token}"),
+            )
+        })?;
         Ok(Grant {
             lease_id: format!("{lease:x}"),
             task: task.to_string(),
@@ -454,7 +464,9 @@ impl EtcdAuthority {
                 Ok(Err(owner))
             }
             // Our key is the first (or, racing a revoke, the only) one.
-            _ => Self::grant_of(&req.task, lease, q.revision, ttl_secs).map(Ok),
+            _ => Self::grant_of(&req.task, lease, q.revision, ttl_secs)
+                .map(Ok)
+                .map_err(AcquireError::Transient),
         }
     }
 
@@ -516,7 +528,7 @@ impl EtcdAuthority {
         }
         if let Some(lease) = self.queued.as_ref().map(|q| q.lease) {
             self.refresh_queued(lease, Instant::now() + timeout)
-                .map_err(|e| AcquireError::Transient(e.to_string()))?;
+                .map_err(|e| AcquireError::Transient(e.failure()))?;
         }
         Ok(())
     }
@@ -532,7 +544,12 @@ impl EtcdAuthority {
             Ok(Ok(grant)) => Ok(Step::Granted(grant)),
             Ok(Err(owner)) => Ok(Step::Behind(Some(owner))),
             Err(e @ (AcquireError::Rejected(_) | AcquireError::Trust(_))) => Err(e),
-            Err(e) => Ok(Step::Failed(e.to_string())),
+            Err(AcquireError::Transient(f)) => Ok(Step::Failed(f)),
+            // A place is never refused as held (take_place says who is
+            // ahead instead); kept apart only for the match.
+            Err(e @ (AcquireError::Held { .. } | AcquireError::HeldForOperator { .. })) => Ok(
+                Step::Failed(Failure::new(FailureKind::Other, e.to_string())),
+            ),
         }
     }
 
@@ -568,10 +585,10 @@ impl EtcdAuthority {
             .call::<_, TxnResponse>("/v3/kv/txn", &txn, Instant::now() + timeout)
         {
             Ok(r) => r,
-            Err(e) => return Step::Failed(e.to_string()),
+            Err(e) => return Step::Failed(e.into_failure()),
         };
         let (Some(ahead), Some(own)) = (r.range(0), r.range(1)) else {
-            return Step::Failed("etcd txn answer lacks the expected reads".into());
+            return Step::Failed(lacks_reads());
         };
         let own_ok = own
             .kvs
@@ -586,7 +603,7 @@ impl EtcdAuthority {
             self.queued = None;
             return match Self::grant_of(&req.task, lease, r.header.revision, ttl_secs) {
                 Ok(g) => Step::Granted(g),
-                Err(e) => Step::Failed(e.to_string()),
+                Err(f) => Step::Failed(f),
             };
         }
         Step::Behind(r.range(2).and_then(|o| o.kvs.first().cloned()))
@@ -597,7 +614,27 @@ impl EtcdAuthority {
 const LISTING_LIMIT: u64 = 64 << 20;
 
 fn operator_error(e: CallError) -> OperatorError {
-    OperatorError::Failed(e.to_string())
+    OperatorError::Failed(e.into_failure())
+}
+
+/// An answer to a txn without the reads it asked for.
+fn lacks_reads() -> Failure {
+    Failure::new(
+        FailureKind::Malformed,
+        "etcd txn answer lacks the expected reads",
+    )
+}
+
+impl KeepAliveError {
+    /// A keepalive that did not refuse: transient, of its call's kind.
+    fn failure(&self) -> Failure {
+        let kind = match self {
+            KeepAliveError::Call(e) => e.clone().into_failure().kind,
+            KeepAliveError::NoResult(_) => FailureKind::Malformed,
+            KeepAliveError::Gone(..) => FailureKind::Other,
+        };
+        Failure::new(kind, self.to_string())
+    }
 }
 
 /// Splits a lock key `<prefix>/<lease id in hex>` into the prefix (with its
@@ -634,26 +671,17 @@ fn task_of_prefix(prefix: &[u8]) -> Option<String> {
 /// A failed call at acquire: TLS and credential problems are final (exit
 /// 125 naming the cause), everything else transient.
 fn acquire_error(what: &str, e: CallError) -> AcquireError {
-    match e.trust_cause() {
-        Some(_) => AcquireError::Trust(e.to_string()),
-        None => AcquireError::Transient(format!("{what}: {e}")),
+    if e.is_trust() {
+        AcquireError::Trust(e.to_string())
+    } else {
+        AcquireError::Transient(e.into_failure().context(what))
     }
 }
 
-impl Authority for EtcdAuthority {
+impl LeaseClient for EtcdAuthority {
     fn url(&self) -> String {
         let scheme = if self.gw.tls() { "etcds" } else { "etcd" };
         format!("{scheme}://{}", self.gw.endpoints().join(","))
-    }
-
-    fn clone_box(&self) -> Box<dyn Authority> {
-        let mut other = EtcdAuthority::with_trust(
-            self.gw.endpoints().to_vec(),
-            self.gw.tls(),
-            self.gw.trust().clone(),
-        );
-        other.clock = self.clock.clone();
-        Box::new(other)
     }
 
     fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
@@ -676,143 +704,6 @@ impl Authority for EtcdAuthority {
         }
     }
 
-    fn acquire_wait(
-        &mut self,
-        req: &AcquireRequest,
-        wait: Duration,
-        timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        Self::check_request(req)?;
-        let answer = self.wait_in_queue(req, Instant::now() + wait, timeout);
-        // Only "still queued" keeps the place; every other way out of the
-        // wait (including a transient failure: the agent exits on it) gives
-        // the place up, so no phantom waiter is left ahead of others.
-        let still_queued = matches!(
-            &answer,
-            Err(AcquireError::Held { retry_after: Some(r), .. }) if r.is_zero()
-        );
-        if answer.is_err() && !still_queued {
-            self.abandon_wait(timeout);
-        }
-        answer
-    }
-
-    fn abandon_wait(&mut self, timeout: Duration) {
-        if let Some(q) = self.queued.take() {
-            self.revoke_quietly(q.lease, Instant::now() + timeout);
-        }
-    }
-
-    /// Every lock key in etcd (`<prefix>/<own lease id in hex>`, held by
-    /// that lease: leaseagent's and `etcdctl lock`'s), one row per key: the
-    /// first created of a task is `active`, the others `waiting` in queue
-    /// order. The token shown is the key's create revision: the holder's
-    /// `LEASE_TOKEN` when it got the task without waiting, a lower bound of
-    /// it otherwise (etcd does not record the revision ownership was
-    /// confirmed at).
-    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
-        let deadline = Instant::now() + timeout;
-        let all: RangeResponse = self
-            .gw
-            .call_limited(
-                "/v3/kv/range",
-                &RangeRequest::everything(),
-                deadline,
-                LISTING_LIMIT,
-            )
-            .map_err(operator_error)?;
-        let mut tasks: std::collections::BTreeMap<String, Vec<KeyValue>> = Default::default();
-        for kv in all.kvs {
-            let key = kv.key_bytes();
-            if let Some((prefix, lease)) = lock_key(&key) {
-                if lease == kv.lease && lease > 0 {
-                    if let Some(task) = task_of_prefix(prefix) {
-                        tasks.entry(task).or_default().push(kv);
-                    }
-                }
-            }
-        }
-        let mut out = Vec::new();
-        for (task, mut kvs) in tasks {
-            kvs.sort_by_key(|kv| kv.create_revision);
-            for (i, kv) in kvs.iter().enumerate() {
-                let ttl = self.time_to_live(kv.lease, deadline);
-                out.push(LeaseInfo {
-                    task: task.clone(),
-                    lease_id: format!("{:x}", kv.lease),
-                    token: u64::try_from(kv.create_revision).unwrap_or(0),
-                    holder: Self::describe_holder(kv),
-                    // etcd does not record which user put a key.
-                    principal: String::new(),
-                    state: if i == 0 {
-                        LeaseState::Active
-                    } else {
-                        LeaseState::Waiting
-                    },
-                    expires_in_ms: ttl.map(|s| s.unsigned_abs() * 1000),
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    /// Revokes the etcd lease of the task's current holder: etcd deletes its
-    /// key at once, the holder is refused at its next renewal and the next
-    /// waiter (if any) gets the task. `force` changes nothing: etcd frees
-    /// the task at once either way.
-    fn revoke(&mut self, task: &str, _force: bool, timeout: Duration) -> Result<(), OperatorError> {
-        let deadline = Instant::now() + timeout;
-        let prefix = Self::prefix(task);
-        let r: RangeResponse = self
-            .gw
-            .call(
-                "/v3/kv/range",
-                &RangeRequest::first_created(&prefix),
-                deadline,
-            )
-            .map_err(operator_error)?;
-        let Some(owner) = r.kvs.first() else {
-            return Err(OperatorError::NotFound(format!(
-                "no lease on task {task} in etcd"
-            )));
-        };
-        if owner.lease <= 0 {
-            return Err(OperatorError::Failed(format!(
-                "etcd key {} has no lease; delete it with etcdctl del",
-                String::from_utf8_lossy(&owner.key_bytes())
-            )));
-        }
-        match self.revoke_lease(owner.lease, deadline) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(OperatorError::NotFound(format!(
-                "the lease on task {task} was already gone"
-            ))),
-            Err(e) => Err(operator_error(e)),
-        }
-    }
-
-    /// etcd keeps no run history: a lock key is deleted when its holder
-    /// releases or its lease expires, and etcd compacts old revisions, so
-    /// nothing records who held a task, how it ended or with what outcome.
-    fn history(
-        &mut self,
-        _task: Option<&str>,
-        _since_ms: u64,
-        _timeout: Duration,
-    ) -> Result<Vec<Attempt>, OperatorError> {
-        Err(OperatorError::Unsupported(
-            "etcd keeps no run history: a lock key is deleted when its holder releases it or its lease expires (and etcd compacts old revisions), so nothing records who held a task or how it ended; use `leaseagent serve` or the embedded authority for history".into(),
-        ))
-    }
-
-    /// etcd has no held-for-operator state: it frees a task as soon as its
-    /// lease expires. There is never anything to clear (exit 1).
-    fn clear(&mut self, task: &str, _timeout: Duration) -> Result<(), OperatorError> {
-        Err(OperatorError::NotFound(format!(
-            "etcd keeps no task held for an operator (it frees {task} when its lease expires): nothing to clear"
-        )))
-    }
-
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let deadline = Instant::now() + timeout;
         let Some(id) = Self::parse_lease_id(&lease.lease_id) else {
@@ -826,7 +717,7 @@ impl Authority for EtcdAuthority {
             Err(KeepAliveError::Gone(reason, message)) => {
                 return Err(RenewError::Refused { reason, message });
             }
-            Err(e) => return Err(RenewError::Transient(e.to_string())),
+            Err(e) => return Err(RenewError::Transient(e.failure())),
         };
         let renewed = Renewed {
             ttl: Duration::from_secs(ttl.unsigned_abs()),
@@ -907,8 +798,183 @@ impl Authority for EtcdAuthority {
                 reason: RefusalReason::UnknownLease,
                 message: format!("etcd lease {id:x} was already gone"),
             }),
-            Err(e) => Err(RenewError::Transient(format!("etcd lease revoke: {e}"))),
+            Err(e) => Err(RenewError::Transient(
+                e.into_failure().context("etcd lease revoke"),
+            )),
         }
+    }
+
+    /// The renewer gets the gateway the grant came over (its connection
+    /// kept alive, its login and its endpoint cursor); this handle, which
+    /// releases, starts a new one. Both share the lease clock.
+    fn renewer(&mut self) -> Box<dyn Renewer> {
+        let fresh = Gateway::with_trust(
+            self.gw.endpoints().to_vec(),
+            self.gw.tls(),
+            self.gw.trust().clone(),
+        );
+        Box::new(Renewing(EtcdAuthority {
+            gw: std::mem::replace(&mut self.gw, fresh),
+            queued: None,
+            clock: self.clock.clone(),
+        }))
+    }
+
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
+        Some(Box::new(self))
+    }
+
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
+        Some(Box::new(self))
+    }
+}
+
+impl Waiter for EtcdAuthority {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        Self::check_request(req)?;
+        let answer = self.wait_in_queue(req, Instant::now() + wait, timeout);
+        // Only "still queued" keeps the place; every other way out of the
+        // wait (including a transient failure: the agent exits on it) gives
+        // the place up, so no phantom waiter is left ahead of others.
+        let still_queued = matches!(
+            &answer,
+            Err(AcquireError::Held { retry_after: Some(r), .. }) if r.is_zero()
+        );
+        if answer.is_err() && !still_queued {
+            self.abandon_wait(timeout);
+        }
+        answer
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        if let Some(q) = self.queued.take() {
+            self.revoke_quietly(q.lease, Instant::now() + timeout);
+        }
+    }
+}
+
+impl Operator for EtcdAuthority {
+    /// Every lock key in etcd (`<prefix>/<own lease id in hex>`, held by
+    /// that lease: leaseagent's and `etcdctl lock`'s), one row per key: the
+    /// first created of a task is `active`, the others `waiting` in queue
+    /// order. The token shown is the key's create revision: the holder's
+    /// `LEASE_TOKEN` when it got the task without waiting, a lower bound of
+    /// it otherwise (etcd does not record the revision ownership was
+    /// confirmed at).
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        let deadline = Instant::now() + timeout;
+        let all: RangeResponse = self
+            .gw
+            .call_limited(
+                "/v3/kv/range",
+                &RangeRequest::everything(),
+                deadline,
+                LISTING_LIMIT,
+            )
+            .map_err(operator_error)?;
+        let mut tasks: std::collections::BTreeMap<String, Vec<KeyValue>> = Default::default();
+        for kv in all.kvs {
+            let key = kv.key_bytes();
+            if let Some((prefix, lease)) = lock_key(&key) {
+                if lease == kv.lease && lease > 0 {
+                    if let Some(task) = task_of_prefix(prefix) {
+                        tasks.entry(task).or_default().push(kv);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (task, mut kvs) in tasks {
+            kvs.sort_by_key(|kv| kv.create_revision);
+            for (i, kv) in kvs.iter().enumerate() {
+                let ttl = self.time_to_live(kv.lease, deadline);
+                out.push(LeaseInfo {
+                    task: task.clone(),
+                    lease_id: format!("{:x}", kv.lease),
+                    token: u64::try_from(kv.create_revision).unwrap_or(0),
+                    holder: Self::describe_holder(kv),
+                    // etcd does not record which user put a key.
+                    principal: String::new(),
+                    state: if i == 0 {
+                        LeaseState::Active
+                    } else {
+                        LeaseState::Waiting
+                    },
+                    expires_in_ms: ttl.map(|s| s.unsigned_abs() * 1000),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Revokes the etcd lease of the task's current holder: etcd deletes its
+    /// key at once, the holder is refused at its next renewal and the next
+    /// waiter (if any) gets the task. `force` changes nothing: etcd frees
+    /// the task at once either way.
+    fn revoke(
+        &mut self,
+        task: &str,
+        _force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        let deadline = Instant::now() + timeout;
+        let prefix = Self::prefix(task);
+        let r: RangeResponse = self
+            .gw
+            .call(
+                "/v3/kv/range",
+                &RangeRequest::first_created(&prefix),
+                deadline,
+            )
+            .map_err(operator_error)?;
+        let Some(owner) = r.kvs.first() else {
+            return Err(OperatorError::NotFound(format!(
+                "no lease on task {task} in etcd"
+            )));
+        };
+        if owner.lease <= 0 {
+            return Err(OperatorError::Failed(Failure::new(
+                FailureKind::Other,
+                format!(
+                    "etcd key {} has no lease; delete it with etcdctl del",
+                    String::from_utf8_lossy(&owner.key_bytes())
+                ),
+            )));
+        }
+        match self.revoke_lease(owner.lease, deadline) {
+            Ok(true) => Ok(Revoked::Now),
+            Ok(false) => Err(OperatorError::NotFound(format!(
+                "the lease on task {task} was already gone"
+            ))),
+            Err(e) => Err(operator_error(e)),
+        }
+    }
+
+    /// etcd keeps no run history: a lock key is deleted when its holder
+    /// releases or its lease expires, and etcd compacts old revisions, so
+    /// nothing records who held a task, how it ended or with what outcome.
+    fn history(
+        &mut self,
+        _task: Option<&str>,
+        _since_ms: u64,
+        _timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        Err(OperatorError::Unsupported(
+            "etcd keeps no run history: a lock key is deleted when its holder releases it or its lease expires (and etcd compacts old revisions), so nothing records who held a task or how it ended; use `leaseagent serve` or the embedded authority for history".into(),
+        ))
+    }
+
+    /// etcd has no held-for-operator state: it frees a task as soon as its
+    /// lease expires. There is never anything to clear (exit 1).
+    fn clear(&mut self, task: &str, _timeout: Duration) -> Result<(), OperatorError> {
+        Err(OperatorError::NotFound(format!(
+            "etcd keeps no task held for an operator (it frees {task} when its lease expires): nothing to clear"
+        )))
     }
 }
 

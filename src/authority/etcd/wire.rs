@@ -112,6 +112,46 @@ pub struct GatewayError {
     pub code: i64,
 }
 
+/// The etcd errors the client acts on beyond their gRPC code. etcd tells
+/// them apart only by their fixed description (its own client does the
+/// same: `api/v3rpc/rpctypes`, `ErrorDesc`), so they are recognised here,
+/// once, and everything else matches on this type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known {
+    /// "authentication is not enabled": a login is not needed.
+    AuthNotEnabled,
+    /// "invalid auth token": the token expired (authenticate again), or
+    /// none was sent.
+    InvalidAuthToken,
+    /// "revision of auth store is old": authenticate again.
+    AuthOldRevision,
+    /// "user name is empty": the cluster wants a login.
+    UserNameEmpty,
+}
+
+impl GatewayError {
+    /// Which of the [`Known`] errors this is, if any.
+    pub fn known(&self) -> Option<Known> {
+        const DESCRIPTIONS: [(&str, Known); 4] = [
+            ("authentication is not enabled", Known::AuthNotEnabled),
+            ("invalid auth token", Known::InvalidAuthToken),
+            ("auth store is old", Known::AuthOldRevision),
+            ("user name is empty", Known::UserNameEmpty),
+        ];
+        DESCRIPTIONS
+            .iter()
+            .find(|(d, _)| self.message.contains(d))
+            .map(|(_, k)| *k)
+    }
+}
+
+/// Whether a 4xx body without a gRPC status is etcd's gateway refusing a
+/// client certificate that carries a Common Name (CVE-2018-16886), the one
+/// such refusal it words in plain text.
+pub fn refuses_common_name(body: &[u8]) -> bool {
+    String::from_utf8_lossy(body).contains("CommonName of client")
+}
+
 /// A streamed answer that carries only an error.
 #[derive(Deserialize)]
 pub struct StreamError {
