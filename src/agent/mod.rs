@@ -14,6 +14,7 @@
 //! 4. Keeper and job, then the heartbeat thread, then the loop.
 
 pub mod config;
+pub mod env;
 pub mod heartbeat;
 pub mod logging;
 pub mod machine;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::agent::config::RunConfig;
+use crate::agent::env::{job_env, keeper_env_remove};
 use crate::agent::machine::{Event, Machine};
 use crate::agent::supervisor::{Supervisor, release_timeout};
 use crate::authority::{self, AcquireError, AcquireRequest, Authority, Grant, Outcome};
@@ -365,45 +367,6 @@ fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
     }
 }
 
-/// The variables the job gets on top of the agent's environment.
-fn job_env(
-    grant: &Grant,
-    auth: &dyn Authority,
-    state: Option<&crate::agent::state_file::StateWriter>,
-) -> Vec<(String, String)> {
-    let mut env = vec![
-        (
-            crate::lease::env::TOKEN.to_string(),
-            grant.token.to_string(),
-        ),
-        (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
-        (crate::lease::env::TASK.to_string(), grant.task.clone()),
-        (crate::lease::env::AUTHORITY.to_string(), auth.url()),
-        (
-            crate::lease::env::TTL_MS.to_string(),
-            grant.ttl.as_millis().to_string(),
-        ),
-    ];
-    if let Some(s) = state {
-        env.push((
-            crate::agent::state_file::ENV_STATE_FILE.to_string(),
-            s.path().display().to_string(),
-        ));
-    }
-    // Credentials in a URL never reach the job (the trust flags' own
-    // variables are removed where the keeper is started).
-    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
-        .ok()
-        .filter(|u| authority::trust::has_userinfo(u))
-    {
-        env.push((
-            "LEASEAGENT_AUTHORITY".to_string(),
-            authority::trust::redact_url(&url),
-        ));
-    }
-    env
-}
-
 /// Says what was granted (and what was scaled to fit a clamped ttl).
 fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn Authority) {
     let (heartbeat, grace) = cfg.settings().fitted(grant.ttl);
@@ -494,39 +457,6 @@ fn start(
     }
     sup.start_state_queue();
     sup.run()
-}
-
-/// Variables of the agent's environment the job must not inherit: systemd's
-/// notify socket and every `WATCHDOG_*` / `LISTEN_*` (they describe the
-/// agent's own service, and a job acting on them would confuse systemd),
-/// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
-/// variable is set again only when this agent made its own file).
-/// What the job's (and so the keeper's) environment goes without: the
-/// agent's own service variables and the trust flags' variables.
-fn keeper_env_remove() -> Vec<String> {
-    let mut env_remove = job_env_remove();
-    env_remove.extend(
-        authority::trust::JOB_ENV_REMOVE
-            .iter()
-            .map(|v| v.to_string()),
-    );
-    env_remove
-}
-
-fn job_env_remove() -> Vec<String> {
-    let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    out.push(crate::agent::state_file::ENV_STATE_FILE.to_string());
-    for (k, _) in std::env::vars_os() {
-        if let Some(k) = k.to_str() {
-            if k.starts_with("WATCHDOG_") || k.starts_with("LISTEN_") {
-                out.push(k.to_string());
-            }
-        }
-    }
-    out
 }
 
 /// The machine event a keeper's news stands for.
