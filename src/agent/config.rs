@@ -133,7 +133,7 @@ impl RawRun {
         }
         let clock_drift_ppm = self
             .clock_drift_ppm
-            .unwrap_or(crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM);
+            .unwrap_or(crate::time::deadline::DEFAULT_CLOCK_DRIFT_PPM);
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
             return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }

@@ -11,7 +11,11 @@
 //!    lease and exits 128+N without starting the command; any other signal
 //!    had no job to go to and is dropped (a SIGHUP sent during acquire must
 //!    not hit the job that starts afterwards).
-//! 4. Keeper and job, then the heartbeat thread, then the loop.
+//! 4. The grant goes to the machine first (`Event::Granted`): one that came
+//!    with less than grace left is released as lost and the command never
+//!    starts. Then keeper and job (the job's environment: `env.rs`), the
+//!    heartbeat thread, and the loop. Every end of the run after the grant
+//!    is the machine's decision, carried out by the supervisor.
 
 pub mod config;
 pub mod env;
@@ -404,43 +408,31 @@ fn start(
 ) -> u8 {
     log_grant(cfg, &grant, &*auth);
     let settings = cfg.settings();
-    let machine = Machine::new(grant.token, sent, grant.ttl, settings);
-    if machine.too_late_to_start(BootInstant::now()) {
-        log::error!(
-            "the grant of task {} token {} arrived with less than the grace left on the lease; not starting the command",
-            grant.task,
-            grant.token
-        );
-        let _ = auth.release(
-            &grant.lease_ref(),
-            Outcome::Lost,
-            None,
-            release_timeout(grant.ttl),
-        );
-        return exit::LEASE_LOST;
-    }
-    let state = state_writer();
-    let env = job_env(&grant, &*auth, state.as_ref());
+    let machine = Machine::new(sent, grant.ttl, settings);
     let tx = events.0.clone();
     // `auth` goes to the heartbeat thread, `releaser` to the supervisor.
     let mut releaser = auth.clone_box();
     if auth.release_keeps_connection() {
         std::mem::swap(&mut auth, &mut releaser);
     }
-    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier, state);
+    let mut sup = Supervisor::new(machine, grant.clone(), releaser, events, notifier);
+    // A grant that came with less than grace left: released as lost, the
+    // command never started.
+    if let Some(code) = sup.step(Event::Granted) {
+        return code;
+    }
+    let state = state_writer();
+    let env = job_env(&grant, &*auth, state.as_ref());
     // Publish before the job starts so `check` works from its first line.
-    sup.publish_initial();
+    sup.publish_initial(state);
     match keeper.start(&env, tx.clone(), event_of) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
-            log::error!("cannot start the keeper process: {e}");
-            let _ = auth.release(
-                &grant.lease_ref(),
-                Outcome::Failed,
-                None,
-                release_timeout(grant.ttl),
-            );
-            return exit::AGENT_FAILED;
+            let error = e.to_string();
+            return match sup.step(Event::KeeperNotStarted { error }) {
+                Some(code) => code,
+                None => sup.run(),
+            };
         }
     }
     let schedule = crate::agent::heartbeat::Schedule {

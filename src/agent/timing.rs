@@ -188,7 +188,7 @@ mod tests {
             asked_ttl: ms(ttl),
             heartbeat: heartbeat.map_or(ms(ttl) / 3, ms),
             grace: grace.map_or(ms(ttl) / 6, ms),
-            drift_ppm: crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM,
+            drift_ppm: crate::time::deadline::DEFAULT_CLOCK_DRIFT_PPM,
             remap_exit: false,
         }
     }

@@ -243,16 +243,6 @@ fn deadline_timer() -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Now on `CLOCK_BOOTTIME`, in µs (the unit of [`protocol::Arm`]).
-fn boot_now_us() -> u64 {
-    u64::try_from(
-        crate::time::clock::BootInstant::now()
-            .since_boot()
-            .as_micros(),
-    )
-    .unwrap_or(u64::MAX)
-}
-
 /// Neither pipe end may reach the job; the report end becomes the
 /// [`Reporter`]. `None`: cannot even report.
 fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
@@ -686,7 +676,7 @@ impl Keeper {
     /// The keeper's own deadline: SIGTERM and SIGKILL when due, whatever
     /// the agent does; then the timer is set to the next time due.
     fn deadline_due(&mut self) {
-        for due in self.guard.due(boot_now_us()) {
+        for due in self.guard.due(crate::time::clock::BootInstant::now()) {
             match due {
                 guard::Due::Term => {
                     self.out.send(&Report::Info(
@@ -704,14 +694,16 @@ impl Keeper {
     fn set_timer(&self) {
         use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
         let at = self.guard.next_wake();
-        let ts = |us: u64| Timespec {
-            tv_sec: (us / 1_000_000) as i64,
-            tv_nsec: ((us % 1_000_000) * 1_000) as i64,
+        let ts = |d: Duration| Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
         };
         let spec = Itimerspec {
-            it_interval: ts(0),
+            it_interval: ts(Duration::ZERO),
             // Zero disarms; an absolute time in the past fires at once.
-            it_value: at.map_or(ts(0), |us| ts(us.max(1))),
+            it_value: at.map_or(ts(Duration::ZERO), |t| {
+                ts(t.since_boot().max(Duration::from_micros(1)))
+            }),
         };
         let _ = timerfd_settime(&self.timer, TimerfdTimerFlags::ABSTIME, &spec);
     }
