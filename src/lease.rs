@@ -30,6 +30,9 @@ pub mod env {
 /// The reference bounds on `ttl_ms` (lease protocol v1).
 pub const MIN_TTL_MS: u64 = 1_000;
 pub const MAX_TTL_MS: u64 = 86_400_000;
+/// The same bounds as durations (what `--ttl` may ask).
+pub const MIN_TTL: Duration = Duration::from_millis(MIN_TTL_MS);
+pub const MAX_TTL: Duration = Duration::from_millis(MAX_TTL_MS);
 /// The largest `grace_ms` accepted.
 pub const MAX_GRACE_MS: u64 = 86_400_000;
 /// The longest task name or holder, in bytes.

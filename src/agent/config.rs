@@ -1,10 +1,10 @@
 //! The run configuration: raw flags turned into a validated [`RunConfig`].
 //!
 //! Everything a user can get wrong is refused here, before any request is
-//! sent, with a message that names the flag: a heartbeat not below the ttl, a
-//! grace not below the ttl, a task name the protocol would refuse, a bad
-//! authority URL. After this point the supervisor can assume
-//! `0 < heartbeat < ttl` and `grace < ttl`.
+//! sent, with a message that names the flag: a task name the protocol would
+//! refuse, a bad authority URL, and timing flags that cannot work (the rules
+//! are `timing.rs`'s, checked once every flag is known). After this point
+//! the supervisor can assume `0 < heartbeat < ttl` and `grace < ttl`.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::authority::trust::{TrustFiles, TrustPairError};
 use crate::authority::{AuthorityFlagError, AuthoritySpec};
 use crate::lease::{ExpiryPolicy, NameError};
-use crate::time::duration::format;
 
 /// A validated `leaseagent [OPTIONS] -- COMMAND` invocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,16 +77,6 @@ pub enum ConfigError {
     Authority(#[from] AuthorityFlagError),
     #[error(transparent)]
     Timing(#[from] crate::agent::timing::TimingError),
-    #[error("--heartbeat must be above 0")]
-    ZeroHeartbeat,
-    #[error("--heartbeat ({}) must be below --ttl ({})", format(*heartbeat), format(*ttl))]
-    HeartbeatNotBelowTtl { heartbeat: Duration, ttl: Duration },
-    #[error(
-        "--grace ({}) must be below --ttl ({}): the command gets SIGTERM --grace before the lease's deadline",
-        format(*grace),
-        format(*ttl)
-    )]
-    GraceNotBelowTtl { grace: Duration, ttl: Duration },
     #[error(transparent)]
     Trust(#[from] TrustPairError),
     #[error("--holder: {0}")]
@@ -128,18 +117,8 @@ impl RawRun {
         validate_task(&task)?;
         let authority = AuthoritySpec::from_flag(self.authority.as_deref())?;
         let ttl = self.ttl;
-        crate::agent::timing::check_ttl(ttl)?;
         let heartbeat = self.heartbeat.unwrap_or(ttl / 3);
-        if heartbeat.is_zero() {
-            return Err(ConfigError::ZeroHeartbeat);
-        }
-        if heartbeat >= ttl {
-            return Err(ConfigError::HeartbeatNotBelowTtl { heartbeat, ttl });
-        }
         let grace = self.grace.unwrap_or(ttl / 6);
-        if grace >= ttl {
-            return Err(ConfigError::GraceNotBelowTtl { grace, ttl });
-        }
         self.trust.check_usage()?;
         let holder = self.holder.unwrap_or_else(default_holder);
         validate_holder(&holder)?;
@@ -154,7 +133,7 @@ impl RawRun {
         }
         let clock_drift_ppm = self
             .clock_drift_ppm
-            .unwrap_or(crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM);
+            .unwrap_or(crate::time::deadline::DEFAULT_CLOCK_DRIFT_PPM);
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
             return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }
@@ -195,7 +174,6 @@ impl RunConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::machine::fit_to_granted;
 
     fn raw() -> RawRun {
         RawRun {
@@ -232,6 +210,23 @@ mod tests {
         assert_eq!(
             refused(|r| r.grace = Some(Duration::from_secs(31))),
             "--grace (31s) must be below --ttl (30s): the command gets SIGTERM --grace before the lease's deadline"
+        );
+        // One rule each, in the words each case has always had.
+        assert_eq!(
+            refused(|r| r.heartbeat = Some(Duration::ZERO)),
+            "--heartbeat must be above 0"
+        );
+        assert!(
+            refused(|r| r.heartbeat = Some(Duration::from_millis(50)))
+                .starts_with("--heartbeat (50ms) is below the smallest accepted, 100ms")
+        );
+        assert!(
+            refused(|r| r.grace = Some(Duration::from_millis(29_990)))
+                .starts_with("--grace (29990ms) must be below the lease's local deadline (29969ms")
+        );
+        assert_eq!(
+            refused(|r| r.ttl = Duration::from_millis(999)),
+            "--ttl (999ms) must be between 1s and 24h (the lease protocol's bounds)"
         );
         assert_eq!(
             refused(|r| r.task = Some("a b".into())),
@@ -277,20 +272,20 @@ mod tests {
 
     #[test]
     fn clamped_ttl_scales_heartbeat_and_grace() {
-        let (h, g) = fit_to_granted(
-            Duration::from_secs(30),
-            Duration::from_secs(10),
-            Duration::from_secs(5),
-            Duration::from_secs(3),
-        );
+        let fitted = |heartbeat, grace| {
+            let s = crate::agent::machine::Settings {
+                asked_ttl: Duration::from_secs(30),
+                heartbeat,
+                grace,
+                drift_ppm: 0,
+                remap_exit: false,
+            };
+            s.fitted(Duration::from_secs(3))
+        };
+        let (h, g) = fitted(Duration::from_secs(10), Duration::from_secs(5));
         assert_eq!((h, g), (Duration::from_secs(1), Duration::from_millis(500)));
         // Values that still fit are kept.
-        let (h, g) = fit_to_granted(
-            Duration::from_secs(30),
-            Duration::from_millis(200),
-            Duration::from_millis(100),
-            Duration::from_secs(3),
-        );
+        let (h, g) = fitted(Duration::from_millis(200), Duration::from_millis(100));
         assert_eq!(
             (h, g),
             (Duration::from_millis(200), Duration::from_millis(100))

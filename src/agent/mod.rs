@@ -12,10 +12,15 @@
 //!    lease and exits 128+N without starting the command; any other signal
 //!    had no job to go to and is dropped (a SIGHUP sent during acquire must
 //!    not hit the job that starts afterwards).
-//! 4. Keeper and job, then the heartbeat thread, then the loop.
+//! 4. The grant goes to the machine first (`Event::Granted`): one that came
+//!    with less than grace left is released as lost and the command never
+//!    starts. Then keeper and job (the job's environment: `env.rs`), the
+//!    heartbeat thread, and the loop. Every end of the run after the grant
+//!    is the machine's decision, carried out by the supervisor.
 
 pub mod acquire;
 pub mod config;
+pub mod env;
 pub mod heartbeat;
 pub mod logging;
 pub mod machine;
@@ -32,6 +37,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::agent::acquire::Acquired;
 use crate::agent::config::RunConfig;
+use crate::agent::env::{job_env, keeper_env_remove};
 use crate::agent::machine::{Event, Machine};
 use crate::agent::supervisor::{Supervisor, release_timeout};
 use crate::authority::{self, Grant, LeaseClient, Outcome};
@@ -156,45 +162,6 @@ fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
     }
 }
 
-/// The variables the job gets on top of the agent's environment.
-fn job_env(
-    grant: &Grant,
-    auth: &dyn LeaseClient,
-    state: Option<&crate::agent::state_file::StateWriter>,
-) -> Vec<(String, String)> {
-    let mut env = vec![
-        (
-            crate::lease::env::TOKEN.to_string(),
-            grant.token.to_string(),
-        ),
-        (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
-        (crate::lease::env::TASK.to_string(), grant.task.clone()),
-        (crate::lease::env::AUTHORITY.to_string(), auth.url()),
-        (
-            crate::lease::env::TTL_MS.to_string(),
-            grant.ttl.as_millis().to_string(),
-        ),
-    ];
-    if let Some(s) = state {
-        env.push((
-            crate::agent::state_file::ENV_STATE_FILE.to_string(),
-            s.path().display().to_string(),
-        ));
-    }
-    // Credentials in a URL never reach the job (the trust flags' own
-    // variables are removed where the keeper is started).
-    if let Some(url) = std::env::var("LEASEAGENT_AUTHORITY")
-        .ok()
-        .filter(|u| authority::trust::has_userinfo(u))
-    {
-        env.push((
-            "LEASEAGENT_AUTHORITY".to_string(),
-            authority::trust::redact_url(&url),
-        ));
-    }
-    env
-}
-
 /// Says what was granted (and what was scaled to fit a clamped ttl).
 fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn LeaseClient) {
     let (heartbeat, grace) = cfg.settings().fitted(grant.ttl);
@@ -232,36 +199,30 @@ fn start(
 ) -> u8 {
     log_grant(cfg, &grant, &*auth);
     let settings = cfg.settings();
-    let machine = Machine::new(grant.token, sent, grant.ttl, settings);
-    if machine.too_late_to_start(BootInstant::now()) {
-        log::error!(
-            "the grant of task {} token {} arrived with less than the grace left on the lease; not starting the command",
-            grant.task,
-            grant.token
-        );
-        let _ = auth.release(
-            &grant.lease_ref(),
-            Outcome::Lost,
-            None,
-            release_timeout(grant.ttl),
-        );
-        return exit::LEASE_LOST;
-    }
-    let state = state_writer();
-    let env = job_env(&grant, &*auth, state.as_ref());
+    let machine = Machine::new(sent, grant.ttl, settings);
     let tx = events.0.clone();
     // The heartbeat thread's handle; `auth` goes to the supervisor, which
     // releases (the client decides which keeps its open connection).
     let renewer = auth.renewer();
-    let mut sup = Supervisor::new(machine, grant.clone(), auth, events, notifier, state);
+    let url = auth.url();
+    let mut sup = Supervisor::new(machine, grant.clone(), auth, events, notifier);
+    // A grant that came with less than grace left: released as lost, the
+    // command never started.
+    if let Some(code) = sup.step(Event::Granted) {
+        return code;
+    }
+    let state = state_writer();
+    let env = job_env(&grant, &url, state.as_ref());
     // Publish before the job starts so `check` works from its first line.
-    sup.publish_initial();
+    sup.publish_initial(state);
     match keeper.start(&env, tx.clone(), event_of) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
-            log::error!("cannot start the keeper process: {e}");
-            sup.release_unstarted(Outcome::Failed);
-            return exit::AGENT_FAILED;
+            let error = e.to_string();
+            return match sup.step(Event::KeeperNotStarted { error }) {
+                Some(code) => code,
+                None => sup.run(),
+            };
         }
     }
     let schedule = crate::agent::heartbeat::Schedule {
@@ -278,39 +239,6 @@ fn start(
     }
     sup.start_state_queue();
     sup.run()
-}
-
-/// Variables of the agent's environment the job must not inherit: systemd's
-/// notify socket and every `WATCHDOG_*` / `LISTEN_*` (they describe the
-/// agent's own service, and a job acting on them would confuse systemd),
-/// and an inherited `LEASEAGENT_STATE_FILE` (an outer agent's file; the
-/// variable is set again only when this agent made its own file).
-/// What the job's (and so the keeper's) environment goes without: the
-/// agent's own service variables and the trust flags' variables.
-fn keeper_env_remove() -> Vec<String> {
-    let mut env_remove = job_env_remove();
-    env_remove.extend(
-        authority::trust::JOB_ENV_REMOVE
-            .iter()
-            .map(|v| v.to_string()),
-    );
-    env_remove
-}
-
-fn job_env_remove() -> Vec<String> {
-    let mut out: Vec<String> = crate::sys::notify::JOB_ENV_REMOVE
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    out.push(crate::agent::state_file::ENV_STATE_FILE.to_string());
-    for (k, _) in std::env::vars_os() {
-        if let Some(k) = k.to_str() {
-            if k.starts_with("WATCHDOG_") || k.starts_with("LISTEN_") {
-                out.push(k.to_string());
-            }
-        }
-    }
-    out
 }
 
 /// The machine event a keeper's news stands for.

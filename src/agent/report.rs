@@ -1,10 +1,13 @@
-//! The one place where the supervisor's typed notices become log lines.
+//! The one place where the supervisor's typed notices and statuses become
+//! words.
 //!
 //! The state machine decides, the reporter words: [`crate::agent::machine`] emits
 //! [`Notice`]s (what happened, with its numbers), and [`Reporter::line`]
-//! turns each into a level and a sentence. Tests and the README quote some of
-//! these sentences ("renewal failing", "lease lost", "recovered"), so their
-//! wording is part of the outward behaviour.
+//! turns each into a level and a sentence; it emits [`Status`]es (what
+//! systemd's `STATUS=` says), and [`Reporter::status`] words them. Tests and
+//! the README quote some of these sentences ("renewal failing", "lease
+//! lost", "recovered", "holding token"), so their wording is part of the
+//! outward behaviour.
 
 use std::time::Duration;
 
@@ -28,6 +31,39 @@ pub enum LostWhy {
     },
     /// The command ended only after the lease's deadline.
     EndedAfterDeadline,
+}
+
+/// How the lease was lost, as the status line says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// The deadline passed.
+    Expired,
+    /// No renewal came in time.
+    RenewalsFailed,
+    /// The authority refused a renewal.
+    Refused(RefusalReason),
+}
+
+/// The run's state as systemd's `STATUS=` line (and `READY=1`,
+/// `STOPPING=1`) says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// The lease is held.
+    Holding,
+    /// The lease is held and the command runs (with `READY=1`).
+    CommandRunning,
+    /// The latest renewal failed; the lease may still be valid.
+    RenewalsFailing,
+    /// Renewals have been failing this long.
+    RenewalsFailingFor(Duration),
+    Lost(Loss),
+    /// Stopping the command for the lease or the keeper (with
+    /// `STOPPING=1`).
+    StoppingCommand,
+    /// Stopping the command for a signal to the agent (with `STOPPING=1`).
+    StoppingForSignal(Sig),
+    /// The run after a stop signal to the agent.
+    SignalStop(Sig),
 }
 
 /// Something the supervisor has to say.
@@ -59,9 +95,8 @@ pub enum Notice {
     Cancelling {
         sig: Sig,
     },
-    /// The job's group got `sig`; SIGKILL follows in `kill_in`.
+    /// The job's tree got SIGTERM; SIGKILL follows in `kill_in`.
     Stopping {
-        sig: Sig,
         kill_in: Duration,
     },
     CommandStarted {
@@ -72,6 +107,13 @@ pub enum Notice {
     },
     SpawnFailed {
         message: String,
+    },
+    /// The grant arrived with less than grace left: the command is not
+    /// started.
+    GrantTooLate,
+    /// The keeper could not be handed the job.
+    KeeperNotStarted {
+        error: String,
     },
     KeeperLost,
     /// The leader ended, SIGKILL went out, but the tree was not reported gone.
@@ -154,10 +196,11 @@ impl Reporter {
                     "signal {sig} received: stopping the command and releasing task {task} token {token}"
                 ),
             ),
-            Notice::Stopping { sig, kill_in } => (
+            Notice::Stopping { kill_in } => (
                 Warn,
                 format!(
-                    "stopping: task {task} token {token}: signal {sig} sent, SIGKILL in {}",
+                    "stopping: task {task} token {token}: signal {} sent, SIGKILL in {}",
+                    Sig::Term,
                     format(*kill_in)
                 ),
             ),
@@ -167,6 +210,15 @@ impl Reporter {
             Notice::CommandEnded { status } => (Info, format!("command ended with {status}")),
             Notice::SpawnFailed { message } => {
                 (Error, format!("cannot run the command: {message}"))
+            }
+            Notice::GrantTooLate => (
+                Error,
+                format!(
+                    "the grant of task {task} token {token} arrived with less than the grace left on the lease; not starting the command"
+                ),
+            ),
+            Notice::KeeperNotStarted { error } => {
+                (Error, format!("cannot start the keeper process: {error}"))
             }
             Notice::KeeperLost => (
                 Error,
@@ -234,6 +286,30 @@ impl Reporter {
         }
     }
 
+    /// The text of the status line for `s`.
+    pub fn status(&self, s: &Status) -> String {
+        let token = self.token;
+        match s {
+            Status::Holding => format!("holding token {token}"),
+            Status::CommandRunning => format!("holding token {token}, command running"),
+            Status::RenewalsFailing => format!("holding token {token}, renewals failing"),
+            Status::RenewalsFailingFor(since) => {
+                format!(
+                    "holding token {token}, renewals failing for {}",
+                    format(*since)
+                )
+            }
+            Status::Lost(Loss::Expired) => format!("lease lost (expired), token {token}"),
+            Status::Lost(Loss::RenewalsFailed) => {
+                format!("lease lost (renewals failed), token {token}")
+            }
+            Status::Lost(Loss::Refused(reason)) => format!("lease lost ({reason}), token {token}"),
+            Status::StoppingCommand => format!("stopping the command (token {token})"),
+            Status::StoppingForSignal(sig) => format!("stopping the command (signal {sig})"),
+            Status::SignalStop(sig) => format!("stopping (signal {sig}), token {token}"),
+        }
+    }
+
     /// Logs `n`.
     pub fn report(&self, n: &Notice) {
         let (level, text) = self.line(n);
@@ -268,5 +344,64 @@ mod tests {
             left: Duration::from_secs(2),
         });
         assert!(s.starts_with("renewals recovered after 1"), "{s}");
+    }
+
+    #[test]
+    fn every_status_line_keeps_its_words() {
+        let r = Reporter::new("t", 7);
+        for (status, line) in [
+            (Status::Holding, "holding token 7"),
+            (Status::CommandRunning, "holding token 7, command running"),
+            (Status::RenewalsFailing, "holding token 7, renewals failing"),
+            (
+                Status::RenewalsFailingFor(Duration::from_millis(1500)),
+                "holding token 7, renewals failing for 1.5s",
+            ),
+            (Status::Lost(Loss::Expired), "lease lost (expired), token 7"),
+            (
+                Status::Lost(Loss::RenewalsFailed),
+                "lease lost (renewals failed), token 7",
+            ),
+            (
+                Status::Lost(Loss::Refused(RefusalReason::Revoked)),
+                "lease lost (revoked), token 7",
+            ),
+            (Status::StoppingCommand, "stopping the command (token 7)"),
+            (
+                Status::StoppingForSignal(Sig::Int),
+                "stopping the command (signal 2)",
+            ),
+            (Status::SignalStop(Sig::Int), "stopping (signal 2), token 7"),
+        ] {
+            assert_eq!(r.status(&status), line);
+        }
+    }
+
+    #[test]
+    fn the_stops_before_the_command_keep_their_words() {
+        let r = Reporter::new("t", 7);
+        assert_eq!(
+            r.line(&Notice::GrantTooLate),
+            (
+                log::Level::Error,
+                "the grant of task t token 7 arrived with less than the grace left on the lease; not starting the command".into()
+            )
+        );
+        assert_eq!(
+            r.line(&Notice::KeeperNotStarted {
+                error: "no pipe".into()
+            }),
+            (
+                log::Level::Error,
+                "cannot start the keeper process: no pipe".into()
+            )
+        );
+        assert_eq!(
+            r.line(&Notice::Stopping {
+                kill_in: Duration::from_secs(2)
+            })
+            .1,
+            "stopping: task t token 7: signal 15 sent, SIGKILL in 2s"
+        );
     }
 }

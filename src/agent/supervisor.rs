@@ -21,7 +21,7 @@ use crate::authority::{Grant, LeaseClient, Outcome, RenewError};
 use crate::keeper::handle::Keeper;
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
-use crate::agent::machine::{Action, Event, Machine};
+use crate::agent::machine::{Action, Event, Machine, Stop};
 use crate::agent::report::{Notice, Reporter};
 use crate::agent::state_file::{LeaseStateFile, LeaseView, Removing, StateQueue, StateWriter};
 use crate::sys::notify::Notifier;
@@ -72,7 +72,6 @@ impl Supervisor {
         authority: Box<dyn LeaseClient>,
         events: (Sender<Event>, Receiver<Event>),
         notifier: Notifier,
-        state: Option<StateWriter>,
     ) -> Self {
         Supervisor {
             reporter: Reporter::new(&grant.task, grant.token),
@@ -81,7 +80,7 @@ impl Supervisor {
             authority,
             events: events.1,
             notifier,
-            state,
+            state: None,
             queue: None,
             removing: None,
             boot_id: crate::time::clock::boot_id().unwrap_or_default(),
@@ -99,16 +98,7 @@ impl Supervisor {
     pub fn set_keeper(&mut self, keeper: Keeper) {
         self.keeper = Some(keeper);
         let arm = self.machine.arm_keeper();
-        self.send_signals(&[arm]);
-    }
-
-    /// Gives the lease back, without a word, when the command could not be
-    /// started (the loop never ran: there is nothing to report to).
-    pub fn release_unstarted(&mut self, outcome: Outcome) {
-        let timeout = release_timeout(self.grant.ttl);
-        let _ = self
-            .authority
-            .release(&self.grant.lease_ref(), outcome, None, timeout);
+        self.act_on_job(&[arm]);
     }
 
     /// Hands the heartbeat thread over (dropped to stop renewals).
@@ -126,19 +116,27 @@ impl Supervisor {
             .map(|w| Instant::now() + w);
         loop {
             let event = self.next_event();
-            let now = BootInstant::now();
-            self.last_step = now;
-            let actions = self.machine.step(event, now);
-            self.send_signals(&actions);
-            for action in actions {
-                if let Some(code) = self.carry_out(action) {
-                    return code;
-                }
+            if let Some(code) = self.step(event) {
+                return code;
             }
             // A READY=1 systemd could not take yet goes out again.
             self.notifier.flush();
             self.feed_watchdog();
         }
+    }
+
+    /// Hands `event` to the machine now and carries out what it says;
+    /// `Some(status)` when the run is over. Also for the events before the
+    /// loop runs (the grant, a keeper that could not be started), so every
+    /// end of a run goes through the machine.
+    pub fn step(&mut self, event: Event) -> Option<u8> {
+        let now = BootInstant::now();
+        self.last_step = now;
+        let actions = self.machine.step(event, now);
+        self.act_on_job(&actions);
+        actions
+            .into_iter()
+            .find_map(|action| self.carry_out(action))
     }
 
     /// Waits for the next event, or for the machine's next wake-up time,
@@ -164,38 +162,30 @@ impl Supervisor {
         }
     }
 
-    /// The kill path first: every signal of a step, and the keeper's
-    /// deadline, go out before anything that does I/O (log, state file,
-    /// systemd, release).
-    fn send_signals(&mut self, actions: &[Action]) {
+    /// The kill path first: every stop and relay of a step, and the
+    /// keeper's deadline, go out before anything that does I/O (log, state
+    /// file, systemd, release).
+    fn act_on_job(&mut self, actions: &[Action]) {
         // Through the keeper, which stops the whole tree (see keeper/handle.rs).
         let Some(k) = self.keeper.as_mut() else {
             return;
         };
         for action in actions {
             match action {
-                Action::SignalGroup(sig) => k.signal(*sig),
-                Action::ArmKeeper {
-                    deadline,
-                    grace,
-                    kill_lead,
-                } => {
-                    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                    k.arm(crate::keeper::protocol::Arm {
-                        deadline_us: us(deadline.since_boot()),
-                        grace_us: us(*grace),
-                        kill_lead_us: us(*kill_lead),
-                    });
-                }
+                Action::Stop(Stop::Term) => k.term(),
+                Action::Stop(Stop::Kill) => k.kill(),
+                Action::Relay(sig) => k.relay(*sig),
+                Action::ArmKeeper(deadline) => k.arm(*deadline),
                 _ => {}
             }
         }
     }
 
-    /// Carries out one action other than a signal; `Some(status)` to exit.
+    /// Carries out one action other than those on the job; `Some(status)`
+    /// to exit.
     fn carry_out(&mut self, action: Action) -> Option<u8> {
         match action {
-            Action::SignalGroup(_) | Action::ArmKeeper { .. } => {}
+            Action::Stop(_) | Action::Relay(_) | Action::ArmKeeper(_) => {}
             Action::Report(notice) => self.reporter.report(&notice),
             Action::Finished { outcome, status } => {
                 self.outcome = Some(outcome);
@@ -212,16 +202,19 @@ impl Supervisor {
             }
             Action::Publish(view, status) => {
                 self.publish(view);
+                let status = self.reporter.status(&status);
                 if status != self.last_status {
                     self.notifier.status(&status);
                     self.last_status = status;
                 }
             }
             Action::Ready(status) => {
+                let status = self.reporter.status(&status);
                 self.notifier.ready(&status);
                 self.last_status = status;
             }
             Action::Stopping(status) => {
+                let status = self.reporter.status(&status);
                 self.notifier.stopping(&status);
                 self.publish(LeaseView::Stopping);
                 self.last_status = status;
@@ -267,9 +260,11 @@ impl Supervisor {
         }
     }
 
-    /// Writes the state file once, directly, before the job starts; later
-    /// views go through the writer thread ([`Self::start_state_queue`]).
-    pub fn publish_initial(&mut self) {
+    /// Takes the state file's writer and writes the file once, directly,
+    /// before the job starts; later views go through the writer thread
+    /// ([`Self::start_state_queue`]).
+    pub fn publish_initial(&mut self, state: Option<StateWriter>) {
+        self.state = state;
         if let Some(writer) = &self.state {
             if let Err(e) = writer.write(&self.view(LeaseView::Valid)) {
                 log::debug!("cannot write the lease state file: {e}");

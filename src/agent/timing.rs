@@ -11,27 +11,33 @@
 //!
 //! The rules, with W = the local deadline budget (`ttl * (1 - drift) - 1ms`,
 //! the same rule as [`crate::agent::machine::Settings::deadline`]) less the
-//! grace, i.e. the time from a renewal's send to the command's SIGTERM:
-//! - `1s <= ttl <= 24h`: the lease protocol's bounds, which both real
-//!   authorities enforce; asking for less is refused by them anyway, only
-//!   after the command's environment has been prepared.
+//! grace, i.e. the time from a renewal's send to the command's SIGTERM,
+//! checked in this order, each once:
+//! - `1s <= ttl <= 24h`: the lease protocol's bounds ([`crate::lease::MIN_TTL`],
+//!   [`crate::lease::MAX_TTL`]), which both real authorities enforce; asking
+//!   for less is refused by them anyway, only after the command's
+//!   environment has been prepared.
 //! - `heartbeat >= 100ms` ([`MIN_HEARTBEAT`]): every renewal is a request
 //!   the authority must serve; a 1 ms heartbeat burns a fifth to a third
 //!   of a CPU here and floods the authority, and below about 100 ms the
 //!   scheduling and vCPU stalls seen on ordinary VMs are as long as the
-//!   interval itself, so a shorter one buys no safety.
+//!   interval itself, so a shorter one buys no safety. (A zero heartbeat
+//!   is told so in its own words.)
 //! - `grace < ttl budget`: otherwise SIGTERM is due before the command has
-//!   even started (it is then never started).
+//!   even started (it is then never started). (A grace not even below the
+//!   ttl is told so in those words.)
 //! - `heartbeat + retry <= W`, with `retry` the pause before a retry
 //!   ([`crate::agent::heartbeat::retry_interval`]): the first renewal is due
 //!   with room for at least one more try before SIGTERM. With default
 //!   proportions (heartbeat ttl/3, grace ttl/6) W is 2.5 heartbeats, which
 //!   leaves room for the first try and two more (see `heartbeat.rs` for the
-//!   per-try timeout that makes two lost heartbeats survivable).
+//!   per-try timeout that makes two lost heartbeats survivable). (A
+//!   heartbeat not even below the ttl is told so in those words.)
 
 use std::time::Duration;
 
 use crate::agent::heartbeat::retry_interval;
+use crate::lease::{MAX_TTL, MIN_TTL};
 use crate::time::duration::format;
 
 /// A duration as a `DUR` the user can type back: whole seconds or
@@ -45,10 +51,6 @@ fn exact(d: Duration) -> String {
     }
 }
 
-/// The protocol's smallest ttl.
-pub const MIN_TTL: Duration = Duration::from_secs(1);
-/// The protocol's largest ttl.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The shortest heartbeat accepted (module doc: why).
 pub const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
 
@@ -62,12 +64,20 @@ pub enum TimingError {
         format(MAX_TTL)
     )]
     TtlOutOfBounds { ttl: Duration },
+    #[error("--heartbeat must be above 0")]
+    ZeroHeartbeat,
     #[error(
         "--heartbeat ({}) is below the smallest accepted, {}: each renewal is a request the authority serves, and a shorter interval is no safer",
         format(*heartbeat),
         format(MIN_HEARTBEAT)
     )]
     HeartbeatTooShort { heartbeat: Duration },
+    #[error(
+        "--grace ({}) must be below --ttl ({}): the command gets SIGTERM --grace before the lease's deadline",
+        format(*grace),
+        format(*ttl)
+    )]
+    GraceNotBelowTtl { grace: Duration, ttl: Duration },
     #[error(
         "--grace ({}) must be below the lease's local deadline ({}: --ttl {} less the --clock-drift budget): the command would be due for SIGTERM before it starts",
         exact(*grace),
@@ -79,6 +89,8 @@ pub enum TimingError {
         budget: Duration,
         ttl: Duration,
     },
+    #[error("--heartbeat ({}) must be below --ttl ({})", format(*heartbeat), format(*ttl))]
+    HeartbeatNotBelowTtl { heartbeat: Duration, ttl: Duration },
     #[error(
         "--heartbeat ({}) leaves no room to renew: the command gets SIGTERM {} after a renewal (--ttl {} less --grace {} and the --clock-drift budget), and the first renewal plus one retry need {}; {}",
         exact(*heartbeat),
@@ -122,35 +134,41 @@ fn largest_heartbeat(window: Duration) -> Option<Duration> {
     (h >= MIN_HEARTBEAT && h + retry_interval(h) <= window).then_some(h)
 }
 
-/// The protocol's ttl bounds.
-pub fn check_ttl(ttl: Duration) -> Result<(), TimingError> {
-    if ttl < MIN_TTL || ttl > MAX_TTL {
-        return Err(TimingError::TtlOutOfBounds { ttl });
-    }
-    Ok(())
-}
-
 /// The whole set of rules (module doc), given the deadline rule of `settings`.
 pub fn check(s: &crate::agent::machine::Settings) -> Result<(), TimingError> {
     let (ttl, heartbeat, grace) = (s.asked_ttl, s.heartbeat, s.grace);
-    check_ttl(ttl)?;
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(TimingError::TtlOutOfBounds { ttl });
+    }
     if heartbeat < MIN_HEARTBEAT {
-        return Err(TimingError::HeartbeatTooShort { heartbeat });
+        return Err(if heartbeat.is_zero() {
+            TimingError::ZeroHeartbeat
+        } else {
+            TimingError::HeartbeatTooShort { heartbeat }
+        });
     }
     let zero = crate::time::clock::BootInstant::from_since_boot(Duration::ZERO);
     let budget = s.deadline(zero, ttl).saturating_since(zero);
     if grace >= budget {
-        return Err(TimingError::GraceNotBelowDeadline { grace, budget, ttl });
+        return Err(if grace >= ttl {
+            TimingError::GraceNotBelowTtl { grace, ttl }
+        } else {
+            TimingError::GraceNotBelowDeadline { grace, budget, ttl }
+        });
     }
     let window = budget - grace;
     let needed = heartbeat + retry_interval(heartbeat);
     if needed > window {
-        return Err(TimingError::NoRoomToRenew {
-            heartbeat,
-            window,
-            needed,
-            ttl,
-            grace,
+        return Err(if heartbeat >= ttl {
+            TimingError::HeartbeatNotBelowTtl { heartbeat, ttl }
+        } else {
+            TimingError::NoRoomToRenew {
+                heartbeat,
+                window,
+                needed,
+                ttl,
+                grace,
+            }
         });
     }
     Ok(())
@@ -170,7 +188,7 @@ mod tests {
             asked_ttl: ms(ttl),
             heartbeat: heartbeat.map_or(ms(ttl) / 3, ms),
             grace: grace.map_or(ms(ttl) / 6, ms),
-            drift_ppm: crate::agent::machine::DEFAULT_CLOCK_DRIFT_PPM,
+            drift_ppm: crate::time::deadline::DEFAULT_CLOCK_DRIFT_PPM,
             remap_exit: false,
         }
     }

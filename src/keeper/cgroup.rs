@@ -203,6 +203,33 @@ impl JobCgroup {
             .collect()
     }
 
+    /// Signals `pid` if (checked after its pidfd is open, so a recycled pid
+    /// is never hit) it is still in this cgroup.
+    pub fn signal_member(&self, pid: i32, sig: rustix::process::Signal) {
+        let Some(p) = rustix::process::Pid::from_raw(pid) else {
+            return;
+        };
+        let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+            return;
+        };
+        if self.holds(pid) {
+            let _ = rustix::process::pidfd_send_signal(&fd, sig);
+        }
+    }
+
+    /// Whether `/proc/PID/cgroup` names this cgroup (v2) as `pid`'s.
+    fn holds(&self, pid: i32) -> bool {
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+            c.lines()
+                .any(|l| l.starts_with("0::") && l.ends_with(&name))
+        })
+    }
+
     /// Removes the (empty) cgroup; a cgroup with members stays.
     pub fn remove(&self) {
         remove_dir_when_released(&self.dir);

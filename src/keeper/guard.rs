@@ -11,7 +11,8 @@
 //! `deadline - grace`, SIGKILL at `deadline - kill lead`. Either guardian
 //! alone keeps the deadline.
 //!
-//! Rules (mirroring the agent's machine):
+//! Rules (mirroring the agent's machine; the times themselves are the one
+//! rule both share, [`crate::time::deadline::Deadline`]):
 //! - The latest [`Arm`] wins, earlier or later than the one before
 //!   (renewals are sequential; the agent sends only what its machine
 //!   decided).
@@ -23,6 +24,8 @@
 //! - SIGKILL is due at `deadline - kill lead` whatever happened before.
 
 use crate::keeper::protocol::Arm;
+use crate::time::clock::BootInstant;
+use crate::time::deadline::Deadline;
 
 /// What the timer says is due now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,10 +34,10 @@ pub enum Due {
     Kill,
 }
 
-/// The keeper's view of the deadline (times in µs on `CLOCK_BOOTTIME`).
+/// The keeper's view of the deadline (on `CLOCK_BOOTTIME`, as the agent's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Guard {
-    arm: Option<Arm>,
+    armed: Option<Deadline>,
     /// SIGTERM went out for the current deadline (by the timer or asked).
     termed: bool,
     /// The timer's SIGKILL went out.
@@ -42,33 +45,27 @@ pub struct Guard {
 }
 
 impl Guard {
-    /// When SIGTERM is due, if armed: `deadline - grace`, never after the
-    /// kill time.
-    pub fn term_at(&self) -> Option<u64> {
-        let a = self.arm?;
-        Some(
-            a.deadline_us
-                .saturating_sub(a.grace_us)
-                .min(self.kill_at()?),
-        )
+    /// When SIGTERM is due, if armed.
+    pub fn term_at(&self) -> Option<BootInstant> {
+        self.armed.map(|d| d.term_at())
     }
 
     /// When SIGKILL is due, if armed.
-    pub fn kill_at(&self) -> Option<u64> {
-        let a = self.arm?;
-        Some(a.deadline_us.saturating_sub(a.kill_lead_us))
+    pub fn kill_at(&self) -> Option<BootInstant> {
+        self.armed.map(|d| d.kill_at())
     }
 
     /// A new deadline from the agent. After the keeper acted on the old
     /// one it may only come earlier.
     pub fn arm(&mut self, new: Arm) {
-        match self.arm {
+        let new = new.deadline();
+        match self.armed {
             Some(old) if self.termed || self.killed => {
-                if new.deadline_us < old.deadline_us {
-                    self.arm = Some(new);
+                if new.at < old.at {
+                    self.armed = Some(new);
                 }
             }
-            _ => self.arm = Some(new),
+            _ => self.armed = Some(new),
         }
     }
 
@@ -77,11 +74,11 @@ impl Guard {
     pub fn term_requested(&mut self) -> bool {
         let first = !self.termed;
         self.termed = true;
-        first || self.arm.is_none()
+        first || self.armed.is_none()
     }
 
     /// The next time the timer must fire, if anything is still due.
-    pub fn next_wake(&self) -> Option<u64> {
+    pub fn next_wake(&self) -> Option<BootInstant> {
         if self.killed {
             return None;
         }
@@ -93,16 +90,16 @@ impl Guard {
     }
 
     /// What is due at `now` (and is then recorded as done).
-    pub fn due(&mut self, now_us: u64) -> Vec<Due> {
+    pub fn due(&mut self, now: BootInstant) -> Vec<Due> {
         let mut out = Vec::new();
         if self.killed {
             return out;
         }
-        if !self.termed && self.term_at().is_some_and(|t| now_us >= t) {
+        if !self.termed && self.term_at().is_some_and(|t| now >= t) {
             self.termed = true;
             out.push(Due::Term);
         }
-        if self.kill_at().is_some_and(|k| now_us >= k) {
+        if self.kill_at().is_some_and(|k| now >= k) {
             self.killed = true;
             out.push(Due::Kill);
         }
@@ -123,28 +120,33 @@ mod tests {
         }
     }
 
+    /// `us` microseconds after boot.
+    fn t(us: u64) -> BootInstant {
+        BootInstant::from_since_boot(std::time::Duration::from_micros(us))
+    }
+
     #[test]
     fn unarmed_nothing_is_due() {
         let mut g = Guard::default();
         assert_eq!(g.next_wake(), None);
-        assert!(g.due(u64::MAX).is_empty());
+        assert!(g.due(t(u64::MAX)).is_empty());
     }
 
     #[test]
     fn term_at_deadline_minus_grace_then_kill_at_deadline_minus_lead() {
         let mut g = Guard::default();
         g.arm(arm(10_000, 3_000, 200));
-        assert_eq!(g.next_wake(), Some(7_000));
-        assert!(g.due(6_999).is_empty());
-        assert_eq!(g.due(7_000), vec![Due::Term]);
-        assert_eq!(g.next_wake(), Some(9_800));
-        assert!(g.due(9_799).is_empty());
-        assert_eq!(g.due(9_800), vec![Due::Kill]);
+        assert_eq!(g.next_wake(), Some(t(7_000)));
+        assert!(g.due(t(6_999)).is_empty());
+        assert_eq!(g.due(t(7_000)), vec![Due::Term]);
+        assert_eq!(g.next_wake(), Some(t(9_800)));
+        assert!(g.due(t(9_799)).is_empty());
+        assert_eq!(g.due(t(9_800)), vec![Due::Kill]);
         assert_eq!(g.next_wake(), None);
         // A wake-up long after (the keeper was stopped): both at once.
         let mut g = Guard::default();
         g.arm(arm(10_000, 3_000, 200));
-        assert_eq!(g.due(50_000), vec![Due::Term, Due::Kill]);
+        assert_eq!(g.due(t(50_000)), vec![Due::Term, Due::Kill]);
     }
 
     #[test]
@@ -152,31 +154,31 @@ mod tests {
         let mut g = Guard::default();
         g.arm(arm(10_000, 3_000, 200));
         g.arm(arm(20_000, 3_000, 200));
-        assert_eq!(g.next_wake(), Some(17_000));
+        assert_eq!(g.next_wake(), Some(t(17_000)));
         g.arm(arm(5_000, 1_000, 200));
-        assert_eq!(g.next_wake(), Some(4_000));
-        assert_eq!(g.due(4_000), vec![Due::Term]);
+        assert_eq!(g.next_wake(), Some(t(4_000)));
+        assert_eq!(g.due(t(4_000)), vec![Due::Term]);
         // Once acted on: a later deadline changes nothing, an earlier one counts.
         g.arm(arm(60_000, 1_000, 200));
-        assert_eq!(g.kill_at(), Some(4_800));
+        assert_eq!(g.kill_at(), Some(t(4_800)));
         g.arm(arm(4_500, 1_000, 200));
-        assert_eq!(g.kill_at(), Some(4_300));
+        assert_eq!(g.kill_at(), Some(t(4_300)));
     }
 
     #[test]
     fn sigterm_goes_out_once_per_deadline() {
         let mut g = Guard::default();
         g.arm(arm(10_000, 3_000, 200));
-        assert_eq!(g.due(7_000), vec![Due::Term]);
+        assert_eq!(g.due(t(7_000)), vec![Due::Term]);
         assert!(!g.term_requested(), "the agent's SIGTERM is the same one");
         let mut g = Guard::default();
         g.arm(arm(10_000, 3_000, 200));
         assert!(g.term_requested());
         assert!(
-            g.due(7_000).is_empty(),
+            g.due(t(7_000)).is_empty(),
             "the timer's SIGTERM is the same one"
         );
-        assert_eq!(g.due(9_800), vec![Due::Kill]);
+        assert_eq!(g.due(t(9_800)), vec![Due::Kill]);
         // Unarmed (before the first Arm), every request is carried out.
         let mut g = Guard::default();
         assert!(g.term_requested());
@@ -201,14 +203,14 @@ mod tests {
                 // The loop wakes at next_wake or when time advances.
                 let target = now + advance;
                 while let Some(w) = g.next_wake() {
-                    if w > target { break; }
-                    now = now.max(w);
-                    if g.due(now).contains(&Due::Kill) { killed_at = Some(now); }
+                    if w > t(target) { break; }
+                    now = now.max(w.since_boot().as_micros() as u64);
+                    if g.due(t(now)).contains(&Due::Kill) { killed_at = Some(now); }
                 }
                 now = target;
-                if g.due(now).contains(&Due::Kill) { killed_at = Some(now); }
-                if now >= k {
-                    prop_assert!(killed_at.is_some_and(|t| t <= now.max(k)));
+                if g.due(t(now)).contains(&Due::Kill) { killed_at = Some(now); }
+                if t(now) >= k {
+                    prop_assert!(killed_at.is_some_and(|at| t(at) <= t(now).max(k)));
                 }
             }
         }

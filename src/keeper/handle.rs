@@ -40,8 +40,9 @@ use std::os::fd::OwnedFd;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 use crate::keeper::KEEPER_ARG;
-use crate::keeper::protocol::{Command as Ctl, Report};
+use crate::keeper::protocol::{Arm, Command as Ctl, Report};
 use crate::sys::signal::Sig;
+use crate::time::deadline::Deadline;
 
 /// What the report reader has learnt, shared with the handle.
 #[derive(Default)]
@@ -244,30 +245,36 @@ fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -
 }
 
 impl Keeper {
-    /// Stops or signals the job: SIGTERM/SIGKILL to its whole tree (through
-    /// the keeper, woken with SIGCONT in case it was stopped; SIGKILL also
-    /// from here, see the module doc), other signals to its group's members.
-    pub fn signal(&mut self, sig: Sig) {
-        let cmd = match sig {
-            Sig::Term => Ctl::Term,
-            Sig::Kill => Ctl::Kill,
-            s => Ctl::Relay(s),
-        };
-        if matches!(sig, Sig::Term | Sig::Kill) {
-            self.wake();
-        }
-        if sig == Sig::Kill {
-            self.kill_tree_directly();
-        }
-        if self.seen.tree_gone.load(Ordering::SeqCst) {
-            return;
-        }
-        self.send(cmd);
+    /// SIGTERM to the job's whole tree, through the keeper (woken with
+    /// SIGCONT in case it was stopped).
+    pub fn term(&mut self) {
+        self.wake();
+        self.send_unless_gone(Ctl::Term);
+    }
+
+    /// SIGKILL to the job's whole tree: through the keeper (woken with
+    /// SIGCONT), and from here too (see the module doc).
+    pub fn kill(&mut self) {
+        self.wake();
+        self.kill_tree_directly();
+        self.send_unless_gone(Ctl::Kill);
+    }
+
+    /// `sig` to the members of the job's process group, through the keeper.
+    pub fn relay(&mut self, sig: Sig) {
+        self.send_unless_gone(Ctl::Relay(sig));
     }
 
     /// Hands the keeper the deadline of the latest grant or renewal.
-    pub fn arm(&mut self, arm: crate::keeper::protocol::Arm) {
-        self.send(Ctl::Arm(arm));
+    pub fn arm(&mut self, deadline: Deadline) {
+        self.send(Ctl::Arm(Arm::of(deadline)));
+    }
+
+    /// A command about the tree, unless the keeper said it is gone.
+    fn send_unless_gone(&mut self, cmd: Ctl) {
+        if !self.seen.tree_gone.load(Ordering::SeqCst) {
+            self.send(cmd);
+        }
     }
 
     /// One command on the ctl pipe, never blocking (one frame is at most

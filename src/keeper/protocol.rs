@@ -11,9 +11,12 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::exit::ChildStatus;
 use crate::sys::signal::Sig;
+use crate::time::clock::BootInstant;
+use crate::time::deadline::Deadline;
 
 /// What the agent asks of the keeper, on the ctl pipe: one byte each, but
 /// for [`Command::Arm`], a fixed frame of [`ARM_FRAME`] bytes. Every frame
@@ -49,6 +52,27 @@ pub struct Arm {
     pub grace_us: u64,
     /// SIGKILL this long before the deadline.
     pub kill_lead_us: u64,
+}
+
+impl Arm {
+    /// The frame of `deadline` (whole microseconds, rounded down).
+    pub fn of(deadline: Deadline) -> Self {
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        Arm {
+            deadline_us: us(deadline.at.since_boot()),
+            grace_us: us(deadline.grace),
+            kill_lead_us: us(deadline.kill_lead),
+        }
+    }
+
+    /// The deadline this frame carries.
+    pub fn deadline(self) -> Deadline {
+        Deadline {
+            at: BootInstant::from_since_boot(Duration::from_micros(self.deadline_us)),
+            grace: Duration::from_micros(self.grace_us),
+            kill_lead: Duration::from_micros(self.kill_lead_us),
+        }
+    }
 }
 
 /// The tag byte of [`Command::Arm`].
@@ -537,5 +561,34 @@ mod tests {
             assert_eq!(got, all.to_vec(), "cut at {cut}");
         }
         const { assert!(ARM_FRAME <= 512, "an Arm frame fits in PIPE_BUF") };
+    }
+
+    #[test]
+    fn a_deadline_goes_out_in_whole_microseconds_rounded_down() {
+        let d = Deadline {
+            at: BootInstant::from_since_boot(Duration::new(5, 123_456_789)),
+            grace: Duration::from_nanos(1_500_999),
+            kill_lead: Duration::from_millis(20),
+        };
+        let arm = Arm::of(d);
+        assert_eq!(
+            arm,
+            Arm {
+                deadline_us: 5_123_456,
+                grace_us: 1_500,
+                kill_lead_us: 20_000,
+            }
+        );
+        let mut frame = vec![b'A'];
+        for n in [5_123_456u64, 1_500, 20_000] {
+            frame.extend_from_slice(&n.to_le_bytes());
+        }
+        assert_eq!(Command::Arm(arm).encode(), frame);
+        let back = arm.deadline();
+        assert_eq!(
+            back.at,
+            BootInstant::from_since_boot(Duration::new(5, 123_456_000))
+        );
+        assert_eq!(Arm::of(back), arm);
     }
 }

@@ -1,5 +1,7 @@
-//! Time: the boot clock every lease deadline is measured on, and the strict
-//! `DUR` grammar of the command line.
+//! Time: the boot clock every lease deadline is measured on, the deadline
+//! rule both guardians share, and the strict `DUR` grammar of the command
+//! line.
 
 pub mod clock;
+pub mod deadline;
 pub mod duration;

@@ -1,0 +1,797 @@
+//! The keeper's one loop, in tini's manner: reap; once the tree is gone, say
+//! so and end; else run a due kill round, read the agent's commands, keep
+//! the deadline, and wait for SIGCHLD, a control byte, the deadline timer
+//! or the next kill round. No helper thread, no sleep-polling.
+//!
+//! Everything outside its own state goes through [`Os`] (`os.rs`), so the
+//! unit tests below drive it through a fake: children that end or survive,
+//! ctl bytes, the agent's end, the timer, the clock.
+//!
+//! Invariants it keeps:
+//! - "Tree gone" is proven, never guessed: no child left below the keeper
+//!   (a child subreaper, so every descendant stays below it) and an empty
+//!   job cgroup. Then `TreeGone` goes out and the loop ends, `Done` or not.
+//! - The agent's end (EOF on the ctl pipe, or a wait that fails) kills the
+//!   whole tree at once; so does `Done` (normally nothing is left).
+//! - The deadline the agent handed over ([`Guard`]) is kept whatever the
+//!   agent does: SIGTERM (then SIGCONT) to the tree when due, SIGKILL
+//!   rounds from the kill time. All queued commands are read before the
+//!   deadline is looked at, so a keeper resumed after a stop acts on the
+//!   newest `Arm`, not on one a renewal replaced.
+//! - A kill goes in rounds (cgroup.kill and the tree walk) until the tree is
+//!   gone: fast at first, then backing off, to [`KILL_ROUND_SURVIVORS`] once
+//!   survivors were reported (once, after [`SURVIVOR_REPORT_AFTER`]).
+//! - A relayed signal goes to the members of the job's group found in the
+//!   tree (never `kill(-pgid)`, which could hit a recycled group); the
+//!   leader is signalled without a check only while it is unreaped.
+
+use std::time::Duration;
+
+use crate::keeper::guard::{Due, Guard};
+use crate::keeper::os::{Os, Reaped, Survivor};
+use crate::keeper::protocol::{Command as Ctl, Decoder, Report};
+use crate::sys::signal::Sig;
+use crate::time::clock::BootInstant;
+
+/// While killing: the first rounds of SIGKILL come this fast, then slower,
+/// up to the longest pause between rounds once survivors were reported (a
+/// process the keeper cannot kill costs a walk of the tree every few
+/// seconds, not a busy loop).
+const KILL_ROUND_FIRST: Duration = Duration::from_millis(10);
+const KILL_ROUND_MAX: Duration = Duration::from_millis(500);
+const KILL_ROUND_SURVIVORS: Duration = Duration::from_secs(5);
+/// Survivors of SIGKILL this long are reported (once) with pid and command.
+const SURVIVOR_REPORT_AFTER: Duration = Duration::from_secs(1);
+
+/// A kill in progress: rounds of SIGKILL until the tree is gone.
+struct Killing {
+    since: BootInstant,
+    next_round: BootInstant,
+    round: Duration,
+    survivors_reported: bool,
+}
+
+/// The loop's state; the system is `os`.
+pub struct EventLoop<O: Os> {
+    os: O,
+    job_pid: i32,
+    leader_reaped: bool,
+    /// False once the agent closed it (EOF) or said `Done`.
+    ctl_open: bool,
+    /// The agent is gone or done: exit once the tree is gone.
+    finishing: bool,
+    killing: Option<Killing>,
+    /// The deadline the agent handed over, enforced by the keeper alone.
+    guard: Guard,
+    decoder: Decoder,
+    /// Commands that came right behind the "go" frame, read with it.
+    carry: Vec<u8>,
+}
+
+impl<O: Os> EventLoop<O> {
+    /// The loop for the job `job_pid` (its leader, our child), with the
+    /// ctl bytes read past the "go" frame.
+    pub fn new(os: O, job_pid: i32, carry: Vec<u8>) -> Self {
+        EventLoop {
+            os,
+            job_pid,
+            leader_reaped: false,
+            ctl_open: true,
+            finishing: false,
+            killing: None,
+            guard: Guard::default(),
+            decoder: Decoder::default(),
+            carry,
+        }
+    }
+
+    /// Runs until the tree is gone; returns the system.
+    pub fn run(mut self) -> O {
+        loop {
+            if self.reap() && self.os.cgroup_empty() {
+                self.tree_gone();
+                return self.os;
+            }
+            // Does nothing unless a kill is in progress and a round is due.
+            self.kill_round();
+            // The newest deadline first: a keeper resumed after a stop has
+            // the `Arm`s sent meanwhile queued (a read that finds nothing
+            // costs one syscall).
+            self.read_ctl();
+            self.deadline_due();
+            self.os.flush();
+            let until = self.killing.as_ref().map(|k| k.next_round);
+            let woken = self.os.wait(until);
+            if woken.failed {
+                self.close_ctl();
+            }
+            if woken.ctl {
+                self.read_ctl();
+            } else if !self.ctl_open && !self.finishing {
+                self.agent_gone();
+            }
+        }
+    }
+
+    /// Reaps every child that has ended (the leader's end is reported with
+    /// its time); whether no child is left.
+    fn reap(&mut self) -> bool {
+        loop {
+            match self.os.reap() {
+                Reaped::Ended { pid, status } => {
+                    if pid == self.job_pid && !self.leader_reaped {
+                        self.leader_reaped = true;
+                        let at_ms = self.os.now().since_boot().as_millis() as u64;
+                        self.os.report(Report::Exited { status, at_ms });
+                    }
+                }
+                Reaped::Running => return false,
+                Reaped::NoChild => return true,
+            }
+        }
+    }
+
+    /// The end of the keeper's work, `Done` or not: no process is left to
+    /// fork into the tree, and a subreaper's tree cannot gain members from
+    /// outside. `TreeGone` goes out, and the empty cgroup is removed now,
+    /// while the agent releases the lease, not after: the agent waits for
+    /// this process's end.
+    fn tree_gone(&mut self) {
+        self.os.report(Report::TreeGone);
+        self.os.flush();
+        self.os.remove_cgroup();
+    }
+
+    /// The keeper's own deadline: SIGTERM and SIGKILL when due, whatever
+    /// the agent does; then the timer is set to the next time due.
+    fn deadline_due(&mut self) {
+        for due in self.guard.due(self.os.now()) {
+            match due {
+                Due::Term => {
+                    self.os.report(Report::Info(
+                        "the keeper's deadline timer fired: SIGTERM to the tree".into(),
+                    ));
+                    self.term();
+                }
+                Due::Kill => self.start_kill(),
+            }
+        }
+        self.os.set_timer(self.guard.next_wake());
+    }
+
+    fn close_ctl(&mut self) {
+        self.ctl_open = false;
+        self.os.close_ctl();
+    }
+
+    /// Reads everything the agent queued (to the end), then carries it out
+    /// in order. All of it first: a keeper stopped for a while finds
+    /// several `Arm`s queued, and acting on the first (an old deadline)
+    /// before reading the last would stop a job whose lease was renewed
+    /// since. The deadline itself is checked by the loop after.
+    fn read_ctl(&mut self) {
+        if !self.ctl_open {
+            return;
+        }
+        let mut bytes = std::mem::take(&mut self.carry);
+        let (read, eof) = self.os.read_ctl();
+        bytes.extend_from_slice(&read);
+        let commands = self.decoder.push(&bytes);
+        if commands.is_empty() && eof {
+            self.close_ctl();
+            self.agent_gone();
+            return;
+        }
+        for cmd in commands {
+            match cmd {
+                Ctl::Relay(sig) => self.relay(sig),
+                Ctl::Term => {
+                    if self.guard.term_requested() {
+                        self.term();
+                    }
+                }
+                Ctl::Kill => self.start_kill(),
+                Ctl::Arm(a) => self.guard.arm(a),
+                Ctl::Done => {
+                    self.close_ctl();
+                    self.finishing = true;
+                    // Normally nothing is left; if something is, it dies.
+                    self.start_kill();
+                    return;
+                }
+            }
+        }
+        if eof {
+            self.close_ctl();
+            self.agent_gone();
+        }
+    }
+
+    /// The job's leader while it is ours to signal without a check: not
+    /// yet reaped, so its pid cannot have been reused.
+    fn leader(&self) -> Option<i32> {
+        (!self.leader_reaped).then_some(self.job_pid)
+    }
+
+    /// The agent is gone (EOF, a failed wait): kill the whole tree at once.
+    fn agent_gone(&mut self) {
+        self.finishing = true;
+        self.start_kill();
+    }
+
+    /// A relayed signal: to the members of the job's process group.
+    fn relay(&mut self, sig: Sig) {
+        self.os.relay(sig, self.job_pid, self.leader());
+    }
+
+    /// SIGTERM to the whole tree, then SIGCONT (as `timeout` and systemd
+    /// do), so a job paused with SIGTSTP or SIGSTOP acts on it within its
+    /// grace.
+    fn term(&mut self) {
+        for sig in [Sig::Term, Sig::Cont] {
+            self.os.signal_tree(sig, self.leader());
+        }
+    }
+
+    fn start_kill(&mut self) {
+        if self.killing.is_none() {
+            let now = self.os.now();
+            self.killing = Some(Killing {
+                since: now,
+                next_round: now,
+                round: KILL_ROUND_FIRST,
+                survivors_reported: false,
+            });
+        }
+        self.kill_round();
+    }
+
+    /// One round of SIGKILL, if one is due; survivors of earlier rounds are
+    /// reported once.
+    fn kill_round(&mut self) {
+        let now = self.os.now();
+        let Some(k) = self.killing.as_mut() else {
+            return;
+        };
+        if now < k.next_round {
+            return;
+        }
+        k.next_round = now + k.round;
+        let max = if k.survivors_reported {
+            KILL_ROUND_SURVIVORS
+        } else {
+            KILL_ROUND_MAX
+        };
+        k.round = (k.round * 2).min(max);
+        let report_now = !k.survivors_reported && now >= k.since + SURVIVOR_REPORT_AFTER;
+        if report_now {
+            k.survivors_reported = true;
+        }
+        let leader = self.leader();
+        if let Err(warning) = self.os.kill_tree(leader) {
+            self.os.report(Report::Warning(warning));
+        }
+        if report_now {
+            for Survivor { pid, command, why } in self.os.survivors() {
+                self.os.report(Report::Survivor { pid, command, why });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, VecDeque};
+
+    use super::*;
+    use crate::exit::ChildStatus;
+    use crate::keeper::os::Woken;
+    use crate::keeper::protocol::{Arm, Survival};
+    use crate::time::deadline::Deadline;
+
+    /// What the loop did to the system, in order.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    enum Did {
+        Signal(Sig, Option<i32>),
+        Relay(Sig, i32, Option<i32>),
+        KillRound(Option<i32>),
+        Timer(Option<BootInstant>),
+        CloseCtl,
+        /// The reports of one flush, in order.
+        Sent(Vec<Report>),
+        RemoveCgroup,
+    }
+
+    /// Something that happens while the loop waits.
+    #[derive(Clone, Debug)]
+    enum Then {
+        /// The agent writes these bytes on the ctl pipe.
+        Ctl(Vec<u8>),
+        /// The agent's end of the ctl pipe closes.
+        Eof,
+        /// A child ends with this status.
+        Ends(i32, ChildStatus),
+        /// Time passes to the armed timer.
+        Timer,
+        /// Time passes to the loop's own `until` (the next kill round).
+        Until,
+        /// Time passes by this much.
+        Later(Duration),
+        /// The wait fails.
+        Fails,
+    }
+
+    /// A system without processes: children are pids that end when told to
+    /// (or when killed, unless they survive SIGKILL), time passes only in
+    /// `wait`, and everything the loop does is written down.
+    struct Fake {
+        now: BootInstant,
+        /// Children alive: whether they survive SIGKILL.
+        alive: BTreeMap<i32, bool>,
+        ended: VecDeque<(i32, ChildStatus)>,
+        /// Members of the job's cgroup that are no child (escaped the tree).
+        cgroup_only: Vec<i32>,
+        /// `cgroup.kill` fails with this.
+        kill_fails: Option<String>,
+        ctl: Vec<u8>,
+        eof: bool,
+        ctl_closed: bool,
+        timer: Option<BootInstant>,
+        queued: Vec<Report>,
+        script: VecDeque<Then>,
+        did: Vec<Did>,
+    }
+
+    fn t(ms: u64) -> BootInstant {
+        BootInstant::from_since_boot(Duration::from_millis(1_000_000 + ms))
+    }
+
+    const JOB: i32 = 100;
+
+    impl Fake {
+        fn new(children: &[i32], script: Vec<Then>) -> Self {
+            Fake {
+                now: t(0),
+                alive: children.iter().map(|&p| (p, false)).collect(),
+                ended: VecDeque::new(),
+                cgroup_only: Vec::new(),
+                kill_fails: None,
+                ctl: Vec::new(),
+                eof: false,
+                ctl_closed: false,
+                timer: None,
+                queued: Vec::new(),
+                script: script.into(),
+                did: Vec::new(),
+            }
+        }
+
+        fn end(&mut self, pid: i32, status: ChildStatus) {
+            if self.alive.remove(&pid).is_some() {
+                self.ended.push_back((pid, status));
+            }
+        }
+
+        /// Every report sent, flushes joined.
+        fn sent(&self) -> Vec<Report> {
+            self.did
+                .iter()
+                .filter_map(|d| match d {
+                    Did::Sent(r) => Some(r.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .collect()
+        }
+
+        /// What the loop did to processes, in order.
+        fn acts(&self) -> Vec<Did> {
+            self.did
+                .iter()
+                .filter(|d| matches!(d, Did::Signal(..) | Did::Relay(..) | Did::KillRound(_)))
+                .cloned()
+                .collect()
+        }
+    }
+
+    impl Os for Fake {
+        fn now(&self) -> BootInstant {
+            self.now
+        }
+
+        fn reap(&mut self) -> Reaped {
+            match self.ended.pop_front() {
+                Some((pid, status)) => Reaped::Ended { pid, status },
+                None if self.alive.is_empty() => Reaped::NoChild,
+                None => Reaped::Running,
+            }
+        }
+
+        fn cgroup_empty(&self) -> bool {
+            self.cgroup_only.is_empty()
+        }
+
+        fn remove_cgroup(&mut self) -> bool {
+            self.did.push(Did::RemoveCgroup);
+            true
+        }
+
+        fn signal_tree(&mut self, sig: Sig, leader: Option<i32>) {
+            self.did.push(Did::Signal(sig, leader));
+        }
+
+        fn relay(&mut self, sig: Sig, pgid: i32, leader: Option<i32>) {
+            self.did.push(Did::Relay(sig, pgid, leader));
+        }
+
+        fn kill_tree(&mut self, leader: Option<i32>) -> Result<(), String> {
+            self.did.push(Did::KillRound(leader));
+            let killed: Vec<i32> = self
+                .alive
+                .iter()
+                .filter(|(_, survives)| !**survives)
+                .map(|(p, _)| *p)
+                .collect();
+            for pid in killed {
+                self.end(pid, ChildStatus::Signaled(9));
+            }
+            match self.kill_fails.clone() {
+                Some(e) => Err(e),
+                None => {
+                    self.cgroup_only.clear();
+                    Ok(())
+                }
+            }
+        }
+
+        fn survivors(&mut self) -> Vec<Survivor> {
+            self.alive
+                .keys()
+                .map(|&pid| Survivor {
+                    pid,
+                    command: format!("job {pid}"),
+                    why: Survival::Uninterruptible,
+                })
+                .collect()
+        }
+
+        fn read_ctl(&mut self) -> (Vec<u8>, bool) {
+            assert!(!self.ctl_closed, "read after close");
+            (std::mem::take(&mut self.ctl), self.eof)
+        }
+
+        fn close_ctl(&mut self) {
+            self.ctl_closed = true;
+            self.did.push(Did::CloseCtl);
+        }
+
+        fn set_timer(&mut self, at: Option<BootInstant>) {
+            if self.timer != at {
+                self.did.push(Did::Timer(at));
+            }
+            self.timer = at;
+        }
+
+        fn report(&mut self, report: Report) {
+            self.queued.push(report);
+        }
+
+        fn flush(&mut self) {
+            if !self.queued.is_empty() {
+                let sent = std::mem::take(&mut self.queued);
+                self.did.push(Did::Sent(sent));
+            }
+        }
+
+        fn wait(&mut self, until: Option<BootInstant>) -> Woken {
+            assert!(self.queued.is_empty(), "reports left unsent while waiting");
+            // What is ready already wakes the wait at once, as `poll` does:
+            // SIGCHLD of a child that ended, ctl bytes, the timer, `until`.
+            let ctl_ready = !self.ctl_closed && (!self.ctl.is_empty() || self.eof);
+            if !self.ended.is_empty()
+                || ctl_ready
+                || self.timer.is_some_and(|at| self.now >= at)
+                || until.is_some_and(|at| self.now >= at)
+            {
+                return Woken {
+                    ctl: ctl_ready,
+                    failed: false,
+                };
+            }
+            let then = self.script.pop_front().unwrap_or_else(|| {
+                panic!("the loop waits with nothing left to happen: {:?}", self.did)
+            });
+            let mut woken = Woken::default();
+            match then {
+                Then::Ctl(bytes) => {
+                    self.ctl.extend(bytes);
+                    woken.ctl = !self.ctl_closed;
+                }
+                Then::Eof => {
+                    self.eof = true;
+                    woken.ctl = !self.ctl_closed;
+                }
+                Then::Ends(pid, status) => self.end(pid, status),
+                Then::Timer => {
+                    let at = self.timer.expect("no timer armed");
+                    self.now = self.now.max(at);
+                }
+                Then::Until => {
+                    let at = until.expect("the loop waits without a time");
+                    self.now = self.now.max(at);
+                }
+                Then::Later(d) => self.now = self.now + d,
+                Then::Fails => woken.failed = true,
+            }
+            woken
+        }
+    }
+
+    fn run(children: &[i32], script: Vec<Then>) -> Fake {
+        EventLoop::new(Fake::new(children, script), JOB, Vec::new()).run()
+    }
+
+    fn arm(at_ms: u64, grace_ms: u64, lead_ms: u64) -> Vec<u8> {
+        let ms = Duration::from_millis;
+        Ctl::Arm(Arm::of(Deadline {
+            at: t(at_ms),
+            grace: ms(grace_ms),
+            kill_lead: ms(lead_ms),
+        }))
+        .encode()
+    }
+
+    #[test]
+    fn the_jobs_end_is_reported_then_the_tree_gone_and_the_loop_ends() {
+        let f = run(
+            &[JOB],
+            vec![
+                Then::Later(Duration::from_millis(1500)),
+                Then::Ends(JOB, ChildStatus::Exited(3)),
+            ],
+        );
+        assert_eq!(
+            f.sent(),
+            vec![
+                Report::Exited {
+                    status: ChildStatus::Exited(3),
+                    at_ms: 1_001_500
+                },
+                Report::TreeGone
+            ]
+        );
+        // Both in one write, then the cgroup goes; nothing was signalled.
+        assert_eq!(
+            &f.did[f.did.len() - 2..],
+            &[
+                Did::Sent(vec![
+                    Report::Exited {
+                        status: ChildStatus::Exited(3),
+                        at_ms: 1_001_500
+                    },
+                    Report::TreeGone
+                ]),
+                Did::RemoveCgroup
+            ]
+        );
+        assert!(f.acts().is_empty(), "{:?}", f.did);
+        assert!(f.script.is_empty());
+    }
+
+    #[test]
+    fn the_tree_is_gone_only_when_no_child_is_left_and_the_cgroup_is_empty() {
+        // The leader ends; a grandchild (re-parented to us) lives on, and
+        // one process escaped into the cgroup only.
+        let mut fake = Fake::new(
+            &[JOB, 7],
+            vec![
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+                Then::Ends(7, ChildStatus::Exited(0)),
+                // The agent, told the leader ended, stops what is left.
+                Then::Ctl(Ctl::Kill.encode()),
+            ],
+        );
+        fake.cgroup_only = vec![55];
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        let sent = f.sent();
+        assert!(matches!(sent[0], Report::Exited { .. }));
+        assert_eq!(sent.last(), Some(&Report::TreeGone));
+        assert_eq!(sent.iter().filter(|r| **r == Report::TreeGone).count(), 1);
+        // The leader, reaped, is no longer signalled without a check.
+        assert_eq!(f.acts(), vec![Did::KillRound(None)]);
+    }
+
+    #[test]
+    fn the_agents_end_kills_the_tree_at_once() {
+        let f = run(&[JOB, 8], vec![Then::Eof]);
+        assert_eq!(f.acts(), vec![Did::KillRound(Some(JOB))]);
+        assert!(f.did.contains(&Did::CloseCtl));
+        assert_eq!(
+            f.sent(),
+            vec![
+                Report::Exited {
+                    status: ChildStatus::Signaled(9),
+                    at_ms: 1_000_000
+                },
+                Report::TreeGone
+            ]
+        );
+        // A wait that fails is taken the same way.
+        let f = run(&[JOB], vec![Then::Fails]);
+        assert_eq!(f.acts(), vec![Did::KillRound(Some(JOB))]);
+        assert!(f.did.contains(&Did::CloseCtl));
+    }
+
+    #[test]
+    fn an_arm_then_the_timer_gives_term_and_cont_then_kill_rounds() {
+        let f = run(
+            &[JOB],
+            vec![
+                // Deadline at 10 s, grace 3 s, kill lead 20 ms.
+                Then::Ctl(arm(10_000, 3_000, 20)),
+                Then::Timer,
+                Then::Timer,
+            ],
+        );
+        assert_eq!(
+            f.acts(),
+            vec![
+                Did::Signal(Sig::Term, Some(JOB)),
+                Did::Signal(Sig::Cont, Some(JOB)),
+                Did::KillRound(Some(JOB)),
+            ]
+        );
+        // The timer was set for SIGTERM, then SIGKILL, then disarmed.
+        let timers: Vec<Did> = f
+            .did
+            .iter()
+            .filter(|d| matches!(d, Did::Timer(_)))
+            .cloned()
+            .collect();
+        assert_eq!(
+            timers,
+            vec![
+                Did::Timer(Some(t(7_000))),
+                Did::Timer(Some(t(9_980))),
+                Did::Timer(None)
+            ]
+        );
+        assert!(f.sent().contains(&Report::Info(
+            "the keeper's deadline timer fired: SIGTERM to the tree".into()
+        )));
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+
+    #[test]
+    fn the_newest_arm_counts_when_several_are_queued() {
+        // A keeper resumed after a stop finds an old deadline (long past)
+        // and the renewal's (far ahead) queued: it must not stop the job.
+        let mut bytes = arm(500, 100, 20);
+        bytes.extend(arm(60_000, 3_000, 20));
+        let f = run(
+            &[JOB],
+            vec![
+                Then::Later(Duration::from_secs(5)),
+                Then::Ctl(bytes),
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+            ],
+        );
+        assert!(f.acts().is_empty(), "{:?}", f.did);
+        assert!(f.did.contains(&Did::Timer(Some(t(57_000)))));
+    }
+
+    #[test]
+    fn sigterm_asked_after_the_timer_sent_it_is_not_repeated() {
+        let f = run(
+            &[JOB],
+            vec![
+                Then::Ctl(arm(10_000, 3_000, 20)),
+                Then::Timer,
+                Then::Ctl(Ctl::Term.encode()),
+                Then::Ends(JOB, ChildStatus::Signaled(15)),
+            ],
+        );
+        assert_eq!(
+            f.acts(),
+            vec![
+                Did::Signal(Sig::Term, Some(JOB)),
+                Did::Signal(Sig::Cont, Some(JOB)),
+            ]
+        );
+        // Unarmed, every SIGTERM asked for goes out.
+        let f = run(
+            &[JOB],
+            vec![
+                Then::Ctl(Ctl::Term.encode()),
+                Then::Ctl(Ctl::Term.encode()),
+                Then::Ends(JOB, ChildStatus::Signaled(15)),
+            ],
+        );
+        assert_eq!(f.acts().len(), 4);
+    }
+
+    #[test]
+    fn a_relayed_signal_goes_to_the_jobs_group() {
+        let f = run(
+            &[JOB, 9],
+            vec![
+                Then::Ctl(Ctl::Relay(Sig::Hup).encode()),
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+                Then::Ctl(Ctl::Relay(Sig::Usr1).encode()),
+                Then::Ends(9, ChildStatus::Exited(0)),
+            ],
+        );
+        assert_eq!(
+            f.acts(),
+            vec![
+                Did::Relay(Sig::Hup, JOB, Some(JOB)),
+                // The leader is reaped: its group's members only, found
+                // in the tree.
+                Did::Relay(Sig::Usr1, JOB, None),
+            ]
+        );
+    }
+
+    #[test]
+    fn done_kills_what_is_left_without_taking_the_agent_for_gone() {
+        let mut fake = Fake::new(&[JOB], vec![Then::Ctl(Ctl::Done.encode())]);
+        fake.alive.insert(12, false);
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        assert_eq!(f.acts(), vec![Did::KillRound(Some(JOB))]);
+        assert_eq!(
+            f.did.iter().filter(|d| **d == Did::CloseCtl).count(),
+            1,
+            "closed once, for Done"
+        );
+    }
+
+    #[test]
+    fn a_failed_cgroup_kill_is_a_warning_and_the_walk_goes_on() {
+        let mut fake = Fake::new(&[JOB], vec![Then::Ctl(Ctl::Kill.encode())]);
+        fake.kill_fails = Some("cgroup.kill in /x failed: EACCES".into());
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        assert_eq!(
+            f.sent()[0],
+            Report::Warning("cgroup.kill in /x failed: EACCES".into())
+        );
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+
+    #[test]
+    fn commands_sent_right_behind_the_go_frame_are_carried_out() {
+        let carry = Ctl::Relay(Sig::Usr2).encode();
+        let fake = Fake::new(&[JOB], vec![Then::Ends(JOB, ChildStatus::Exited(0))]);
+        let f = EventLoop::new(fake, JOB, carry).run();
+        assert_eq!(f.acts(), vec![Did::Relay(Sig::Usr2, JOB, Some(JOB))]);
+    }
+
+    #[test]
+    fn kill_rounds_back_off_and_survivors_are_reported_once() {
+        let mut fake = Fake::new(&[JOB], vec![Then::Eof]);
+        // 13 survives SIGKILL (D state) until it finally ends.
+        fake.alive.insert(13, true);
+        let mut script = vec![Then::Eof];
+        script.extend(std::iter::repeat_n(Then::Until, 12));
+        script.push(Then::Ends(13, ChildStatus::Signaled(9)));
+        fake.script = script.into();
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        let rounds = f.acts().len();
+        assert_eq!(rounds, 13, "{:?}", f.did);
+        let survivors: Vec<Report> = f
+            .sent()
+            .into_iter()
+            .filter(|r| matches!(r, Report::Survivor { .. }))
+            .collect();
+        assert_eq!(
+            survivors,
+            vec![Report::Survivor {
+                pid: 13,
+                command: "job 13".into(),
+                why: Survival::Uninterruptible
+            }]
+        );
+        // 10, 20, 40, ... 500 ms between rounds, then 5 s once reported.
+        assert!(f.now >= t(1_000), "{:?}", f.now);
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+}

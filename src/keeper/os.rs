@@ -1,0 +1,363 @@
+//! The keeper's loop and the system, apart: [`Os`] is everything the loop
+//! (`event_loop.rs`) asks of the kernel (reap, signal the tree, cgroup.kill,
+//! the ctl pipe, the deadline timer, the report pipe, the clock), one method
+//! each; [`System`] is the real one. The loop keeps every decision (what
+//! the reports say, when a kill round is due, what the agent's commands and
+//! the guard mean), so unit tests drive it through a fake without a single
+//! process, as the agent's machine is driven without one.
+//!
+//! What stays behind the seam, and why it is not the loop's business:
+//! - how the tree is found and signalled (`tree.rs`: pidfds, parents
+//!   re-checked) and the cgroup's members (`cgroup.rs`);
+//! - `waitpid(-1, WNOHANG)` and how a wait status becomes a
+//!   [`ChildStatus`];
+//! - the `poll` on the SIGCHLD self-pipe, the timerfd and the ctl pipe, and
+//!   draining the first two.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::WaitOptions;
+
+use crate::exit::ChildStatus;
+use crate::keeper::cgroup::JobCgroup;
+use crate::keeper::protocol::{Report, Survival};
+use crate::keeper::tree;
+use crate::sys::signal::Sig;
+use crate::time::clock::BootInstant;
+
+/// What one reap found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reaped {
+    /// A child ended (and is reaped now).
+    Ended { pid: i32, status: ChildStatus },
+    /// Children are left, none has ended.
+    Running,
+    /// No child is left below the keeper (`ECHILD`).
+    NoChild,
+}
+
+/// What woke a wait.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The ctl pipe has bytes (or its end) to read.
+    pub ctl: bool,
+    /// The wait itself failed: taken as the agent being gone.
+    pub failed: bool,
+}
+
+/// A process of the tree that outlived SIGKILL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Survivor {
+    pub pid: i32,
+    pub command: String,
+    pub why: Survival,
+}
+
+/// Everything the keeper's loop asks of the system.
+pub trait Os {
+    /// Now, on `CLOCK_BOOTTIME` (the clock of the agent's deadlines).
+    fn now(&self) -> BootInstant;
+    /// Reaps one child that ended, never waiting.
+    fn reap(&mut self) -> Reaped;
+    /// Whether the job's cgroup, if there is one, has no member left.
+    fn cgroup_empty(&self) -> bool;
+    /// One try at removing the (empty) job cgroup; whether it is gone.
+    fn remove_cgroup(&mut self) -> bool;
+    /// `sig` to every descendant (`leader`, unreaped, without a check) and
+    /// to every member of the job's cgroup.
+    fn signal_tree(&mut self, sig: Sig, leader: Option<i32>);
+    /// `sig` to the descendants in process group `pgid`.
+    fn relay(&mut self, sig: Sig, pgid: i32, leader: Option<i32>);
+    /// One round of SIGKILL: `cgroup.kill`, then every descendant. `Err`:
+    /// `cgroup.kill` failed (the walk went on), in words.
+    fn kill_tree(&mut self, leader: Option<i32>) -> Result<(), String>;
+    /// Every process still below the keeper or in its cgroup, and why it
+    /// lives.
+    fn survivors(&mut self) -> Vec<Survivor>;
+    /// What the agent queued on the ctl pipe, never waiting; and whether
+    /// the pipe ended (the agent is gone).
+    fn read_ctl(&mut self) -> (Vec<u8>, bool);
+    /// No more reading the ctl pipe (its end, `Done`, or a failed wait).
+    fn close_ctl(&mut self);
+    /// The deadline timer fires at `at` (an absolute time); `None` disarms.
+    fn set_timer(&mut self, at: Option<BootInstant>);
+    /// Queues a report for the agent.
+    fn report(&mut self, report: Report);
+    /// Writes the queued reports, in one write.
+    fn flush(&mut self);
+    /// Waits for a child's end, a ctl byte, the timer, or `until`.
+    fn wait(&mut self, until: Option<BootInstant>) -> Woken;
+}
+
+/// The report pipe; once the agent is gone, reports go to stderr instead.
+///
+/// Reports are queued and written together before the keeper next waits
+/// ([`Reporter::flush`], and on drop): the pipe is unbuffered, and every
+/// write wakes the agent's reader, so the reports of one step (the job's
+/// start and where it runs; its exit and the tree's end) cost one wake-up,
+/// not one per report or per formatted piece.
+pub struct Reporter {
+    pipe: Option<std::fs::File>,
+    queued: Vec<Report>,
+}
+
+impl Reporter {
+    pub fn new(pipe: std::fs::File) -> Self {
+        Reporter {
+            pipe: Some(pipe),
+            queued: Vec::new(),
+        }
+    }
+
+    pub fn send(&mut self, r: &Report) {
+        self.queued.push(r.clone());
+    }
+
+    /// Writes what is queued, in one write.
+    pub fn flush(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let reports = std::mem::take(&mut self.queued);
+        if let Some(p) = self.pipe.as_mut() {
+            let text: String = reports.iter().map(|r| format!("{r}\n")).collect();
+            if p.write_all(text.as_bytes()).is_ok() {
+                return;
+            }
+            self.pipe = None;
+        }
+        for r in &reports {
+            match r {
+                Report::Survivor { pid, command, why } => eprintln!(
+                    "leaseagent: keeper: error: process {pid} ({}) is still alive: {}",
+                    crate::escape::escape(command),
+                    why.describe()
+                ),
+                Report::Warning(m) => {
+                    eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// The real system: the keeper's pipes, its SIGCHLD self-pipe, its
+/// deadline timer and the job's cgroup.
+pub struct System {
+    me: i32,
+    out: Reporter,
+    /// `None` once closed.
+    ctl: Option<std::fs::File>,
+    sigchld: UnixStream,
+    /// Fires at the guard's next time (`CLOCK_BOOTTIME`, absolute).
+    timer: OwnedFd,
+    cgroup: Option<JobCgroup>,
+}
+
+impl System {
+    pub fn new(
+        out: Reporter,
+        ctl: OwnedFd,
+        sigchld: UnixStream,
+        timer: OwnedFd,
+        cgroup: Option<JobCgroup>,
+    ) -> Self {
+        System {
+            me: rustix::process::getpid().as_raw_nonzero().get(),
+            out,
+            ctl: Some(std::fs::File::from(ctl)),
+            sigchld,
+            timer,
+            cgroup,
+        }
+    }
+
+    /// After the loop: a cgroup that could not be removed at once (a
+    /// just-reaped member still counted) is removed now, retried briefly.
+    pub fn finish(self) {
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
+    }
+
+    /// Empties the SIGCHLD self-pipe (the reap comes next round).
+    fn drain_sigchld(&self) {
+        let mut buf = [0u8; 64];
+        let mut r = &self.sigchld;
+        while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+impl Os for System {
+    fn now(&self) -> BootInstant {
+        BootInstant::now()
+    }
+
+    fn reap(&mut self) -> Reaped {
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => {
+                    let status = match (status.exit_status(), status.terminating_signal()) {
+                        (Some(code), _) => ChildStatus::Exited(code),
+                        (None, Some(sig)) => ChildStatus::Signaled(sig),
+                        (None, None) => ChildStatus::Exited(255),
+                    };
+                    let pid = pid.as_raw_nonzero().get();
+                    return Reaped::Ended { pid, status };
+                }
+                Ok(None) => return Reaped::Running,
+                Err(rustix::io::Errno::INTR) => {}
+                // ECHILD: nothing left below us.
+                Err(_) => return Reaped::NoChild,
+            }
+        }
+    }
+
+    fn cgroup_empty(&self) -> bool {
+        self.cgroup.as_ref().is_none_or(|cg| cg.pids().is_empty())
+    }
+
+    fn remove_cgroup(&mut self) -> bool {
+        if self.cgroup.as_ref().is_some_and(|cg| cg.try_remove()) {
+            self.cgroup = None;
+        }
+        self.cgroup.is_none()
+    }
+
+    fn signal_tree(&mut self, sig: Sig, leader: Option<i32>) {
+        let sig = sig.to_rustix();
+        let done: HashSet<i32> = tree::signal_all(self.me, sig, None, leader)
+            .into_iter()
+            .collect();
+        if let Some(cg) = &self.cgroup {
+            for pid in cg.pids() {
+                if !done.contains(&pid) {
+                    cg.signal_member(pid, sig);
+                }
+            }
+        }
+    }
+
+    fn relay(&mut self, sig: Sig, pgid: i32, leader: Option<i32>) {
+        tree::signal_all(self.me, sig.to_rustix(), Some(pgid), leader);
+    }
+
+    fn kill_tree(&mut self, leader: Option<i32>) -> Result<(), String> {
+        let mut result = Ok(());
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.kill() {
+                result = Err(format!("cgroup.kill in {} failed: {e}", cg.dir().display()));
+            }
+        }
+        tree::kill_all(self.me, leader);
+        result
+    }
+
+    fn survivors(&mut self) -> Vec<Survivor> {
+        // Every process still below us, killed or not (one it may not
+        // signal, EPERM, was never killed).
+        let mut pids: Vec<i32> = tree::descendants(self.me).iter().map(|p| p.pid).collect();
+        if let Some(cg) = &self.cgroup {
+            pids.extend(cg.pids());
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.into_iter()
+            .map(|pid| Survivor {
+                pid,
+                command: tree::command_of(pid),
+                why: tree::why_alive(pid),
+            })
+            .collect()
+    }
+
+    fn read_ctl(&mut self) -> (Vec<u8>, bool) {
+        let mut bytes = Vec::new();
+        let Some(ctl) = self.ctl.as_mut() else {
+            return (bytes, false);
+        };
+        let mut buf = [0u8; 4096];
+        loop {
+            match ctl.read(&mut buf) {
+                Ok(0) => return (bytes, true),
+                Ok(n) => bytes.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return (bytes, false),
+                Err(_) => return (bytes, true),
+            }
+        }
+    }
+
+    fn close_ctl(&mut self) {
+        self.ctl = None;
+    }
+
+    fn set_timer(&mut self, at: Option<BootInstant>) {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+        let ts = |d: Duration| Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        };
+        let spec = Itimerspec {
+            it_interval: ts(Duration::ZERO),
+            // Zero disarms; an absolute time in the past fires at once.
+            it_value: at.map_or(ts(Duration::ZERO), |t| {
+                ts(t.since_boot().max(Duration::from_micros(1)))
+            }),
+        };
+        let _ = timerfd_settime(&self.timer, TimerfdTimerFlags::ABSTIME, &spec);
+    }
+
+    fn report(&mut self, report: Report) {
+        self.out.send(&report);
+    }
+
+    fn flush(&mut self) {
+        self.out.flush();
+    }
+
+    fn wait(&mut self, until: Option<BootInstant>) -> Woken {
+        let timeout = until.map(|u| {
+            let d = BootInstant::now().until(u);
+            rustix::event::Timespec {
+                tv_sec: d.as_secs() as i64,
+                tv_nsec: i64::from(d.subsec_nanos()),
+            }
+        });
+        let mut fds = Vec::with_capacity(3);
+        fds.push(PollFd::new(&self.sigchld, PollFlags::IN));
+        // The deadline timer wakes the poll; the loop then asks the guard.
+        fds.push(PollFd::new(&self.timer, PollFlags::IN));
+        if let Some(c) = &self.ctl {
+            fds.push(PollFd::from_borrowed_fd(c.as_fd(), PollFlags::IN));
+        }
+        let failed = match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => false,
+            Err(_) => true,
+        };
+        let chld_ready = !fds[0].revents().is_empty();
+        let timer_ready = !fds[1].revents().is_empty();
+        let ctl = fds.get(2).is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
+        if timer_ready {
+            let mut buf = [0u8; 8];
+            let _ = rustix::io::read(&self.timer, &mut buf);
+        }
+        if chld_ready {
+            self.drain_sigchld();
+        }
+        Woken { ctl, failed }
+    }
+}
