@@ -11,7 +11,7 @@ use super::auth::{Action, Auth, Principal};
 use super::http::{Answer, Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::engine::Granted;
-use crate::engine::batched::{COMMIT_WAIT, Queued, ServeEngine};
+use crate::engine::batched::{BatchedEngine, COMMIT_WAIT, Queued};
 use crate::engine::rules::AcquireSpec;
 use crate::engine::{CapScope, EngineError, RequestError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
@@ -19,7 +19,7 @@ use crate::protocol::v1::{ErrorBody, ErrorCode, HistoryBody, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
-    pub engine: Arc<ServeEngine>,
+    pub engine: Arc<BatchedEngine>,
     pub latency: Latency,
     pub auth: Arc<Auth>,
     pub conns: Arc<super::http::ConnStats>,
@@ -466,7 +466,7 @@ impl Api {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {
-                    Ok(n) if (1..=crate::engine::history::MAX_PAGE).contains(&n) => limit = n,
+                    Ok(n) if (1..=crate::engine::MAX_PAGE).contains(&n) => limit = n,
                     _ => return bad("`limit` must be an integer from 1 to 1000"),
                 },
                 "after" => match v.parse::<u64>() {

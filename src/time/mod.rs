@@ -1,5 +1,9 @@
-//! Time: the boot clock every lease deadline is measured on, and the strict
-//! `DUR` grammar of the command line.
+//! Time: the boot clock every lease deadline is measured on, milliseconds
+//! and "now" on each clock, and the strict `DUR` grammar of the command
+//! line.
 
 pub mod clock;
 pub mod duration;
+pub mod millis;
+
+pub use millis::{boot_ms, ms, wall_ms};
