@@ -33,7 +33,7 @@ use crate::engine::batched::BatchedEngine;
 use crate::engine::history::rfc3339;
 use crate::lease::LeaseState;
 use crate::time::duration::format as human;
-use crate::time::wall_ms;
+use crate::time::{ms, wall_ms};
 
 /// How often the page reloads itself.
 pub const REFRESH_SECS: u64 = 2;
@@ -203,7 +203,7 @@ impl Status {
             "<table id=\"held\"><tr><th>task</th><th>holder</th><th>token</th>\
              <th>held for</th><th>to free it</th></tr>",
         );
-        let alert = u64::try_from(self.held_alert.as_millis()).unwrap_or(u64::MAX);
+        let alert = ms(self.held_alert);
         for (i, since) in held {
             let for_ms = since.map(|s| now.saturating_sub(s));
             let class = if for_ms.is_some_and(|m| m >= alert) {
