@@ -38,9 +38,9 @@
 //!   larger value), so a compacted row's next token is still higher.
 //! - Bad stored data is an error ([`StoreError::Corrupt`] and its kin),
 //!   never a default: tokens must never restart because of it.
-//! - Whatever the store cannot keep in the same transaction as the change
-//!   it belongs to, it does not keep: a row and the history of the attempt
-//!   it begins or ends commit together.
+//! - A row and the history of the attempts its change began or ended are
+//!   written in the same transaction (the engines pass them together), so
+//!   a crash never keeps one without the other.
 
 use super::error::StoreError;
 use super::history::{Bounds, Op, Record};
