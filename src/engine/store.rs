@@ -15,6 +15,13 @@
 //!   leases with their policies and holds, the history; the principals'
 //!   counts are derived from the rows on load).
 //!
+//! What a replicated store adds fits these calls: a leader's takeover is a
+//! [`Store::load`] (the Restart rule gives every lease on record a full ttl
+//! from then), and a store that fences leaders checks its leader epoch
+//! inside each [`Store::transaction`], so a deposed leader's commit fails
+//! like any failed commit: its writer is marked failed and it grants no
+//! more.
+//!
 //! The embedded engine's transaction itself is SQLite's and stays so: its
 //! turns at the write lock (`gate.rs`), its own `fdatasync` of the WAL and
 //! the token ceiling that saves it most of them are that file's durability
@@ -22,8 +29,8 @@
 //!
 //! Synchronous, on purpose. Every call into a store is made from a thread
 //! that may block: serve's writer thread (whose whole job is to wait for one
-//! commit while the next group queues up), serve's blocking pool (listings,
-//! history, metrics), or an agent's own call. The engine stays free of any
+//! commit while the next group queues up), serve's blocking pool (the
+//! history's pages, the status page, the metrics), or an agent's own call. The engine stays free of any
 //! async runtime (the agent has none; `ack.rs` needs only `std`). A store
 //! over an async client (`tokio-postgres` on serve's runtime) runs each call
 //! to completion on that thread (`Handle::block_on`), or owns a
@@ -49,8 +56,8 @@ use super::rules::TaskRow;
 /// The reads and writes of one transaction.
 pub trait Txn {
     /// The task's row (a fresh one if the store has none). A store that
-    /// keeps no expiries (serve's) gives each lease the expiry it was
-    /// opened with (see [`Store::load`]).
+    /// keeps no expiries (serve's) gives its lease one ttl past the instant
+    /// [`Store::load`] was given, as the Restart rule does.
     fn load(&mut self, task: &str) -> Result<TaskRow, StoreError>;
 
     /// Writes the row, or deletes it when it holds nothing worth keeping
