@@ -65,6 +65,7 @@ impl Default for Bounds {
 
 /// Most old rows one grant deletes for age.
 pub const AGE_PRUNE_BATCH: u64 = 64;
+
 /// What caused a change of a task's row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
