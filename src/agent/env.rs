@@ -36,7 +36,10 @@ pub fn job_env(
         ),
         (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
         (crate::lease::env::TASK.to_string(), grant.task.clone()),
-        (crate::lease::env::AUTHORITY.to_string(), authority_url.to_string()),
+        (
+            crate::lease::env::AUTHORITY.to_string(),
+            authority_url.to_string(),
+        ),
         (
             crate::lease::env::TTL_MS.to_string(),
             grant.ttl.as_millis().to_string(),

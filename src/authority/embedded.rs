@@ -23,7 +23,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::*;
+use super::client::*;
 use crate::engine::EngineError;
 use crate::engine::file::{FileEngine, TIDY_AFTER_RELEASE, TIDY_AFTER_RENEWAL};
 use crate::engine::rules::AcquireSpec;

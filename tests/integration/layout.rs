@@ -718,17 +718,6 @@ fn knots(files: &[SrcFile], graph: &[Vec<Import>]) -> Vec<Knot> {
     out
 }
 
-/// Folders with a knot today, which another branch is reshaping: a knot
-/// wholly inside one of them is let stand until it is untied. Remove the
-/// folder then: the test fails while a folder listed here has no knot, so
-/// this list only ever shrinks.
-const KNOTTED_FOLDERS: &[&str] = &[
-    // The trait lives in `mod.rs`; each client (`embedded.rs`, `http.rs`,
-    // `http_operator.rs`, `etcd/mod.rs`, `untrusted.rs`) imports it from
-    // there (`use super::*`), and `mod.rs`'s `open` names the clients.
-    "authority/",
-];
-
 /// The message for the knots found, with how to untie one.
 fn describe(knots: &[Knot]) -> String {
     let mut msg = String::from(
@@ -752,28 +741,7 @@ fn no_file_of_src_imports_itself_through_others() {
     let files = library_files(&src);
     assert!(files.len() > 30, "src/ not found at {}", src.display());
     let found = knots(&files, &import_graph(&files));
-    let known = |k: &Knot| {
-        KNOTTED_FOLDERS
-            .iter()
-            .any(|d| k.files.iter().all(|f| f.starts_with(d)))
-    };
-    let new: Vec<Knot> = found.into_iter().filter(|k| !known(k)).collect();
-    assert!(new.is_empty(), "{}", describe(&new));
-}
-
-#[test]
-fn each_knotted_folder_still_has_its_knot() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = library_files(&src);
-    let found = knots(&files, &import_graph(&files));
-    for d in KNOTTED_FOLDERS {
-        assert!(
-            found
-                .iter()
-                .any(|k| k.files.iter().all(|f| f.starts_with(d))),
-            "{d} has no import cycle left: remove it from KNOTTED_FOLDERS"
-        );
-    }
+    assert!(found.is_empty(), "{}", describe(&found));
 }
 
 /// A small tree in memory, as `library_files` would read it.
