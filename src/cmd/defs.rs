@@ -450,6 +450,28 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "max-unauthenticated-connections",
+                "N",
+                "Most open connections that made no authenticated request yet (/healthz, \
+                 probes), at most half of --max-connections; past this, one answer, then closed",
+            )
+            .default_value("1024")
+            .reads(|a, v| {
+                a.max_unauthenticated = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
+                "server-name",
+                "NAME",
+                "A name clients reach this server by (the Host header), besides the listen \
+                 address and the certificate's names; repeatable",
+            )
+            .repeatable()
+            .reads(|a, v| {
+                a.server_names.push(text(v)?);
+                Ok(())
+            }),
+            Flag::value(
                 "max-leases",
                 "N",
                 "Most live leases overall; past this, acquires get 503 unavailable",

@@ -116,6 +116,9 @@ pub struct Spec {
     pub required: bool,
     /// What a shell offers for the value.
     pub complete: Complete,
+    /// May be given more than once on a subcommand: the reader is called
+    /// for each value, in order.
+    pub repeatable: bool,
 }
 
 impl Spec {
@@ -188,6 +191,7 @@ impl Flag<()> {
                 default: Default::None,
                 env: None,
                 required: false,
+                repeatable: false,
                 complete: Complete::Nothing,
             },
             kind: PhantomData,
@@ -245,6 +249,12 @@ impl<K> Draft<K> {
     /// Shown as the default; the command computes it.
     pub const fn default_note(mut self, n: &'static str) -> Self {
         self.spec.default = Default::Note(n);
+        self
+    }
+
+    /// May be given more than once: its reader sees each value in order.
+    pub const fn repeatable(mut self) -> Self {
+        self.spec.repeatable = true;
         self
     }
 

@@ -19,7 +19,8 @@
 //!   typed. A flag that is not given is not read: its field keeps the
 //!   typed arguments' `Default`.
 //! - Subcommands: `--` ends the flags (what follows is positional); a flag
-//!   given twice is an error. The run path ([`Syntax::Run`]): everything
+//!   given twice is an error unless it is `.repeatable()` (its reader is
+//!   then called for each value, in order). The run path ([`Syntax::Run`]): everything
 //!   after the first `--` is the COMMAND (required), nothing positional may
 //!   come before it, and a flag given twice keeps its last value.
 //! - An optional value (`--wait [DUR]`) is `--wait=DUR`, or the next word
@@ -74,6 +75,8 @@ struct Typed<'d, A: 'static> {
     def: &'d CommandDef<A>,
     /// Indexed like [`CommandDef::flags`].
     given: Vec<Option<Given>>,
+    /// The second and later values of repeatable flags: (flag index, value).
+    more: Vec<(usize, Given)>,
     positionals: Vec<OsString>,
 }
 
@@ -88,6 +91,7 @@ pub fn parse<A: Default>(
     let mut t = Typed {
         def,
         given: vec![None; def.flags().count()],
+        more: Vec::new(),
         positionals: Vec::new(),
     };
     if let Some(special) = take_args(&mut t, opts)? {
@@ -147,6 +151,10 @@ fn take_args<A>(t: &mut Typed<A>, opts: &[OsString]) -> Result<Option<Parsed<A>>
             continue;
         };
         let given = take_value(&mut p, flag)?;
+        if t.given[idx].is_some() && flag.spec.repeatable {
+            t.more.push((idx, given));
+            continue;
+        }
         if t.given[idx].is_some() && matches!(def.syntax, Syntax::Sub) {
             return Err(usage_error(format!(
                 "--{} given more than once (see {} --help)",
@@ -274,24 +282,19 @@ fn check_required<A>(t: &Typed<A>) -> Result<(), UsageError> {
 fn read<A: Default>(t: Typed<A>, trailing: Option<Vec<OsString>>) -> Result<A, UsageError> {
     let def = t.def;
     let mut a = A::default();
-    for (flag, given) in def.flags().zip(t.given) {
+    for (idx, (flag, given)) in def.flags().zip(t.given).enumerate() {
         let given = match (given, flag.spec.default) {
             (Some(g), _) => g,
             (None, super::flags::Default::Value(d)) => Given::Value(d.into()),
             (None, _) => continue,
         };
-        let long = flag.spec.long;
-        let wrap = |source| UsageError::Value { flag: long, source };
-        match (flag.read, given) {
-            (Read::Switch(f), _) => f(&mut a),
-            (Read::Value(f), Given::Value(v)) => f(&mut a, v).map_err(wrap)?,
-            (Read::Optional(f), Given::Value(v)) => f(&mut a, Some(v)).map_err(wrap)?,
-            (Read::Optional(f), Given::Present) => f(&mut a, None).map_err(wrap)?,
-            // `take_value` gives a value to every `Value::Required` flag,
-            // and `Draft` gives those a `Read::Value`.
-            (Read::Value(_), Given::Present) => {
-                return Err(usage_error(format!("--{long} needs a value")));
-            }
+        let more = t
+            .more
+            .iter()
+            .filter(|(i, _)| *i == idx)
+            .map(|(_, g)| g.clone());
+        for given in std::iter::once(given).chain(more) {
+            read_one(&mut a, flag, given)?;
         }
     }
     for (p, v) in def.positionals.iter().zip(t.positionals) {
@@ -304,6 +307,24 @@ fn read<A: Default>(t: Typed<A>, trailing: Option<Vec<OsString>>) -> Result<A, U
         f(&mut a, command);
     }
     Ok(a)
+}
+
+/// One value of one flag into the typed arguments.
+fn read_one<A>(a: &mut A, flag: &Flag<A>, given: Given) -> Result<(), UsageError> {
+    let long = flag.spec.long;
+    let wrap = |source| UsageError::Value { flag: long, source };
+    match (flag.read, given) {
+        (Read::Switch(f), _) => f(a),
+        (Read::Value(f), Given::Value(v)) => f(a, v).map_err(wrap)?,
+        (Read::Optional(f), Given::Value(v)) => f(a, Some(v)).map_err(wrap)?,
+        (Read::Optional(f), Given::Present) => f(a, None).map_err(wrap)?,
+        // `take_value` gives a value to every `Value::Required` flag,
+        // and `Draft` gives those a `Read::Value`.
+        (Read::Value(_), Given::Present) => {
+            return Err(usage_error(format!("--{long} needs a value")));
+        }
+    }
+    Ok(())
 }
 
 /// Test: every flag and positional of `def` reaches the typed arguments.

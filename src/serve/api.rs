@@ -355,6 +355,9 @@ impl Api {
             Ok(p) => p,
             Err(r) => return Routed::Now(r),
         };
+        // It spoke for a principal (any request but /healthz, without an
+        // auth file): its connection leaves the unauthenticated pool.
+        req.authenticate();
         let (ep, action) = match Self::endpoint(req) {
             Ok(x) => x,
             Err(r) => return Routed::Now(r),

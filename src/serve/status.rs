@@ -133,8 +133,12 @@ impl Status {
             headers: vec![
                 (
                     "content-security-policy",
-                    "default-src 'none'; style-src 'unsafe-inline'".to_string(),
+                    "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+                        .to_string(),
                 ),
+                // For browsers that predate frame-ancestors: no page may
+                // frame this one (clickjacking, reading it through a frame).
+                ("x-frame-options", "DENY".to_string()),
                 ("x-content-type-options", "nosniff".to_string()),
                 ("cache-control", "no-store".to_string()),
             ],

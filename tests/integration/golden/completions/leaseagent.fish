@@ -52,6 +52,8 @@ complete -c leaseagent -n '__fish_leaseagent_using serve' -l auth-file -r -F -d 
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l insecure-listen -d 'Allow a non-loopback --listen without TLS and an auth file'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-connections -x -d 'Most open connections; past this, one answer (503) and closed'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-connections-per-peer -x -d 'Most open connections from one IP address; past this, closed at once (before TLS)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-unauthenticated-connections -x -d 'Most open connections that made no authenticated request yet (/healthz, probes), at most half of --max-connections; past this, one answer, then closed'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l server-name -x -d 'A name clients reach this server by (the Host header), besides the listen address and the certificate\'s names; repeatable'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-leases -x -d 'Most live leases overall; past this, acquires get 503 unavailable'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-leases-per-principal -x -d 'Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-age -x -d 'Run history: finished attempts older than this are deleted'

@@ -34,6 +34,8 @@ _leaseagent() {
                 '--insecure-listen[Allow a non-loopback --listen without TLS and an auth file]' \
                 '--max-connections=[Most open connections; past this, one answer (503) and closed]:N: ' \
                 '--max-connections-per-peer=[Most open connections from one IP address; past this, closed at once (before TLS)]:N: ' \
+                '--max-unauthenticated-connections=[Most open connections that made no authenticated request yet (/healthz, probes), at most half of --max-connections; past this, one answer, then closed]:N: ' \
+                '--server-name=[A name clients reach this server by (the Host header), besides the listen address and the certificate'\''s names; repeatable]:NAME: ' \
                 '--max-leases=[Most live leases overall; past this, acquires get 503 unavailable]:N: ' \
                 '--max-leases-per-principal=[Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429]:N: ' \
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \

@@ -1,0 +1,463 @@
+//! `leaseagent serve` against a browser and the other users of its host
+//! (#33): every attack of the probe replayed on real sockets, each refused
+//! or bounded, while agents and the CLI keep working.
+//!
+//! - a web page's cross-site "simple" request (`text/plain`, `Origin`,
+//!   `Sec-Fetch-Site: cross-site`) and a DNS-rebinding page's requests
+//!   (`Host: attacker.example`) on both listeners: refused, nothing changed;
+//! - the status page cannot be framed;
+//! - a certificate whose DNS SANs webpki would drop, or that has only IP,
+//!   URI or email SANs, is nobody (never its CN);
+//! - two `Authorization` headers: 400;
+//! - unauthenticated keep-alives (`/healthz`) from many addresses cannot
+//!   hold the slots agents need.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::serve_trust::{
+    Answer, Pki, Serve, agent_principal, keep_alive_answer, parse_answer, roles_file, tls_call,
+    tls_client, write_file,
+};
+use crate::support::authority::bin;
+use crate::support::{agent, wait_agent};
+use leaseagent_testkit::connect_from;
+
+const T: Duration = Duration::from_secs(10);
+
+/// One raw request (`head` lines without the request line's CRLF ending
+/// are completed here) on a fresh connection; the whole answer.
+fn send(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> Answer {
+    let mut raw = format!("{method} {path} HTTP/1.1\r\n");
+    for h in headers {
+        raw.push_str(h);
+        raw.push_str("\r\n");
+    }
+    raw.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    parse_answer(&out)
+}
+
+const JSON: &str = "Content-Type: application/json";
+const HOST: &str = "Host: localhost";
+
+/// The leases the CLI lists (`leaseagent leases --json`): agents' and
+/// operators' tools keep working through all of this.
+fn cli_leases(addr: &str, token: Option<&str>) -> Value {
+    let mut c = Command::new(bin());
+    c.args(["leases", "--json", "--authority", &format!("http://{addr}")]);
+    let dir = tempfile::tempdir().unwrap();
+    if let Some(t) = token {
+        let f = write_file(dir.path(), "token", t, 0o600);
+        c.arg("--auth-token-file").arg(f);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "leaseagent leases: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The state of `task` as listed.
+fn state_of(addr: &str, task: &str) -> String {
+    let l = send(addr, "GET", "/v1/leases", &[HOST], "");
+    assert_eq!(l.status, 200, "{l:?}");
+    l.body["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["task"] == task)
+        .map_or_else(|| "none".into(), |x| x["state"].as_str().unwrap().into())
+}
+
+/// The probe's attack on the packaged default (loopback, no auth file): a
+/// page posts `text/plain` with its Origin, cross-site, and a rebinding
+/// page reads the listing under its own name. Each is refused before
+/// anything changes; the agent's lease stays active and the CLI lists it.
+#[test]
+fn a_web_page_cannot_revoke_acquire_or_read_through_a_local_browser() {
+    let s = Serve::start(&["--listen", "127.0.0.1:0"]);
+    let a = send(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        &[HOST, JSON],
+        r#"{"task":"nightly-export","holder":"victim","ttl_ms":60000}"#,
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    let revoke = r#"{"task":"nightly-export","force":true}"#;
+    let page_acquire = r#"{"task":"nightly-export","holder":"page","ttl_ms":86400000}"#;
+    let cases: &[(&str, &[&str], u16)] = &[
+        // The CORS "simple" request exactly as the probe sent it.
+        (
+            "the probe's request",
+            &[
+                HOST,
+                "Content-Type: text/plain",
+                "Origin: http://evil.example",
+                "Sec-Fetch-Site: cross-site",
+            ],
+            403,
+        ),
+        ("text/plain alone", &[HOST, "Content-Type: text/plain"], 415),
+        (
+            "a form's type",
+            &[HOST, "Content-Type: application/x-www-form-urlencoded"],
+            415,
+        ),
+        ("no Content-Type", &[HOST], 415),
+        ("Origin with JSON", &[HOST, JSON, "Origin: null"], 403),
+        (
+            "cross-site with JSON",
+            &[HOST, JSON, "Sec-Fetch-Site: cross-site"],
+            403,
+        ),
+        (
+            "same-site with JSON",
+            &[HOST, JSON, "Sec-Fetch-Site: same-site"],
+            403,
+        ),
+        (
+            "a rebinding page's name",
+            &[
+                "Host: attacker.example:7878",
+                JSON,
+                "Sec-Fetch-Site: same-origin",
+            ],
+            421,
+        ),
+        ("no Host", &[JSON], 400),
+    ];
+    for (what, headers, want) in cases {
+        for (path, body) in [("/v1/revoke", revoke), ("/v1/acquire", page_acquire)] {
+            let r = send(&s.addr, "POST", path, headers, body);
+            assert_eq!(r.status, *want, "{what}: POST {path}: {r:?}");
+            assert!(r.body["error"].is_string(), "{what}: {r:?}");
+        }
+        assert_eq!(
+            state_of(&s.addr, "nightly-export"),
+            "active",
+            "{what} changed the lease"
+        );
+    }
+    // Reading: a rebinding page (its own Host) and cross-site requests get
+    // nothing, on every endpoint.
+    for path in ["/v1/leases", "/v1/history", "/metrics", "/", "/healthz"] {
+        for headers in [
+            &["Host: attacker.example"][..],
+            &["Host: attacker.example:80", "Sec-Fetch-Site: none"],
+            &[HOST, "Sec-Fetch-Site: cross-site"],
+            &[HOST, "Origin: http://evil.example"],
+        ] {
+            let r = send(&s.addr, "GET", path, headers, "");
+            assert!(
+                [403, 421].contains(&r.status),
+                "GET {path} {headers:?}: {r:?}"
+            );
+            assert!(!r.head.contains("nightly-export"), "{r:?}");
+        }
+    }
+    // What a browser sends for a typed URL or the page's own reload passes.
+    for sfs in ["none", "same-origin"] {
+        let r = send(
+            &s.addr,
+            "GET",
+            "/",
+            &[HOST, &format!("Sec-Fetch-Site: {sfs}")],
+            "",
+        );
+        assert_eq!(r.status, 200, "{sfs}: {r:?}");
+    }
+    let port = s.addr.rsplit(':').next().unwrap();
+    for host in ["127.0.0.1", "localhost", "[::1]", "127.0.0.1:1"] {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            host.to_string()
+        } else {
+            format!("{host}:{port}")
+        };
+        let r = send(
+            &s.addr,
+            "GET",
+            "/v1/leases",
+            &[&format!("Host: {host}")],
+            "",
+        );
+        assert_eq!(r.status, 200, "Host: {host}: {r:?}");
+    }
+    // The CLI and a real agent work as before.
+    let l = cli_leases(&s.addr, None);
+    assert_eq!(l["leases"][0]["state"], "active", "{l}");
+    let mut a = agent(&format!("http://{}", s.addr), "other-task");
+    a.args(["--", "true"]);
+    let mut child = a.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let (st, err) = wait_agent(&mut child, Duration::from_secs(30));
+    assert!(st.success(), "the agent: {err}");
+    assert_eq!(state_of(&s.addr, "nightly-export"), "active");
+}
+
+/// `--server-name` adds names; the status listener checks the same; the
+/// status page cannot be framed.
+#[test]
+fn server_names_are_the_only_other_hosts_and_the_status_listener_checks_them_too() {
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--server-name",
+        "leases.internal",
+        "--server-name",
+        "Status.Example.",
+        "--status-listen",
+        "127.0.0.1:0",
+    ]);
+    let status = s
+        .stderr_line("status page on http://")
+        .rsplit("http://")
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    for addr in [s.addr.as_str(), status.as_str()] {
+        for host in [
+            "leases.internal",
+            "leases.internal:7878",
+            "status.example",
+            "localhost",
+        ] {
+            let r = send(addr, "GET", "/", &[&format!("Host: {host}")], "");
+            assert_eq!(r.status, 200, "{addr} Host: {host}: {r:?}");
+            let head = r.head.to_ascii_lowercase();
+            assert!(
+                head.contains("frame-ancestors 'none'"),
+                "no frame-ancestors: {head}"
+            );
+            assert!(head.contains("x-frame-options: deny"), "{head}");
+        }
+        for host in [
+            "attacker.example",
+            "leases.internal.attacker.example",
+            "internal",
+            "10.0.0.1",
+        ] {
+            let r = send(addr, "GET", "/", &[&format!("Host: {host}")], "");
+            assert_eq!(r.status, 421, "{addr} Host: {host}: {r:?}");
+            assert!(
+                r.body["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("--server-name")),
+                "{r:?}"
+            );
+        }
+        let r = send(addr, "GET", "/", &[HOST, "Sec-Fetch-Site: cross-site"], "");
+        assert_eq!(r.status, 403, "{addr}: {r:?}");
+        // An absolute request target naming another host.
+        let r = send(addr, "GET", "http://attacker.example/", &[HOST], "");
+        assert_eq!(r.status, 421, "{addr}: {r:?}");
+    }
+}
+
+/// Two `Authorization` headers: which one counts would depend on the
+/// reader, so the request is refused (400) and nothing is done.
+#[test]
+fn two_authorization_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), "");
+    let s = Serve::with_auth_file(&auth);
+    let body = r#"{"task":"nightly-a","holder":"h","ttl_ms":60000}"#;
+    for pair in [
+        [
+            "Authorization: Bearer reader-token",
+            "Authorization: Bearer agent-token",
+        ],
+        [
+            "Authorization: Bearer agent-token",
+            "Authorization: Bearer reader-token",
+        ],
+        [
+            "Authorization: Bearer agent-token",
+            "Authorization: Bearer agent-token",
+        ],
+    ] {
+        let r = send(
+            &s.addr,
+            "POST",
+            "/v1/acquire",
+            &[HOST, JSON, pair[0], pair[1]],
+            body,
+        );
+        assert_eq!(r.status, 400, "{pair:?}: {r:?}");
+    }
+    let l = send(
+        &s.addr,
+        "GET",
+        "/v1/leases",
+        &[HOST, "Authorization: Bearer operator-token"],
+        "",
+    );
+    assert_eq!(l.body["leases"], serde_json::json!([]), "{l:?}");
+    let ok = send(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        &[HOST, JSON, "Authorization: Bearer agent-token"],
+        body,
+    );
+    assert_eq!(ok.status, 200, "{ok:?}");
+}
+
+/// The probe's certificates: CN `ops` (an operator in the auth file) with
+/// SANs webpki drops or that name no host. Each was the `ops` operator;
+/// now each is nobody (401), while the real `worker-3` certificate and a
+/// certificate without any SAN extension (CN `ops`) still work.
+#[test]
+fn a_certificate_with_subject_alt_names_is_never_its_cn() {
+    use rcgen::SanType;
+    let pki = Pki::new("san ca");
+    let (cert, key) = pki.leaf("server", &["localhost"], "localhost", true);
+    let dir = tempfile::tempdir().unwrap();
+    let auth = write_file(
+        dir.path(),
+        "auth.toml",
+        "[[principal]]\nname = \"ops\"\nrole = \"operator\"\ncert_name = \"ops\"\ntasks = [\"*\"]\n\
+         [[principal]]\nname = \"w3\"\nrole = \"agent\"\ncert_name = \"worker-3\"\ntasks = [\"*\"]\n",
+        0o600,
+    );
+    let ca = pki.ca_pem();
+    let s = Serve::mtls(&cert, &key, &ca, &auth);
+    let ia5 = |s: &str| s.to_string().try_into().unwrap();
+    let bad: Vec<(&str, Vec<SanType>)> = vec![
+        ("wildcard", vec![SanType::DnsName(ia5("*.worker-3"))]),
+        (
+            "underscore, empty label",
+            vec![SanType::DnsName(ia5("worker_3..bad"))],
+        ),
+        ("space", vec![SanType::DnsName(ia5("worker 3"))]),
+        ("IP only", vec![SanType::IpAddress([10, 0, 0, 3].into())]),
+        ("URI only", vec![SanType::URI(ia5("spiffe://x/worker-3"))]),
+        (
+            "email only",
+            vec![SanType::Rfc822Name(ia5("worker-3@example.org"))],
+        ),
+    ];
+    let revoke = crate::serve_trust::http_req(
+        "POST",
+        "/v1/revoke",
+        None,
+        r#"{"task":"victim","force":true}"#,
+    );
+    let list = crate::serve_trust::http_req("GET", "/v1/leases", None, "");
+    let as_cert = |c: &Path, k: &Path, raw: &[u8]| {
+        tls_call(&s.addr, &tls_client(&ca, Some((c, k))), raw).unwrap()
+    };
+    // The worker's own certificate takes a lease.
+    let (wc, wk) = pki.leaf_sans("w3", vec![SanType::DnsName(ia5("worker-3"))], "ops");
+    let a = as_cert(
+        &wc,
+        &wk,
+        &crate::serve_trust::http_req(
+            "POST",
+            "/v1/acquire",
+            None,
+            r#"{"task":"victim","holder":"w3","ttl_ms":60000}"#,
+        ),
+    );
+    assert_eq!(a.status, 200, "{a:?}");
+    // ...and is an agent, not the operator its CN names.
+    assert_eq!(as_cert(&wc, &wk, &revoke).status, 403);
+    for (i, (what, sans)) in bad.into_iter().enumerate() {
+        let (c, k) = pki.leaf_sans(&format!("bad{i}"), sans, "ops");
+        for raw in [&revoke, &list] {
+            let r = as_cert(&c, &k, raw);
+            assert_eq!(r.status, 401, "{what}: {r:?}");
+        }
+    }
+    // Untouched.
+    let (oc, ok) = pki.leaf_sans("ops", Vec::new(), "ops");
+    let l = as_cert(&oc, &ok, &list);
+    assert_eq!(l.status, 200, "a CN-only certificate: {l:?}");
+    assert_eq!(l.body["leases"][0]["state"], "active", "{l:?}");
+    assert_eq!(l.body["leases"][0]["principal"], "w3", "{l:?}");
+}
+
+/// The probe held every slot with `/healthz` keep-alives from 16
+/// addresses. Now unauthenticated connections have a pool of their own
+/// (here at most 8 of 16): the flood's extra connections get one answer
+/// and are closed, and an agent's requests (a real agent through a whole
+/// job, and fresh connections with a token) are never told 503.
+#[test]
+fn unauthenticated_keep_alives_cannot_hold_every_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
+    let s = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+        "--max-connections",
+        "16",
+    ]);
+    let server: SocketAddr = s.addr.parse().unwrap();
+    let healthz = format!("GET /healthz HTTP/1.1\r\n{HOST}\r\n\r\n");
+    // 16 addresses, two keep-alive connections each.
+    let mut held = Vec::new();
+    let mut closed = 0;
+    for i in 0..32u8 {
+        let mut c = connect_from([127, 0, 1, 10 + i / 2], server).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        c.write_all(healthz.as_bytes()).unwrap();
+        assert_eq!(keep_alive_answer(&mut c).status, 200, "healthz {i}");
+        // Closed after its one answer, or kept?
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        match c.read(&mut [0u8; 1]) {
+            Ok(0) => closed += 1,
+            Ok(_) => panic!("bytes after the answer"),
+            Err(_) => held.push(c),
+        }
+    }
+    assert_eq!(held.len(), 8, "unauthenticated connections kept open");
+    assert_eq!(closed, 24);
+    // The held ones still answer /healthz (they were not just dropped).
+    for c in &mut held {
+        c.set_read_timeout(Some(T)).unwrap();
+        c.write_all(healthz.as_bytes()).unwrap();
+        assert_eq!(keep_alive_answer(c).status, 200);
+    }
+    // An agent gets a real slot: keep-alive requests on one connection.
+    let mut fleet = connect_from([127, 0, 0, 3], server).unwrap();
+    for i in 0..3 {
+        let body = format!(r#"{{"task":"f-{i}","holder":"h","ttl_ms":60000}}"#);
+        let raw = format!(
+            "POST /v1/acquire HTTP/1.1\r\n{HOST}\r\n{JSON}\r\nAuthorization: Bearer fleet-token\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        fleet.write_all(raw.as_bytes()).unwrap();
+        let a = keep_alive_answer(&mut fleet);
+        assert_eq!(a.status, 200, "acquire {i} while the pool is full: {a:?}");
+    }
+    // A real agent through a whole job, renewing.
+    let tokens = tempfile::tempdir().unwrap();
+    let tf = write_file(tokens.path(), "token", "fleet-token", 0o600);
+    let mut a = agent(&format!("http://{}", s.addr), "fleet-job");
+    a.arg("--auth-token-file").arg(&tf);
+    a.args(["--ttl", "3s", "--heartbeat", "300ms", "--", "sleep", "2"]);
+    let mut child = a.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let (st, err) = wait_agent(&mut child, Duration::from_secs(30));
+    assert!(st.success(), "the agent while the pool is full: {err}");
+    assert!(!err.contains("overloaded"), "{err}");
+    drop(held);
+}
