@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod certnames;
+pub mod cursor;
 pub mod guard;
 pub mod http;
 pub mod loops;
@@ -175,6 +176,8 @@ pub enum ServeError {
     },
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error("the kernel's random numbers: {0}")]
+    Random(#[source] std::io::Error),
     #[error("starting the event loops: {0}")]
     Loops(#[source] std::io::Error),
     #[error("installing signal handlers: {0}")]
@@ -544,6 +547,7 @@ fn run(
         conns: conns.clone(),
         default_max_leases: args.max_leases_per_principal,
         status: status.clone(),
+        cursors: cursor::Sealer::new().map_err(ServeError::Random)?,
     });
     let status_only = Arc::new(status::StatusOnly {
         engine: engine.clone(),

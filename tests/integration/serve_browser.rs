@@ -461,3 +461,161 @@ fn unauthenticated_keep_alives_cannot_hold_every_slot() {
     assert!(!err.contains("overloaded"), "{err}");
     drop(held);
 }
+
+/// Acquires `task` and releases it (succeeded) as `token`'s principal.
+fn cycle(addr: &str, token: &str, task: &str) -> u64 {
+    let auth = format!("Authorization: Bearer {token}");
+    let body = format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
+    let g = send(addr, "POST", "/v1/acquire", &[HOST, JSON, &auth], &body);
+    assert_eq!(g.status, 200, "{g:?}");
+    let rel = serde_json::json!({
+        "lease_id": g.body["lease_id"], "token": g.body["token"], "outcome": "succeeded"
+    });
+    let r = send(
+        addr,
+        "POST",
+        "/v1/release",
+        &[HOST, JSON, &auth],
+        &rel.to_string(),
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    g.body["token"].as_u64().unwrap()
+}
+
+/// `/v1/history` as `token`'s principal, with `query`.
+fn history_as(addr: &str, token: &str, query: &str) -> Answer {
+    let auth = format!("Authorization: Bearer {token}");
+    send(
+        addr,
+        "GET",
+        &format!("/v1/history{query}"),
+        &[HOST, &auth],
+        "",
+    )
+}
+
+/// A scoped reader pages through its own attempts even when another
+/// principal's churn is newer (scope before paging); its cursors say
+/// nothing (the other principal's tokens were in them), work for it alone,
+/// and anything else, a number past 2^63 included, is 400 (it was 503).
+#[test]
+fn history_cursors_are_opaque_bound_to_their_principal_and_scope_comes_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
+    let s = Serve::with_auth_file(&auth);
+    let mine: Vec<u64> = (0..3)
+        .map(|_| cycle(&s.addr, "agent-token", "etl/x"))
+        .collect();
+    let theirs: Vec<u64> = (0..20)
+        .map(|_| cycle(&s.addr, "fleet-token", "other"))
+        .collect();
+    let mut seen = Vec::new();
+    let mut query = "?limit=2".to_string();
+    let mut cursors = Vec::new();
+    loop {
+        let h = history_as(&s.addr, "reader-token", &query);
+        assert_eq!(h.status, 200, "{h:?}");
+        let page = h.body["attempts"].as_array().unwrap();
+        assert!(!page.is_empty(), "an empty page: {h:?}");
+        for a in page {
+            assert_eq!(a["task"], "etl/x", "{a}");
+            seen.push(a["token"].as_u64().unwrap());
+        }
+        match &h.body["next_after"] {
+            Value::Null => break,
+            Value::String(c) => {
+                // Sealed: one length, no number, base64url only.
+                assert!(c.parse::<u64>().is_err(), "{c}");
+                assert_eq!(c.len(), 48, "{c}");
+                assert!(
+                    c.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                    "{c}"
+                );
+                cursors.push(c.clone());
+                query = format!("?limit=2&after={c}");
+            }
+            other => panic!("next_after {other}"),
+        }
+        assert!(seen.len() <= 3, "{seen:?}");
+    }
+    let mut want = mine.clone();
+    want.reverse();
+    assert_eq!(seen, want);
+    assert!(!cursors.is_empty());
+    // Another principal's cursor, a forged or a huge one: 400, never 503.
+    let c = &cursors[0];
+    for (token, after) in [
+        ("operator-token", c.clone()),
+        ("reader-token", "9223372036854775808".to_string()),
+        ("reader-token", "18446744073709551616".to_string()),
+        ("reader-token", theirs[0].to_string()),
+        ("reader-token", format!("{}A", &c[..c.len() - 1])),
+        ("reader-token", "x".repeat(5000)),
+    ] {
+        let h = history_as(&s.addr, token, &format!("?after={after}"));
+        assert_eq!(h.status, 400, "{token} after={after}: {h:?}");
+        assert_eq!(h.body["error"], "bad_request", "{h:?}");
+    }
+}
+
+/// The status page applies scope before cutting its sections: a reader
+/// whose one lease sorts after 250 others is shown it (it was told "no
+/// lease is held"); an operator sees 200 rows and a count of the rest.
+#[test]
+fn the_status_page_scopes_before_it_cuts_and_counts_what_it_leaves_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
+    let s = Serve::with_auth_file(&auth);
+    let fleet = "Authorization: Bearer fleet-token";
+    for i in 0..250 {
+        let body = format!(r#"{{"task":"aaa-{i:03}","holder":"h","ttl_ms":600000}}"#);
+        let g = send(&s.addr, "POST", "/v1/acquire", &[HOST, JSON, fleet], &body);
+        assert_eq!(g.status, 200, "{g:?}");
+    }
+    let body = r#"{"task":"etl/zz","holder":"h","ttl_ms":600000}"#;
+    let auth_agent = "Authorization: Bearer agent-token";
+    let g = send(
+        &s.addr,
+        "POST",
+        "/v1/acquire",
+        &[HOST, JSON, auth_agent],
+        body,
+    );
+    assert_eq!(g.status, 200, "{g:?}");
+    let page = |token: &str| {
+        let raw = {
+            let mut st = TcpStream::connect(&s.addr).unwrap();
+            st.set_read_timeout(Some(T)).unwrap();
+            st.write_all(
+                format!(
+                    "GET / HTTP/1.1\r\n{HOST}\r\nAuthorization: Bearer {token}\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            let mut out = Vec::new();
+            st.read_to_end(&mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+        raw
+    };
+    let reader = page("reader-token");
+    assert!(reader.contains("<td>etl/zz</td>"), "{reader}");
+    assert!(!reader.contains("no lease is held"), "{reader}");
+    assert!(!reader.contains("aaa-"), "{reader}");
+    assert!(!reader.contains("id=\"leases-more\""), "{reader}");
+    let ops = page("operator-token");
+    let table = &ops[ops.find("id=\"leases\"").unwrap()..];
+    let rows = table[..table.find("</table>").unwrap()]
+        .matches("<td>aaa-")
+        .count();
+    assert_eq!(rows, 200, "rows shown to the operator");
+    assert!(
+        ops.contains("id=\"leases-more\">and 51 more"),
+        "no count of the rest: {}",
+        &ops[ops.len().saturating_sub(600)..]
+    );
+}
