@@ -513,6 +513,18 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "history-max-rows-per-principal",
+                "N",
+                "Run history: at most this many attempts of one principal are kept, so one \
+                 principal's churn cannot push out another's (without an auth file: \
+                 --history-max-rows)",
+            )
+            .default_value("25000")
+            .reads(|a, v| {
+                a.history.max_rows_per_principal = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
                 "status-listen",
                 "ADDR",
                 "Also serve the status page (GET /, read-only, no credentials) on this\nloopback address, e.g. 127.0.0.1:7879",
@@ -557,6 +569,9 @@ fn serve(args: crate::serve::ServeArgs) -> Result<Command, UsageError> {
     let refuse = |msg: &str| Err(UsageError::Words(msg.to_string()));
     if args.history.max_rows == 0 {
         return refuse("--history-max-rows must be at least 1");
+    }
+    if args.history.max_rows_per_principal == 0 {
+        return refuse("--history-max-rows-per-principal must be at least 1");
     }
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return refuse("--tls-cert and --tls-key go together: give both or neither");

@@ -62,7 +62,8 @@ pub struct ServeArgs {
     /// the auth file has no `max_leases` (without an auth file, of all
     /// clients together).
     pub max_leases_per_principal: u64,
-    /// `--history-max-age`, `--history-max-rows`: how much run history is kept.
+    /// `--history-max-age`, `--history-max-rows`,
+    /// `--history-max-rows-per-principal`: how much run history is kept.
     pub history: crate::engine::history::Bounds,
     /// `--status-listen`: a loopback address serving the status page
     /// without credentials (every task, to every local user: docs/history.md).
@@ -451,9 +452,15 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
         path: args.db.clone(),
         source,
     })?;
+    let mut history = args.history;
+    if args.auth_file.is_none() {
+        // Every client is one principal: the per-principal bound would
+        // only shrink the one history there is.
+        history.max_rows_per_principal = history.max_rows;
+    }
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
-        history: args.history,
+        history,
     };
     // The store behind the engine's storage seam: the SQLite file.
     SqliteStore::open(&args.db)

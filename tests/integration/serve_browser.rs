@@ -50,6 +50,22 @@ fn send(addr: &str, method: &str, path: &str, headers: &[&str], body: &str) -> A
     parse_answer(&out)
 }
 
+/// A serve on loopback with `roles_file`'s principals plus `fleet` (an
+/// agent for every task, token `fleet-token`), and `extra` flags.
+fn fleet_serve(extra: &[&str]) -> (tempfile::TempDir, Serve) {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-file",
+        auth.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let s = Serve::start(&args);
+    (dir, s)
+}
+
 const JSON: &str = "Content-Type: application/json";
 const HOST: &str = "Host: localhost";
 
@@ -399,16 +415,7 @@ fn a_certificate_with_subject_alt_names_is_never_its_cn() {
 /// job, and fresh connections with a token) are never told 503.
 #[test]
 fn unauthenticated_keep_alives_cannot_hold_every_slot() {
-    let dir = tempfile::tempdir().unwrap();
-    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
-    let s = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--auth-file",
-        auth.to_str().unwrap(),
-        "--max-connections",
-        "16",
-    ]);
+    let (_dir, s) = fleet_serve(&["--max-connections", "16"]);
     let server: SocketAddr = s.addr.parse().unwrap();
     let healthz = format!("GET /healthz HTTP/1.1\r\n{HOST}\r\n\r\n");
     // 16 addresses, two keep-alive connections each.
@@ -500,9 +507,7 @@ fn history_as(addr: &str, token: &str, query: &str) -> Answer {
 /// and anything else, a number past 2^63 included, is 400 (it was 503).
 #[test]
 fn history_cursors_are_opaque_bound_to_their_principal_and_scope_comes_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
-    let s = Serve::with_auth_file(&auth);
+    let (_dir, s) = fleet_serve(&[]);
     let mine: Vec<u64> = (0..3)
         .map(|_| cycle(&s.addr, "agent-token", "etl/x"))
         .collect();
@@ -564,9 +569,7 @@ fn history_cursors_are_opaque_bound_to_their_principal_and_scope_comes_first() {
 /// lease is held"); an operator sees 200 rows and a count of the rest.
 #[test]
 fn the_status_page_scopes_before_it_cuts_and_counts_what_it_leaves_out() {
-    let dir = tempfile::tempdir().unwrap();
-    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
-    let s = Serve::with_auth_file(&auth);
+    let (_dir, s) = fleet_serve(&[]);
     let fleet = "Authorization: Bearer fleet-token";
     for i in 0..250 {
         let body = format!(r#"{{"task":"aaa-{i:03}","holder":"h","ttl_ms":600000}}"#);
@@ -618,4 +621,36 @@ fn the_status_page_scopes_before_it_cuts_and_counts_what_it_leaves_out() {
         "no count of the rest: {}",
         &ops[ops.len().saturating_sub(600)..]
     );
+}
+
+/// The probe's third finding: one principal's acquire/release loop deleted
+/// another principal's history. With a bound per principal (here 10 of
+/// 40), the loop deletes only its own rows.
+#[test]
+fn one_principal_s_churn_does_not_erase_another_s_history() {
+    let (_dir, s) = fleet_serve(&[
+        "--history-max-rows",
+        "40",
+        "--history-max-rows-per-principal",
+        "10",
+    ]);
+    let mine: Vec<u64> = (0..3)
+        .map(|_| cycle(&s.addr, "agent-token", "etl/kept"))
+        .collect();
+    for _ in 0..60 {
+        cycle(&s.addr, "fleet-token", "churn");
+    }
+    let h = history_as(&s.addr, "operator-token", "?limit=1000");
+    assert_eq!(h.status, 200, "{h:?}");
+    let rows = h.body["attempts"].as_array().unwrap();
+    let of = |task: &str| -> Vec<u64> {
+        rows.iter()
+            .filter(|a| a["task"] == task)
+            .map(|a| a["token"].as_u64().unwrap())
+            .collect()
+    };
+    let mut want = mine.clone();
+    want.reverse();
+    assert_eq!(of("etl/kept"), want, "the quiet principal's history");
+    assert_eq!(of("churn").len(), 10, "the churning principal's own bound");
 }
