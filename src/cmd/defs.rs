@@ -525,6 +525,17 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "metrics-max-tasks",
+                "N",
+                "/metrics names at most this many tasks per per-task metric, the most alarming \
+                 first; the rest are one series with task=\"(other)\"",
+            )
+            .default_value("1000")
+            .reads(|a, v| {
+                a.metrics_max_tasks = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
                 "status-listen",
                 "ADDR",
                 "Also serve the status page (GET /, read-only, no credentials) on this\nloopback address, e.g. 127.0.0.1:7879",

@@ -27,6 +27,8 @@ pub struct Api {
     pub default_max_leases: u64,
     /// The status page (`GET /`) and its per-minute figures.
     pub status: Arc<super::status::Status>,
+    /// Most tasks named in each per-task family of `/metrics`.
+    pub metrics_max_tasks: usize,
     /// Seals `/v1/history` cursors (`super::cursor`).
     pub cursors: super::cursor::Sealer,
 }
@@ -403,6 +405,7 @@ impl Api {
                     &api.conns,
                     &api.auth.stats,
                     &|t| who.covers(t),
+                    api.metrics_max_tasks,
                 )
                 .into_bytes(),
             })),

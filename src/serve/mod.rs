@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// `--max-unauthenticated-connections`: most open connections that have
     /// made no authenticated request (at most half of `--max-connections`).
     pub max_unauthenticated: usize,
+    /// `--metrics-max-tasks`: most tasks named in each per-task family of
+    /// `/metrics` (the rest in one `task="(other)"` series).
+    pub metrics_max_tasks: usize,
     /// `--max-leases`: the most live leases overall (`None`: no limit).
     pub max_leases: Option<u64>,
     /// `--max-leases-per-principal`: the cap of a principal whose entry in
@@ -554,6 +557,7 @@ fn run(
         conns: conns.clone(),
         default_max_leases: args.max_leases_per_principal,
         status: status.clone(),
+        metrics_max_tasks: args.metrics_max_tasks,
         cursors: cursor::Sealer::new().map_err(ServeError::Random)?,
     });
     let status_only = Arc::new(status::StatusOnly {

@@ -489,6 +489,22 @@ fn cycle(addr: &str, token: &str, task: &str) -> u64 {
     g.body["token"].as_u64().unwrap()
 }
 
+/// `GET path` as `token`'s principal: the whole answer as text (200 only).
+fn text_as(addr: &str, path: &str, token: &str) -> String {
+    let mut st = TcpStream::connect(addr).unwrap();
+    st.set_read_timeout(Some(T)).unwrap();
+    let raw = format!(
+        "GET {path} HTTP/1.1\r\n{HOST}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    st.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    st.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "GET {path}: {text}");
+    text
+}
+
 /// `/v1/history` as `token`'s principal, with `query`.
 fn history_as(addr: &str, token: &str, query: &str) -> Answer {
     let auth = format!("Authorization: Bearer {token}");
@@ -586,25 +602,7 @@ fn the_status_page_scopes_before_it_cuts_and_counts_what_it_leaves_out() {
         body,
     );
     assert_eq!(g.status, 200, "{g:?}");
-    let page = |token: &str| {
-        let raw = {
-            let mut st = TcpStream::connect(&s.addr).unwrap();
-            st.set_read_timeout(Some(T)).unwrap();
-            st.write_all(
-                format!(
-                    "GET / HTTP/1.1\r\n{HOST}\r\nAuthorization: Bearer {token}\r\n\
-                     Connection: close\r\n\r\n"
-                )
-                .as_bytes(),
-            )
-            .unwrap();
-            let mut out = Vec::new();
-            st.read_to_end(&mut out).unwrap();
-            String::from_utf8(out).unwrap()
-        };
-        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
-        raw
-    };
+    let page = |token: &str| text_as(&s.addr, "/", token);
     let reader = page("reader-token");
     assert!(reader.contains("<td>etl/zz</td>"), "{reader}");
     assert!(!reader.contains("no lease is held"), "{reader}");
@@ -653,4 +651,27 @@ fn one_principal_s_churn_does_not_erase_another_s_history() {
     want.reverse();
     assert_eq!(of("etl/kept"), want, "the quiet principal's history");
     assert_eq!(of("churn").len(), 10, "the churning principal's own bound");
+}
+
+/// `/metrics` grew with every task name a client made up (1.05 MB in the
+/// report). Now each per-task family names at most `--metrics-max-tasks`
+/// tasks and sums up the rest in one `task="(other)"` series.
+#[test]
+fn metrics_name_a_bounded_number_of_tasks() {
+    let (_dir, s) = fleet_serve(&["--metrics-max-tasks", "5"]);
+    for i in 0..20 {
+        cycle(&s.addr, "fleet-token", &format!("made-up-{i:02}"));
+    }
+    let m = text_as(&s.addr, "/metrics", "operator-token");
+    let series: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("leaseagent_task_last_success_timestamp_seconds{"))
+        .collect();
+    assert_eq!(series.len(), 6, "{series:?}");
+    // The oldest successes are named; the (other) series carries the
+    // oldest of the rest.
+    for (i, l) in series[..5].iter().enumerate() {
+        assert!(l.contains(&format!("task=\"made-up-{i:02}\"")), "{l}");
+    }
+    assert!(series[5].contains("task=\"(other)\""), "{}", series[5]);
 }

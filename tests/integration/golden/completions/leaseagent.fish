@@ -59,6 +59,7 @@ complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-leases-per-prin
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-age -x -d 'Run history: finished attempts older than this are deleted'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-rows -x -d 'Run history: at most this many attempts are kept'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-rows-per-principal -x -d 'Run history: at most this many attempts of one principal are kept, so one principal\'s churn cannot push out another\'s (without an auth file: --history-max-rows)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l metrics-max-tasks -x -d '/metrics names at most this many tasks per per-task metric, the most alarming first; the rest are one series with task="(other)"'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l status-listen -x -d 'Also serve the status page (GET /, read-only, no credentials) on this loopback address, e.g. 127.0.0.1:7879'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l status-held-alert -x -d 'The status page shows a task held for an operator longer than this in red'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -s h -l help -d 'Print help'

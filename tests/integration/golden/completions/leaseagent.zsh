@@ -41,6 +41,7 @@ _leaseagent() {
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \
                 '--history-max-rows=[Run history: at most this many attempts are kept]:N: ' \
                 '--history-max-rows-per-principal=[Run history: at most this many attempts of one principal are kept, so one principal'\''s churn cannot push out another'\''s (without an auth file: --history-max-rows)]:N: ' \
+                '--metrics-max-tasks=[/metrics names at most this many tasks per per-task metric, the most alarming first; the rest are one series with task="(other)"]:N: ' \
                 '--status-listen=[Also serve the status page (GET /, read-only, no credentials) on this loopback address, e.g. 127.0.0.1:7879]:ADDR: ' \
                 '--status-held-alert=[The status page shows a task held for an operator longer than this in red]:DUR: ' \
                 '-h[Print help]' \
