@@ -675,3 +675,64 @@ fn metrics_name_a_bounded_number_of_tasks() {
     }
     assert!(series[5].contains("task=\"(other)\""), "{}", series[5]);
 }
+
+/// A hostile authority made `leaseagent leases` take 1.5 GB with page after
+/// page. The CLI now stops at 64 MiB of answers in all, with a clear error.
+#[test]
+fn the_operator_cli_caps_what_it_reads_from_an_authority() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, stop2) = (served.clone(), stop.clone());
+    let server = std::thread::spawn(move || {
+        let mut page = 0u64;
+        for conn in listener.incoming() {
+            if stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            let Ok(mut c) = conn else { continue };
+            c.set_read_timeout(Some(T)).unwrap();
+            // Endless pages of 1 MiB each (whitespace is valid JSON), each
+            // answered on its own connection.
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match c.read(&mut b) {
+                    Ok(1) => head.push(b[0]),
+                    _ => break,
+                }
+            }
+            page += 1;
+            let body = format!(
+                "{{\"leases\":[],\"next_after\":\"t{page:08}\"{}}}",
+                " ".repeat(1 << 20)
+            );
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            if c.write_all(answer.as_bytes()).is_ok() {
+                s2.fetch_add(body.len() as u64, Ordering::Relaxed);
+            }
+        }
+    });
+    let out = Command::new(bin())
+        .args(["leases", "--authority", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let _ = TcpStream::connect(addr);
+    server.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("more than 67108864 bytes in all"),
+        "no clear error: {err}"
+    );
+    let total = served.load(Ordering::Relaxed);
+    assert!(total <= (64 << 20) + (2 << 20), "read {total} bytes");
+}
