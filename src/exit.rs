@@ -5,15 +5,18 @@
 //! [`TABLE`] is the table's only wording: the README's and
 //! `docs/failures.md`'s tables are rendered from it ([`markdown`]; the
 //! `docs_generated` integration test holds them to it, and
-//! `LEASEAGENT_BLESS=1` rewrites them), and the run path's `--help` (and so
-//! its man page) carries its one-line [`summary`].
+//! `LEASEAGENT_BLESS=1` rewrites them), the man page's EXIT STATUS section
+//! is rendered from it, and the run path's `--help` carries its one-line
+//! summary (held to it by `cmd`'s tests).
 
 /// One row of the exit-status table.
 #[derive(Clone, Copy, Debug)]
 pub struct Status {
     /// The status, as the table shows it (`124`, `128 + N`, …).
     pub status: &'static str,
-    /// What it means in a few words, for `--help`'s one-line summary.
+    /// What it means in a few words, as `--help`'s one-line summary has it
+    /// (which the tests hold to this table).
+    #[cfg(test)]
     pub short: &'static str,
     /// When the agent exits with it.
     pub when: &'static str,
@@ -23,16 +26,19 @@ pub struct Status {
 pub const TABLE: [Status; 7] = [
     Status {
         status: "the command's own",
+        #[cfg(test)]
         short: "the command's own",
         when: "the command exited by itself",
     },
     Status {
         status: "128 + N",
+        #[cfg(test)]
         short: "128+N killed by signal N",
         when: "the command was killed by signal N, not by the agent",
     },
     Status {
         status: "124",
+        #[cfg(test)]
         short: "124 lease lost",
         when: "the lease was lost (refused or expired) while the command ran: the agent stopped \
                it, or it ended only after the lease had already run out (the agent was paused); \
@@ -41,12 +47,14 @@ pub const TABLE: [Status; 7] = [
     },
     Status {
         status: "75",
+        #[cfg(test)]
         short: "75 task held elsewhere",
         when: "the task is held by another holder and was not acquired (`--wait` ran out, or no \
                `--wait`)",
     },
     Status {
         status: "125",
+        #[cfg(test)]
         short: "125 agent failed",
         when: "the agent failed: bad usage (flags that cannot work are refused before anything \
                is sent), authority unreachable or malformed at acquire, a TLS or credential \
@@ -56,17 +64,21 @@ pub const TABLE: [Status; 7] = [
     },
     Status {
         status: "126",
+        #[cfg(test)]
         short: "126 cannot execute",
         when: "the command was found but could not be run",
     },
     Status {
         status: "127",
+        #[cfg(test)]
         short: "127 not found",
         when: "the command was not found",
     },
 ];
 
-/// The table in Markdown, as the README and `docs/failures.md` carry it.
+/// The table in Markdown, as the README and `docs/failures.md` carry it
+/// (checked, and rewritten on bless, by this module's tests).
+#[cfg(test)]
 pub fn markdown() -> String {
     let mut out = String::from("| status | when |\n|---|---|\n");
     for s in TABLE {
@@ -75,7 +87,9 @@ pub fn markdown() -> String {
     out
 }
 
-/// The table in one line, as the run path's `--help` ends.
+/// The table in one line, as the run path's `--help` ends (checked by
+/// `cmd`'s tests).
+#[cfg(test)]
 pub fn summary() -> String {
     let shorts: Vec<&str> = TABLE.iter().map(|s| s.short).collect();
     format!("Exit status: {}.", shorts.join("; "))
