@@ -340,6 +340,9 @@ fn sigtstp_pauses_the_job_not_the_agent_and_renewals_go_on() {
     let agent_pid = child.id() as i32;
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_renewals(&fake, 1);
+    // The job is stopped by the agent's relay; watched from now on.
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(job);
     kill(agent_pid, 20); // SIGTSTP
     wait_for(T, || (state_of(job) == Some('T')).then_some(())).expect("the job is paused");
     // Longer than a ttl: the lease is held all along.
@@ -390,6 +393,8 @@ fn a_job_that_stops_its_keeper_still_dies_before_expiry_with_its_setsid_child() 
     ));
     let mut child = spawn(c);
     let keeper = keeper_of(child.id() as i32);
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(keeper);
     wait_pids(&dir.path("pids"), 1);
     wait_for(T, || (state_of(keeper) == Some('T')).then_some(()))
         .expect("the job stopped its keeper");
@@ -580,13 +585,13 @@ fn after_a_pause_the_agent_never_signals_a_recycled_job_pid() {
     let agent_pid = child.id() as i32;
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_renewals(&fake, 1);
-    kill(agent_pid, 19); // SIGSTOP: the agent learns of the end only later
+    let stopped = stop::StopGuard::stopping(agent_pid); // it learns of the end only later
     std::fs::write(dir.path("go"), "").unwrap();
     wait_for(T, || (!exists(job)).then_some(())).expect("the job ended and was reaped");
     let mut decoy = crate::agent_tree::recycle_pid(job).expect("could not recycle the job's pid");
     // Past the deadline: the agent, resumed, acts on it at once.
     std::thread::sleep(Duration::from_millis(2500));
-    kill(agent_pid, 18);
+    stopped.resume(agent_pid);
     let (status, err) = wait_agent(&mut child, T);
     let decoy_alive = alive(decoy.id() as i32);
     let _ = decoy.kill();
@@ -613,6 +618,9 @@ fn a_keeper_resumed_after_a_long_stop_acts_on_the_newest_deadline() {
         helper("clock-job.sh")
     ));
     let mut child = spawn(c);
+    // The job stops its keeper and resumes it itself; watched meanwhile.
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(keeper_of(child.id() as i32));
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_for(T, || {
         (dir.path("resumed").exists() || !alive(job)).then_some(())
