@@ -435,17 +435,46 @@ fn a_job_that_kills_its_keeper_is_killed_and_the_lease_is_never_released() {
 // ------------------------------------------------------------ survivors
 
 /// A cgroup v1 freezer group of the test's own, thawed and removed on drop.
-struct Freezer(PathBuf);
+/// (A v2 freezer would not do: SIGKILL ends a process frozen there.) On a
+/// hybrid machine the freezer hierarchy is mounted already; on a pure
+/// cgroup v2 machine the test mounts one (below its target directory) and
+/// unmounts it on drop.
+struct Freezer(PathBuf, Option<PathBuf>);
+
+/// Where a cgroup v1 hierarchy with the freezer controller is mounted.
+fn freezer_mount() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (fstype, opts) = (r.next()?, r.nth(1)?);
+        (fstype == "cgroup" && opts.split(',').any(|o| o == "freezer"))
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
 
 impl Freezer {
     fn new() -> Freezer {
-        let p = PathBuf::from(format!(
-            "/sys/fs/cgroup/freezer/leaseagent-frozen-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p)
-            .expect("a cgroup v1 freezer at /sys/fs/cgroup/freezer (and root) is needed");
-        Freezer(p)
+        let (root, mounted) = match freezer_mount() {
+            Some(m) => (m, None),
+            None => {
+                let m = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                    .join(format!("freezer-{}", std::process::id()));
+                std::fs::create_dir_all(&m).unwrap();
+                run_ok(
+                    Command::new("mount")
+                        .args(["-t", "cgroup", "-o", "freezer", "leaseagent-test-freezer"])
+                        .arg(&m),
+                    "mount (util-linux) must be installed",
+                    "no cgroup v1 freezer hierarchy is mounted, and mounting one failed \
+                     (as root; a kernel booted with cgroup_no_v1= has none)",
+                );
+                (m.clone(), Some(m))
+            }
+        };
+        let p = root.join(format!("leaseagent-frozen-{}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create a cgroup in the v1 freezer hierarchy (as root)");
+        Freezer(p, mounted)
     }
 }
 
@@ -464,6 +493,10 @@ impl Drop for Freezer {
                 .then_some(())
         });
         let _ = std::fs::remove_dir(&self.0);
+        if let Some(m) = &self.1 {
+            let _ = Command::new("umount").arg(m).status();
+            let _ = std::fs::remove_dir(m);
+        }
     }
 }
 
