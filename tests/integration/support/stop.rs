@@ -182,6 +182,8 @@ mod tests {
         let dir = crate::support::Dir::new();
         let pids = dir.path("pids");
         let mut c = crate::support::agent(&fake.url(), "stop-guard");
+        // Killed, the agent leaves its lease state file: in the test's directory.
+        c.env("XDG_RUNTIME_DIR", dir.0.path());
         c.args(["--ttl", "30s", "--", "sh", "-c"])
             .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
         let mut child = crate::support::spawn(c);
