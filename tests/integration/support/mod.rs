@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod fence;
 pub mod golden;
 pub mod netns;
+pub mod stop;
 pub mod sysns;
 pub mod systemd;
 pub mod tls;
