@@ -32,20 +32,6 @@ fn state_of(pid: i32) -> Option<char> {
         .next()
 }
 
-/// The agent's keeper (its child whose argv[0] is `leaseagent-keeper`).
-fn keeper_of(agent: i32) -> i32 {
-    wait_for(T, || {
-        let kids = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
-        kids.split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .find(|p| {
-                std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"leaseagent-keeper"))
-            })
-    })
-    .expect("the agent has a keeper")
-}
-
 /// When the authority could expire the lease: the last renewal it answered
 /// (or the grant) + the ttl, on the boot clock.
 fn expiry_ms(fake: &FakeAuthority, renewals_ok: usize) -> u128 {

@@ -103,3 +103,17 @@ pub fn run_ok(c: &mut Command, missing: &str, what: impl std::fmt::Display) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The agent's keeper (its child whose argv[0] is `leaseagent-keeper`).
+pub fn keeper_of(agent: i32) -> i32 {
+    wait_for(Duration::from_secs(60), || {
+        let kids = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
+        kids.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"leaseagent-keeper"))
+            })
+    })
+    .expect("the agent has a keeper")
+}
