@@ -156,9 +156,14 @@ impl StateWriter {
     pub fn write(&self, state: &LeaseStateFile) -> std::io::Result<()> {
         use rustix::fs::{AtFlags, RenameFlags, renameat, renameat_with, unlinkat};
         let (mut f, tmp) = crate::sys::paths::create_temp(&self.dir, ".lease-", 0o644)?;
-        if self.group_dir.is_some() {
-            // Whatever the umask: the job's group reads it.
+        if let Some(run) = &self.group_dir {
+            // Whatever the umask and the agent's group: the job's group
+            // reads it. The group is set per file, not inherited from a
+            // set-group-ID directory: a unit's RestrictSUIDSGID= refuses
+            // that mode bit, and an agent in the job's group (Group=) may
+            // give its own file that group without CAP_CHOWN.
             use std::os::unix::fs::PermissionsExt;
+            rustix::fs::fchown(&f, None, Some(rustix::fs::Gid::from_raw(run.gid)))?;
             f.set_permissions(std::fs::Permissions::from_mode(0o640))?;
         }
         let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;

@@ -283,8 +283,8 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
 /// another uid could not read the state file there. Made in `/tmp` (the
 /// one place every user can reach; the unit's private `/tmp` under
 /// systemd) with a random name, owned by this user, its group `gid` (the
-/// job's), mode 02750: the job's group may enter and read, nobody else;
-/// files made in it get the group too. The chain to `/tmp` is checked
+/// job's), mode 0750: the job's group may enter and read, nobody else;
+/// each file written in it is given the group too (no set-group-ID bit: a unit's RestrictSUIDSGID= refuses it). The chain to `/tmp` is checked
 /// ([`open_checked_dir`]: root-owned and sticky, so nobody can rename or
 /// replace what we made), the new directory is opened `O_NOFOLLOW` and
 /// checked to be ours before its group and mode are set on the descriptor.
@@ -292,6 +292,8 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
 pub struct GroupRunDir {
     pub path: PathBuf,
     pub dir: OwnedFd,
+    /// The job's group, which the directory and every file in it get.
+    pub gid: u32,
     /// `/tmp`, to remove the directory by name at the end.
     parent: OwnedFd,
     name: String,
@@ -335,6 +337,7 @@ impl GroupRunDir {
         let made = GroupRunDir {
             dir: opened.map_err(|e| failed(&path, e))?,
             path,
+            gid,
             parent,
             name,
         };
@@ -351,7 +354,7 @@ impl GroupRunDir {
             });
         }
         let set = rustix::fs::fchown(&made.dir, None, Some(rustix::fs::Gid::from_raw(gid)))
-            .and_then(|()| rustix::fs::fchmod(&made.dir, Mode::from_raw_mode(0o2750)));
+            .and_then(|()| rustix::fs::fchmod(&made.dir, Mode::from_raw_mode(0o750)));
         if let Err(source) = set {
             made.remove();
             return Err(PathError::Group {

@@ -148,7 +148,7 @@ fn a_nobody_job_reaches_its_state_file_and_leaseagent_check_says_valid() {
     assert!(check.ends_with("\n0\n"), "{check}");
     // Its own directory: the job's group may enter it, nobody else.
     let dir_line = std::fs::read_to_string(work.join("dir.out")).unwrap();
-    assert!(dir_line.starts_with("drwxr-s--- "), "{dir_line}");
+    assert!(dir_line.starts_with("drwxr-x--- "), "{dir_line}");
     assert!(dir_line.contains(" root nogroup "), "{dir_line}");
     // Gone with the run.
     let path = std::fs::read_to_string(work.join("path.out")).unwrap();

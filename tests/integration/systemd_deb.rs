@@ -38,7 +38,14 @@ use std::time::{Duration, Instant};
 /// Where `invoke-rc.d` and `deb-systemd-invoke` look for the policy.
 const POLICY: &str = "/usr/sbin/policy-rc.d";
 
+/// The package, built once per test process (scripts/deb also takes a
+/// lock, for test processes run side by side).
 fn deb() -> PathBuf {
+    static DEB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DEB.get_or_init(build_deb).clone()
+}
+
+fn build_deb() -> PathBuf {
     if let Some(p) = std::env::var_os("LEASEAGENT_DEB") {
         return PathBuf::from(p);
     }
@@ -274,10 +281,8 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
     let leases = ok(
         &sd,
         &[
-            "runuser",
-            "-u",
-            "leaseagent",
-            "--",
+            // The units' agent is root (the command runs as leaseagent),
+            // and so is their state directory.
             "env",
             "LEASEAGENT_STATE_DIR=/var/lib/leaseagent",
             "leaseagent",
