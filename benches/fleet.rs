@@ -196,6 +196,7 @@ fn main() {
     let mut server = Command::new(&bin)
         .args([
             "serve",
+            "--no-auth",
             "--listen",
             "127.0.0.1:0",
             "--max-connections",

@@ -110,6 +110,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let mut args: Vec<String> = [
         "serve",
+        "--no-auth",
         "--listen",
         "127.0.0.1:0",
         "--max-connections",

@@ -88,7 +88,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bench.db");
     let mut server = Command::new(env!("CARGO_BIN_EXE_leaseagent"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(&db)
         .stderr(Stdio::piped())
         .spawn()

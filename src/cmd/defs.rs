@@ -428,13 +428,19 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
             Flag::value(
                 "auth-file",
                 "FILE",
-                "The principals (TOML; re-read on SIGHUP); without it, anyone may do anything",
+                "The principals (TOML; re-read on SIGHUP); required unless --no-auth",
             )
             .complete(Complete::Files)
             .reads(|a, v| {
                 a.auth_file = Some(v.into());
                 Ok(())
             }),
+            Flag::switch(
+                "no-auth",
+                "Run without --auth-file: every client that reaches the listener (every local \
+                 user on loopback) may take, revoke and clear any lease",
+            )
+            .sets(|a| a.no_auth = true),
             Flag::switch(
                 "insecure-listen",
                 "Allow a non-loopback --listen without TLS and an auth file",
@@ -589,6 +595,17 @@ Examples:
 /// `serve`'s rules between flags.
 fn serve(args: crate::serve::ServeArgs) -> Result<Command, UsageError> {
     let refuse = |msg: &str| Err(UsageError::Words(msg.to_string()));
+    match (&args.auth_file, args.no_auth) {
+        (None, false) => {
+            return refuse(
+                "serve needs --auth-file FILE (principals with roles and tokens; `leaseagent \
+                 token new` makes tokens), or --no-auth to let every client that reaches it, every \
+                 local user on loopback, take, revoke and clear any lease",
+            );
+        }
+        (Some(_), true) => return refuse("--auth-file and --no-auth: give one of them"),
+        _ => {}
+    }
     if args.history.max_rows == 0 {
         return refuse("--history-max-rows must be at least 1");
     }

@@ -44,6 +44,9 @@ pub struct ServeArgs {
     pub client_ca: Option<PathBuf>,
     /// `--auth-file`: the principals.
     pub auth_file: Option<PathBuf>,
+    /// `--no-auth`: run without an auth file, said explicitly (the command
+    /// line refuses neither-nor and both).
+    pub no_auth: bool,
     /// `--server-name` (repeatable): names the `Host` header may carry
     /// besides the listen address (`guard`).
     pub server_names: Vec<String>,

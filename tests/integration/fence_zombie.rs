@@ -69,7 +69,7 @@ pub(crate) fn start_serve(dir: &Path) -> Serve {
         let addr = format!("127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join(format!("serve-{attempt}.log"))).unwrap();
         let mut child = Command::new(bin())
-            .args(["serve", "--listen", &addr, "--db"])
+            .args(["serve", "--no-auth", "--listen", &addr, "--db"])
             .arg(dir.join("authority.db"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -248,7 +248,7 @@ fn history_is_bounded_by_count_and_by_age() {
     });
     // Bad bounds are usage errors naming the flag.
     let out = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(&p2)
         .args(["--history-max-rows", "0"])
         .output()
@@ -368,6 +368,7 @@ fn the_status_listener_is_loopback_only_and_serves_only_the_page() {
     let out = Command::new(bin())
         .args([
             "serve",
+            "--no-auth",
             "--listen",
             "127.0.0.1:0",
             "--status-listen",

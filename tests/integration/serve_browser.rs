@@ -736,3 +736,42 @@ fn the_operator_cli_caps_what_it_reads_from_an_authority() {
     let total = served.load(Ordering::Relaxed);
     assert!(total <= (64 << 20) + (2 << 20), "read {total} bytes");
 }
+
+/// No credential-less default: serve without `--auth-file` starts only
+/// when told `--no-auth`; both together are refused too.
+#[test]
+fn serve_without_an_auth_file_needs_no_auth_said_explicitly() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), "");
+    let run = |extra: &[&str]| {
+        Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(dir.path().join("l.db"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("--auth-file") && err.contains("--no-auth"),
+        "{err}"
+    );
+    assert!(!dir.path().join("l.db").exists(), "a database was made");
+    let out = run(&["--no-auth", "--auth-file", auth.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("give one of them"), "{err}");
+    // Either one alone starts (spawn_serve adds --no-auth without an auth file).
+    let open = Serve::start(&["--listen", "127.0.0.1:0"]);
+    assert_eq!(
+        send(&open.addr, "GET", "/v1/leases", &[HOST], "").status,
+        200
+    );
+    let (_d, closed) = fleet_serve(&[]);
+    assert_eq!(
+        send(&closed.addr, "GET", "/v1/leases", &[HOST], "").status,
+        401
+    );
+}

@@ -571,6 +571,7 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
             .args(["serve", "--listen", listen, "--db"])
             .arg(&db)
             .args(flags)
+            .args(crate::support::authority::no_auth_unless_given(flags))
             .output()
             .unwrap()
     };

@@ -41,7 +41,7 @@ _leaseagent() {
             fi ;;
         serve)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W "--listen --db --tls-cert --tls-key --client-ca --auth-file --insecure-listen --max-connections --max-connections-per-peer --max-unauthenticated-connections --server-name --max-leases --max-leases-per-principal --history-max-age --history-max-rows --history-max-rows-per-principal --metrics-max-tasks --status-listen --status-held-alert -h --help -V --version" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "--listen --db --tls-cert --tls-key --client-ca --auth-file --no-auth --insecure-listen --max-connections --max-connections-per-peer --max-unauthenticated-connections --server-name --max-leases --max-leases-per-principal --history-max-age --history-max-rows --history-max-rows-per-principal --metrics-max-tasks --status-listen --status-held-alert -h --help -V --version" -- "$cur")
             fi ;;
         publish)
             if [[ $cur == -* ]]; then

@@ -30,7 +30,8 @@ _leaseagent() {
                 '--tls-cert=[Serve HTTPS with this PEM certificate chain (with --tls-key)]:FILE:_files' \
                 '--tls-key=[The PEM private key of --tls-cert]:FILE:_files' \
                 '--client-ca=[Require client certificates signed by these PEM CAs (mutual TLS)]:FILE:_files' \
-                '--auth-file=[The principals (TOML; re-read on SIGHUP); without it, anyone may do anything]:FILE:_files' \
+                '--auth-file=[The principals (TOML; re-read on SIGHUP); required unless --no-auth]:FILE:_files' \
+                '--no-auth[Run without --auth-file: every client that reaches the listener (every local user on loopback) may take, revoke and clear any lease]' \
                 '--insecure-listen[Allow a non-loopback --listen without TLS and an auth file]' \
                 '--max-connections=[Most open connections; past this, one answer (503) and closed]:N: ' \
                 '--max-connections-per-peer=[Most open connections from one IP address; past this, closed at once (before TLS)]:N: ' \
