@@ -510,6 +510,17 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "max-new-tasks-per-hour",
+                "N",
+                "Most distinct tasks one principal may create (acquire a task that has no \
+                 row) in an hour; past this, 429 (with an auth file)",
+            )
+            .default_value("10000")
+            .reads(|a, v| {
+                a.max_new_tasks_per_hour = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
                 "history-max-age",
                 "DUR",
                 "Run history: finished attempts older than this are deleted",

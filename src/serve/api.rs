@@ -150,7 +150,8 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
             ..
-        } => error(ErrorCode::TooManyLeases, &msg),
+        }
+        | EngineError::TooManyNewTasks { .. } => error(ErrorCode::TooManyLeases, &msg),
         EngineError::TooManyLeases {
             scope: CapScope::Global,
             ..

@@ -59,6 +59,9 @@ pub struct ServeArgs {
     /// `--max-unauthenticated-connections`: most open connections that have
     /// made no authenticated request (at most half of `--max-connections`).
     pub max_unauthenticated: usize,
+    /// `--max-new-tasks-per-hour`: most distinct tasks one principal may
+    /// create in an hour (with an auth file).
+    pub max_new_tasks_per_hour: u64,
     /// `--metrics-max-tasks`: most tasks named in each per-task family of
     /// `/metrics` (the rest in one `task="(other)"` series).
     pub metrics_max_tasks: usize,
@@ -467,6 +470,12 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
         history,
+        // Without an auth file every client is one principal: no cap on
+        // the tasks all of them create together.
+        max_new_tasks_per_hour: args
+            .auth_file
+            .is_some()
+            .then_some(args.max_new_tasks_per_hour),
     };
     // The store behind the engine's storage seam: the SQLite file.
     SqliteStore::open(&args.db)

@@ -775,3 +775,30 @@ fn serve_without_an_auth_file_needs_no_auth_said_explicitly() {
         401
     );
 }
+
+/// Made-up task names grew the tables, the page and `/metrics`; now one
+/// principal creates at most `--max-new-tasks-per-hour` distinct tasks
+/// (429, like its lease cap), re-taking its own tasks is not creating, and
+/// other principals are not affected.
+#[test]
+fn a_principal_creates_a_bounded_number_of_new_tasks_an_hour() {
+    let (_dir, s) = fleet_serve(&["--max-new-tasks-per-hour", "5"]);
+    for i in 0..5 {
+        cycle(&s.addr, "fleet-token", &format!("made-up-{i}"));
+    }
+    // Its own tasks again: fine.
+    cycle(&s.addr, "fleet-token", "made-up-0");
+    let body = r#"{"task":"made-up-5","holder":"h","ttl_ms":60000}"#;
+    let fleet = "Authorization: Bearer fleet-token";
+    let r = send(&s.addr, "POST", "/v1/acquire", &[HOST, JSON, fleet], body);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.body["error"], "too_many_leases", "{r:?}");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("new tasks")),
+        "{r:?}"
+    );
+    // Another principal still creates tasks.
+    cycle(&s.addr, "agent-token", "nightly-new");
+}

@@ -58,6 +58,7 @@ complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-unauthenticated
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l server-name -x -d 'A name clients reach this server by (the Host header), besides the listen address and the certificate\'s names; repeatable'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-leases -x -d 'Most live leases overall; past this, acquires get 503 unavailable'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-leases-per-principal -x -d 'Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l max-new-tasks-per-hour -x -d 'Most distinct tasks one principal may create (acquire a task that has no row) in an hour; past this, 429 (with an auth file)'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-age -x -d 'Run history: finished attempts older than this are deleted'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-rows -x -d 'Run history: at most this many attempts are kept'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l history-max-rows-per-principal -x -d 'Run history: at most this many attempts of one principal are kept, so one principal\'s churn cannot push out another\'s (without an auth file: --history-max-rows)'

@@ -39,6 +39,7 @@ _leaseagent() {
                 '--server-name=[A name clients reach this server by (the Host header), besides the listen address and the certificate'\''s names; repeatable]:NAME: ' \
                 '--max-leases=[Most live leases overall; past this, acquires get 503 unavailable]:N: ' \
                 '--max-leases-per-principal=[Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429]:N: ' \
+                '--max-new-tasks-per-hour=[Most distinct tasks one principal may create (acquire a task that has no row) in an hour; past this, 429 (with an auth file)]:N: ' \
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \
                 '--history-max-rows=[Run history: at most this many attempts are kept]:N: ' \
                 '--history-max-rows-per-principal=[Run history: at most this many attempts of one principal are kept, so one principal'\''s churn cannot push out another'\''s (without an auth file: --history-max-rows)]:N: ' \
