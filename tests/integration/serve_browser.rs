@@ -239,13 +239,7 @@ fn server_names_are_the_only_other_hosts_and_the_status_listener_checks_them_too
         "--status-listen",
         "127.0.0.1:0",
     ]);
-    let status = s
-        .stderr_line("status page on http://")
-        .rsplit("http://")
-        .next()
-        .unwrap()
-        .trim()
-        .to_string();
+    let status = status_addr(&s);
     for addr in [s.addr.as_str(), status.as_str()] {
         for host in [
             "leases.internal",
@@ -503,6 +497,16 @@ fn text_as(addr: &str, path: &str, token: &str) -> String {
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "GET {path}: {text}");
     text
+}
+
+/// The address of serve's `--status-listen` listener, from its stderr.
+fn status_addr(s: &Serve) -> String {
+    s.stderr_line("status page on http://")
+        .rsplit("http://")
+        .next()
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// `/v1/history` as `token`'s principal, with `query`.
@@ -801,4 +805,33 @@ fn a_principal_creates_a_bounded_number_of_new_tasks_an_hour() {
     );
     // Another principal still creates tasks.
     cycle(&s.addr, "agent-token", "nightly-new");
+}
+
+/// `--status-listen` shows every principal's tasks to whoever connects,
+/// without credentials (documented in history.md), and nothing else.
+#[test]
+fn the_status_listener_shows_every_principal_s_tasks_to_anyone_local() {
+    let (_dir, s) = fleet_serve(&["--status-listen", "127.0.0.1:0"]);
+    let status = status_addr(&s);
+    for (token, task) in [("fleet-token", "fleet-task"), ("agent-token", "etl/mine")] {
+        let body = format!(r#"{{"task":"{task}","holder":"h","ttl_ms":60000}}"#);
+        let auth = format!("Authorization: Bearer {token}");
+        let g = send(&s.addr, "POST", "/v1/acquire", &[HOST, JSON, &auth], &body);
+        assert_eq!(g.status, 200, "{g:?}");
+    }
+    let mut st = TcpStream::connect(&status).unwrap();
+    st.set_read_timeout(Some(T)).unwrap();
+    st.write_all(format!("GET / HTTP/1.1\r\n{HOST}\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = Vec::new();
+    st.read_to_end(&mut out).unwrap();
+    let page = String::from_utf8(out).unwrap();
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for task in ["fleet-task", "etl/mine"] {
+        assert!(page.contains(&format!("<td>{task}</td>")), "{task}: {page}");
+    }
+    // The main listener wants a credential for the same page.
+    assert_eq!(send(&s.addr, "GET", "/", &[HOST], "").status, 401);
+    // And the status listener serves nothing else.
+    assert_eq!(send(&status, "GET", "/v1/leases", &[HOST], "").status, 404);
 }
