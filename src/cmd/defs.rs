@@ -150,6 +150,7 @@ pub trait Operating: Sized + 'static {
 
     /// The operator commands' `--authority`.
     const AUTHORITY: Flag<Self> = Flag::value("authority", "URL", "Lease authority")
+        .url()
         .env("LEASEAGENT_AUTHORITY")
         .default_note("the embedded per-host authority")
         .reads(|a, v| {
@@ -188,6 +189,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     "URL",
                     "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
                 )
+                .url()
                 .env("LEASEAGENT_AUTHORITY")
                 .default_note("the embedded per-host authority")
                 .reads(|a, v| {

@@ -119,6 +119,9 @@ pub struct Spec {
     /// May be given more than once on a subcommand: the reader is called
     /// for each value, in order.
     pub repeatable: bool,
+    /// A URL: one typed on the command line with a `user:password@` part
+    /// is refused (argv is visible to every local user in `ps`).
+    pub url: bool,
 }
 
 impl Spec {
@@ -192,6 +195,7 @@ impl Flag<()> {
                 env: None,
                 required: false,
                 repeatable: false,
+                url: false,
                 complete: Complete::Nothing,
             },
             kind: PhantomData,
@@ -249,6 +253,12 @@ impl<K> Draft<K> {
     /// Shown as the default; the command computes it.
     pub const fn default_note(mut self, n: &'static str) -> Self {
         self.spec.default = Default::Note(n);
+        self
+    }
+
+    /// A URL: a password in it is refused on the command line.
+    pub const fn url(mut self) -> Self {
+        self.spec.url = true;
         self
     }
 

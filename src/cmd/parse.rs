@@ -97,6 +97,7 @@ pub fn parse<A: Default>(
     if let Some(special) = take_args(&mut t, opts)? {
         return Ok(special);
     }
+    refuse_passwords_in_argv(&t)?;
     apply_env(&mut t, env);
     if let Syntax::Run(_) = def.syntax
         && trailing.is_none()
@@ -222,6 +223,58 @@ fn lexopt_error<A>(def: &CommandDef<A>, e: lexopt::Error) -> UsageError {
             usage_error(format!("{o} needs a value"))
         }
         other => usage_error(format!("{other} (see {} --help)", def.program())),
+    }
+}
+
+/// A URL flag typed with a `user:password@` part: refused before anything
+/// is read, since every local user sees argv (`ps`, `/proc/PID/cmdline`)
+/// for as long as the process runs. (From the environment, readable only
+/// by the same user and root, the part is dropped with a warning.)
+fn refuse_passwords_in_argv<A>(t: &Typed<A>) -> Result<(), UsageError> {
+    let more = t.more.iter().map(|(i, g)| (*i, Some(g)));
+    let given = t.given.iter().enumerate().map(|(i, g)| (i, g.as_ref()));
+    for (i, g) in given.chain(more) {
+        let (Some(flag), Some(Given::Value(v))) = (t.def.flags().nth(i), g) else {
+            continue;
+        };
+        let v = v.to_string_lossy();
+        if flag.spec.url && has_password(&v) {
+            return Err(usage_error(format!(
+                "--{}: `{}` carries a password, which every local user could read in ps; give \
+                 credentials in files: --auth-token-file, or --etcd-user with \
+                 --etcd-password-file",
+                flag.spec.long,
+                crate::authority::trust::redact_url(&v)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A `user:password@` part (not a bare `user@`) before the URL's host.
+fn has_password(url: &str) -> bool {
+    let redacted = crate::authority::trust::redact_url(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let host = redacted.get(scheme.len() + 3..).unwrap_or("");
+    // What redaction took away: `user:password@`.
+    let userinfo = rest.strip_suffix(host).unwrap_or("");
+    userinfo.contains(':')
+}
+
+#[cfg(test)]
+#[test]
+fn a_password_is_told_from_a_user_and_from_an_at_in_a_path() {
+    for (url, pw) in [
+        ("https://u:pw@h:1/", true),
+        ("etcds://u:p@ss@a:1,b:2", true),
+        ("http://user:pa/ss@127.0.0.1:1", true),
+        ("http://user@h:1", false),
+        ("http://h:1", false),
+        ("sqlite:/a@b", false),
+    ] {
+        assert_eq!(has_password(url), pw, "{url}");
     }
 }
 

@@ -835,3 +835,49 @@ fn the_status_listener_shows_every_principal_s_tasks_to_anyone_local() {
     // And the status listener serves nothing else.
     assert_eq!(send(&status, "GET", "/v1/leases", &[HOST], "").status, 404);
 }
+
+/// A password typed in `--authority` stayed visible in `ps` for the whole
+/// run. Typed on the command line it is now refused before anything runs,
+/// pointing to the `-file` flags, and never shown; from the environment
+/// (visible to the same user and root only) it is still dropped with a
+/// warning.
+#[test]
+fn a_password_in_an_authority_url_on_the_command_line_is_refused() {
+    let url = "http://user:pa55-9d1@127.0.0.1:1";
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let runs: Vec<Vec<String>> = vec![
+        vec![
+            "--authority".into(),
+            url.into(),
+            "--task".into(),
+            "t".into(),
+            "--".into(),
+            "touch".into(),
+            ran.display().to_string(),
+        ],
+        vec!["leases".into(), "--authority".into(), url.into()],
+        vec!["revoke".into(), format!("--authority={url}"), "t".into()],
+    ];
+    for args in runs {
+        let out = Command::new(bin()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // 125: a usage error, like any flag that cannot work.
+        assert_eq!(out.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.contains("--auth-token-file"), "{args:?}: {err}");
+        assert!(err.contains("http://127.0.0.1:1"), "{args:?}: {err}");
+        assert!(!err.contains("pa55"), "{args:?}: {err}");
+    }
+    assert!(!ran.exists(), "the command ran");
+    // From the environment: dropped with a warning, then the (unreachable)
+    // authority is tried.
+    let out = Command::new(bin())
+        .args(["leases"])
+        .env("LEASEAGENT_AUTHORITY", url)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is ignored"), "{err}");
+    assert!(!err.contains("carries a password"), "{err}");
+    assert!(!err.contains("pa55"), "{err}");
+}
