@@ -89,10 +89,17 @@ fn ago(ms: u64) -> String {
 }
 
 impl Status {
-    pub fn new(engine: &BatchedEngine, held_alert: Duration) -> Self {
+    pub fn new(held_alert: Duration) -> Self {
         Status {
             held_alert,
-            samples: Mutex::new(VecDeque::from([sample(engine)])),
+            // The counters start at zero with the process (a replica's
+            // go on across its terms as leader): the first sample.
+            samples: Mutex::new(VecDeque::from([Sample {
+                at: Instant::now(),
+                grants: 0,
+                refused: 0,
+                acquire_refused: 0,
+            }])),
         }
     }
 
@@ -119,14 +126,20 @@ impl Status {
         )
     }
 
-    /// The page, showing the tasks `covers` accepts.
+    /// The page, showing the tasks `covers` accepts, with `extra` (HTML:
+    /// the leadership of replicas) after its figures.
     pub fn page(
         &self,
         engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
+        extra: &str,
     ) -> Response {
-        let body = self.render(engine, conns, covers);
+        self.wrap(self.render(engine, conns, covers, extra))
+    }
+
+    /// An HTML page as the answer, with the page's headers.
+    pub fn wrap(&self, body: String) -> Response {
         Response {
             status: 200,
             content_type: "text/html; charset=utf-8",
@@ -147,6 +160,7 @@ impl Status {
         engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
+        extra: &str,
     ) -> String {
         let now = wall_ms();
         let (grants, refused, acq_refused) = self.rates(sample(engine));
@@ -175,6 +189,7 @@ impl Status {
             if engine.healthy() { "up" } else { "FAILED" },
             conns.open.load(Ordering::Relaxed),
         );
+        h.push_str(extra);
         self.held_section(&mut h, engine, covers, now);
         leases_section(&mut h, engine, covers, now);
         recent_section(&mut h, engine, covers, now);
@@ -301,37 +316,6 @@ fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
         );
     }
     h.push_str("</table>");
-}
-
-/// The handler of `--status-listen`: the page, for everyone, and nothing
-/// else (the listener is loopback-only; see the module doc).
-pub struct StatusOnly {
-    pub engine: std::sync::Arc<BatchedEngine>,
-    pub conns: std::sync::Arc<ConnStats>,
-    pub status: std::sync::Arc<Status>,
-}
-
-impl super::http::Handler for StatusOnly {
-    fn answer(self: std::sync::Arc<Self>, req: &super::http::Request) -> super::http::Answer {
-        use super::http::Answer;
-        if req.path != "/" {
-            return Answer::Now(Response::error(
-                404,
-                "not_found",
-                "the status listener serves only /",
-            ));
-        }
-        if req.method != "GET" && req.method != "HEAD" {
-            return Answer::Now(Response::error(
-                405,
-                "method_not_allowed",
-                &format!("{} is not allowed on /", req.method),
-            ));
-        }
-        Answer::Blocking(Box::new(move || {
-            self.status.page(&self.engine, &self.conns, &|_| true)
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ mod history;
 mod layout;
 mod partition_netns;
 mod serve_attack;
+mod serve_replicas;
 mod serve_trust;
 mod status_page;
 mod systemd_deb;

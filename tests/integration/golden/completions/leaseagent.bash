@@ -25,11 +25,11 @@ _leaseagent() {
         done
     fi
     case "$sub $prev" in
-        "run --ca-file" | "run --client-cert" | "run --client-key" | "run --auth-token-file" | "run --etcd-password-file" | "serve --db" | "serve --tls-cert" | "serve --tls-key" | "serve --client-ca" | "serve --auth-file" | "leases --ca-file" | "leases --client-cert" | "leases --client-key" | "leases --auth-token-file" | "leases --etcd-password-file" | "revoke --ca-file" | "revoke --client-cert" | "revoke --client-key" | "revoke --auth-token-file" | "revoke --etcd-password-file" | "clear --ca-file" | "clear --client-cert" | "clear --client-key" | "clear --auth-token-file" | "clear --etcd-password-file" | "history --ca-file" | "history --client-cert" | "history --client-key" | "history --auth-token-file" | "history --etcd-password-file")
+        "run --ca-file" | "run --client-cert" | "run --client-key" | "run --auth-token-file" | "run --etcd-password-file" | "serve --db" | "serve --store-password-file" | "serve --tls-cert" | "serve --tls-key" | "serve --client-ca" | "serve --auth-file" | "leases --ca-file" | "leases --client-cert" | "leases --client-key" | "leases --auth-token-file" | "leases --etcd-password-file" | "revoke --ca-file" | "revoke --client-cert" | "revoke --client-key" | "revoke --auth-token-file" | "revoke --etcd-password-file" | "clear --ca-file" | "clear --client-cert" | "clear --client-key" | "clear --auth-token-file" | "clear --etcd-password-file" | "history --ca-file" | "history --client-cert" | "history --client-key" | "history --auth-token-file" | "history --etcd-password-file")
             compopt -o filenames 2>/dev/null
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return 0 ;;
-        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --etcd-user" | "serve --listen" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --history-max-age" | "serve --history-max-rows" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
+        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --etcd-user" | "serve --listen" | "serve --store" | "serve --advertise" | "serve --leader-ttl" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --history-max-age" | "serve --history-max-rows" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
             return 0 ;; # a value: nothing to offer
     esac
     case $sub in
@@ -41,7 +41,7 @@ _leaseagent() {
             fi ;;
         serve)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W "--listen --db --tls-cert --tls-key --client-ca --auth-file --insecure-listen --max-connections --max-connections-per-peer --max-leases --max-leases-per-principal --history-max-age --history-max-rows --status-listen --status-held-alert -h --help -V --version" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "--listen --db --store --store-password-file --store-allow-async --advertise --leader-ttl --tls-cert --tls-key --client-ca --auth-file --insecure-listen --max-connections --max-connections-per-peer --max-leases --max-leases-per-principal --history-max-age --history-max-rows --status-listen --status-held-alert -h --help -V --version" -- "$cur")
             fi ;;
         publish)
             if [[ $cur == -* ]]; then
