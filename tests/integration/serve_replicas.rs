@@ -461,3 +461,51 @@ fn a_leader_stopped_past_its_ttl_answers_nothing_as_leader_when_it_wakes() {
 fn one_leader_of(r: &Replica, within: Duration) {
     poll("the standby to lead", within, || r.leads().then_some(()));
 }
+
+#[test]
+fn tls_verify_full_with_a_ca_file_and_nothing_else() {
+    let pki = support::tls::Pki::new();
+    let pg = Postgres::start_with(Some((&pki.path("server.pem"), &pki.path("server.key"))));
+    let with = |query: &str| Store::Postgres {
+        url: format!("{}{query}", pg.url("postgres")),
+        password_file: pg.password_file.clone(),
+        leader_ttl: LEADER_TTL,
+    };
+    let ca = pki.path("ca.pem").display().to_string();
+    let r = Replica::start(&with(&format!("?sslmode=verify-full&sslrootcert={ca}")));
+    one_leader(&[&r], Duration::from_secs(30));
+    let (st, g) = r.acquire("over-tls", "h", 10_000);
+    assert_eq!(st, 200, "{g}");
+    assert_eq!(
+        pg.psql(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'leaseagent-serve' AND NOT s.ssl"
+        ),
+        "0",
+        "every connection of serve is TLS"
+    );
+    drop(r);
+    // A server whose certificate another CA signed is refused.
+    let other = pki.path("other-ca.pem").display().to_string();
+    let (code, err) = refused(
+        &with(&format!("?sslmode=verify-full&sslrootcert={other}")),
+        &[],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("certificate") || err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    // Plain text, even on loopback, where the server demands TLS.
+    let (code, err) = refused(&with(""), &[]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("pg_hba.conf") || err.contains("no encryption"),
+        "{err}"
+    );
+    // A mode that checks nothing is refused before connecting.
+    let (code, err) = refused(&with("?sslmode=require"), &[]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("verify-full"), "{err}");
+}

@@ -54,6 +54,8 @@ pub struct Postgres {
     dir: tempfile::TempDir,
     _secrets: tempfile::TempDir,
     child: Option<Child>,
+    /// More `-c` settings of the server.
+    settings: Vec<String>,
     pub port: u16,
     /// The password, in a file of mode 0600 owned by root (for serve).
     pub password_file: PathBuf,
@@ -78,6 +80,13 @@ fn as_nobody(program: &str) -> Command {
 impl Postgres {
     /// initdb, then the server; returns once it accepts connections.
     pub fn start() -> Postgres {
+        Self::start_with(None)
+    }
+
+    /// [`Postgres::start`], and with `tls` (a certificate and its key) the
+    /// server takes TCP connections over TLS only (`hostssl` in
+    /// `pg_hba.conf`: a plain connection is refused).
+    pub fn start_with(tls: Option<(&Path, &Path)>) -> Postgres {
         require();
         let dir = tempfile::tempdir().expect("temp dir");
         own_file(dir.path());
@@ -108,6 +117,21 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
         std::fs::remove_file(&pg_pw).unwrap();
+        let mut settings = Vec::new();
+        if let Some((cert, key)) = tls {
+            for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                let dest = data.join(to);
+                std::fs::copy(from, &dest).expect("copy the TLS files");
+                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).unwrap();
+                own_file(&dest);
+            }
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all scram-sha-256\nhostssl all all 127.0.0.1/32 scram-sha-256\n",
+            )
+            .unwrap();
+            settings.extend(["ssl=on".to_string()]);
+        }
         // serve's copy, in a directory of root's own (serve refuses a
         // secret in a directory another user could change).
         let secrets = tempfile::tempdir().expect("temp dir");
@@ -120,6 +144,7 @@ impl Postgres {
             dir,
             _secrets: secrets,
             child: None,
+            settings,
             password_file,
             log,
         };
@@ -143,6 +168,7 @@ impl Postgres {
             ])
             .args(["-c", "fsync=off", "-c", "max_connections=60"])
             .args(["-c", "shared_buffers=16MB", "-c", "logging_collector=off"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
