@@ -186,7 +186,16 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                 Flag::value(
                     "authority",
                     "URL",
-                    "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
+                    "Lease authority: http(s)://HOST:PORT[,URL...] (serve, or its replicas),\n\
+                     etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH",
+                )
+                .doc(
+                    "Lease authority. http(s)://HOST:PORT is lease protocol v1 (leaseagent serve); \
+                     several such URLs separated by commas are the replicas of one authority: a \
+                     call answered not_leader, refused or timed out goes on to the leader named \
+                     (if it is one of these URLs) or the next URL within the same try, and the log \
+                     says which replica answered. etcd(s)://HOST:PORT[,HOST:PORT...] is etcd; \
+                     sqlite:PATH an embedded database file.",
                 )
                 .env("LEASEAGENT_AUTHORITY")
                 .default_note("the embedded per-host authority")

@@ -509,3 +509,77 @@ fn tls_verify_full_with_a_ca_file_and_nothing_else() {
     assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("verify-full"), "{err}");
 }
+
+#[test]
+fn an_agent_given_every_replica_keeps_its_job_through_a_failover() {
+    let pg = Postgres::start();
+    let s = store(&pg);
+    let mut rs: Vec<Replica> = (0..2).map(|_| Replica::start(&s)).collect();
+    let l = one_leader(&[&rs[0], &rs[1]], Duration::from_secs(30));
+    // The standby first: the agent's first try is answered `not_leader`
+    // and goes on, within the same try, to the leader.
+    let authority = format!("{},{}", rs[1 - l].url(), rs[l].url());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log = d.join("agent.log");
+    let mut agent = Command::new(support::authority::bin())
+        .args(["--authority", &authority, "--task", "ha", "--ttl", "10s"])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASE_TOKEN > token; while [ ! -e go ]; do sleep 0.05; done",
+        ])
+        .current_dir(d)
+        .env("LEASEAGENT_STATE_DIR", d.join("state"))
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let token: u64 = poll("the job to start", Duration::from_secs(30), || {
+        std::fs::read_to_string(d.join("token"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    });
+    let mut old = rs.remove(l);
+    old.kill9();
+    let new = &rs[0];
+    one_leader_of(new, Duration::from_secs(30));
+    let renewals = || -> f64 {
+        let (_, m) = request(&new.addr, "GET", "/metrics", b"", Duration::from_secs(5)).unwrap();
+        String::from_utf8_lossy(&m)
+            .lines()
+            .find_map(|l| l.strip_prefix("leaseagent_renewals_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    poll(
+        "the agent to renew on the new leader",
+        Duration::from_secs(30),
+        || (renewals() >= 1.0).then_some(()),
+    );
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the agent ended during the failover: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    std::fs::write(d.join("go"), "").unwrap();
+    let st = support::wait_exit(&mut agent, Duration::from_secs(30)).expect("the agent to end");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(st.success(), "{st:?}: {text}");
+    for line in text.lines().filter(|l| l.contains("authority")) {
+        eprintln!("agent: {line}");
+    }
+    assert!(
+        text.contains("does not lead"),
+        "the agent's log says which replica: {text}"
+    );
+    // Released on the new leader: the task is free, with a higher token.
+    let (st, g) = new.acquire("ha", "next", 10_000);
+    assert_eq!(st, 200, "{g}");
+    assert!(g["token"].as_u64().unwrap() > token, "{g} after {token}");
+}

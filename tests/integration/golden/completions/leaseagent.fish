@@ -23,7 +23,7 @@ complete -c leaseagent -n '__fish_is_first_token' -a history -d 'Show past attem
 complete -c leaseagent -n '__fish_is_first_token' -a completions -d 'Print a shell completion script, generated from these flag tables'
 complete -c leaseagent -n '__fish_is_first_token' -a man -d 'Print a man page (roff), generated from these flag tables'
 complete -c leaseagent -n '__fish_is_first_token' -a token -d 'Print a new random bearer token for serve --auth-file'
-complete -c leaseagent -n '__fish_leaseagent_using run' -l authority -x -d 'Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH'
+complete -c leaseagent -n '__fish_leaseagent_using run' -l authority -x -d 'Lease authority: http(s)://HOST:PORT[,URL...] (serve, or its replicas), etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l task -x -d 'What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l ttl -x -d 'Lease duration asked for (1s to 24h)'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l heartbeat -x -d 'Renewal interval: at least 100ms, with room for a retry before the command\'s SIGTERM at ttl - grace'

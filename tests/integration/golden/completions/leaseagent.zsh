@@ -200,7 +200,7 @@ _leaseagent() {
         fi
     done
     _arguments -s -S \
-        '--authority=[Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT\[,HOST:PORT...\], sqlite:PATH]:URL: ' \
+        '--authority=[Lease authority: http(s)://HOST:PORT\[,URL...\] (serve, or its replicas), etcd(s)://HOST:PORT\[,HOST:PORT...\], sqlite:PATH]:URL: ' \
         '--task=[What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)]:NAME: ' \
         '--ttl=[Lease duration asked for (1s to 24h)]:DUR: ' \
         '--heartbeat=[Renewal interval: at least 100ms, with room for a retry before the command'\''s SIGTERM at ttl - grace]:DUR: ' \
