@@ -583,3 +583,105 @@ fn an_agent_given_every_replica_keeps_its_job_through_a_failover() {
     assert_eq!(st, 200, "{g}");
     assert!(g["token"].as_u64().unwrap() > token, "{g} after {token}");
 }
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn a_leader_cut_off_from_the_store_stops_answering_before_another_leads() {
+    let pg = Postgres::start();
+    // The leader reaches PostgreSQL only through a proxy that the test
+    // turns into a black hole (its connections cut, new ones swallowed);
+    // agents still reach the leader itself.
+    let proxy = support::Proxy::start(format!("127.0.0.1:{}", pg.port).parse().unwrap());
+    let via_proxy = Store::Postgres {
+        url: format!(
+            "postgresql://{}@127.0.0.1:{}/postgres",
+            support::postgres::USER,
+            proxy.addr.port()
+        ),
+        password_file: pg.password_file.clone(),
+        leader_ttl: LEADER_TTL,
+    };
+    let a = Replica::start(&via_proxy);
+    one_leader_of(&a, Duration::from_secs(30));
+    let b = Replica::start(&store(&pg));
+    assert_eq!(one_leader(&[&a, &b], Duration::from_secs(30)), 0);
+    let (st, g) = a.acquire("cut", "h", 60_000);
+    assert_eq!(st, 200, "{g}");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Renewals at the cut-off leader: (wall ms sent, status).
+    let renewing = {
+        let (addr, stop, g) = (a.addr.clone(), stop.clone(), g.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let body = json!({"lease_id": g["lease_id"], "token": g["token"]}).to_string();
+            while !stop.load(Ordering::Relaxed) {
+                let sent = wall_ms();
+                let r = request(
+                    &addr,
+                    "POST",
+                    "/v1/renew",
+                    body.as_bytes(),
+                    Duration::from_secs(10),
+                );
+                if let Ok((st, b)) = r {
+                    seen.push((sent, st, String::from_utf8_lossy(&b).into_owned()));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        })
+    };
+    proxy.set(support::ProxyMode::Blackhole);
+    let cut = wall_ms();
+    one_leader_of(&b, Duration::from_secs(30));
+    // Renewals go on a while longer, then stop.
+    poll(
+        "the cut-off leader to say not_leader",
+        Duration::from_secs(20),
+        || {
+            let (st, v) = a.renew(&g);
+            (st == 503 && v["error"] == "not_leader").then_some(())
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    let seen = renewing.join().unwrap();
+    let took_over: u64 = pg
+        .psql(
+            "postgres",
+            "SELECT at_ms FROM leaseagent.takeovers ORDER BY epoch DESC LIMIT 1",
+        )
+        .parse()
+        .unwrap();
+    assert!(took_over > cut, "the standby took over before the cut?");
+    let answered: Vec<&(u64, u16, String)> = seen.iter().filter(|(_, st, _)| *st == 200).collect();
+    assert!(
+        answered.iter().any(|(sent, _, _)| *sent > cut),
+        "the leader went on answering from memory for a while after the cut"
+    );
+    for (sent, _, body) in &answered {
+        assert!(
+            *sent < took_over,
+            "a renewal sent at {sent} (after the takeover at {took_over}) was answered as leader: {body}"
+        );
+    }
+    for (sent, st, body) in seen.iter().filter(|(_, st, _)| *st != 200) {
+        assert_eq!(*st, 503, "{sent}: {body}");
+        assert!(body.contains("not_leader"), "{body}");
+    }
+    let last = answered.iter().map(|(s, _, _)| *s).max().unwrap();
+    eprintln!(
+        "cut at {cut}: last renewal answered as leader was sent {} ms after the cut; \
+         the standby took over {} ms after the cut",
+        last - cut,
+        took_over - cut
+    );
+    // The new leader kept the lease (a full ttl from its takeover).
+    let (st, v) = b.renew(&g);
+    assert_eq!(st, 200, "{v}");
+}
