@@ -420,7 +420,8 @@ fn open_replica(
         url: url.clone(),
         source,
     };
-    crate::engine::postgres::PgStore::prepare(&cfg, &rt).map_err(store_err)?;
+    crate::engine::postgres::PgStore::prepare(&cfg, &rt, args.store_allow_async)
+        .map_err(store_err)?;
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
         history: args.history,

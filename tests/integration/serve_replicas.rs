@@ -39,7 +39,13 @@ struct Replica {
 
 impl Replica {
     fn start(store: &Store) -> Replica {
-        let s = spawn_serve_on(store, &["--listen".into(), "127.0.0.1:0".into()]);
+        Self::start_with(store, &[])
+    }
+
+    fn start_with(store: &Store, flags: &[&str]) -> Replica {
+        let mut args: Vec<std::ffi::OsString> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        args.extend(flags.iter().map(Into::into));
+        let s = spawn_serve_on(store, &args);
         Replica {
             child: s.child,
             addr: s.addr,
@@ -684,4 +690,67 @@ fn a_leader_cut_off_from_the_store_stops_answering_before_another_leads() {
     // The new leader kept the lease (a full ttl from its takeover).
     let (st, v) = b.renew(&g);
     assert_eq!(st, 200, "{v}");
+}
+
+#[test]
+fn an_asynchronous_standby_is_refused_unless_allowed_and_a_synchronous_one_passes() {
+    let primary = Postgres::start();
+    let standby = Postgres::standby_of(&primary);
+    let streaming = |state: &str| {
+        primary.psql(
+            "postgres",
+            &format!("SELECT count(*) FROM pg_stat_replication WHERE {state}"),
+        )
+    };
+    poll("the standby to stream", Duration::from_secs(30), || {
+        (streaming("state = 'streaming' AND sync_state = 'async'") == "1").then_some(())
+    });
+    let s = store(&primary);
+    let (code, err) = refused(&s, &[]);
+    assert_ne!(code, Some(0), "{err}");
+    assert!(
+        err.contains("1 standby(s) stream from this primary and none is synchronous")
+            && err.contains("--store-allow-async")
+            && err.contains("synchronous_mode"),
+        "{err}"
+    );
+    assert_eq!(
+        primary.psql(
+            "postgres",
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'leaseagent'"
+        ),
+        "0",
+        "nothing written to a refused store"
+    );
+    // Opted in: it runs (and says the risk in its log).
+    let r = Replica::start_with(&s, &["--store-allow-async"]);
+    one_leader_of(&r, Duration::from_secs(30));
+    drop(r);
+    // The primary waits for its standby: accepted without the flag, and an
+    // answered grant is on the standby.
+    primary.psql(
+        "postgres",
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+    );
+    primary.psql("postgres", "SELECT pg_reload_conf()");
+    poll(
+        "the standby to be synchronous",
+        Duration::from_secs(30),
+        || (streaming("sync_state = 'sync'") == "1").then_some(()),
+    );
+    let r = Replica::start(&s);
+    one_leader_of(&r, Duration::from_secs(30));
+    let (st, g) = r.acquire("sync", "h", 60_000);
+    assert_eq!(st, 200, "{g}");
+    poll("the grant on the standby", Duration::from_secs(10), || {
+        let t = standby.psql(
+            "postgres",
+            "SELECT coalesce(max(token), 0) FROM leaseagent.tasks WHERE task = 'sync'",
+        );
+        (t.parse::<u64>().ok() == g["token"].as_u64()).then_some(())
+    });
+    // A store URL that reaches the standby itself is refused.
+    let (code, err) = refused(&store(&standby), &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("is a standby (in recovery)"), "{err}");
 }

@@ -70,9 +70,14 @@ impl PgStore {
         }
     }
 
-    /// Checks the database once at start: reachable, its schema brought
-    /// up to date (or refused if newer).
-    pub fn prepare(cfg: &PgConfig, rt: &Handle) -> Result<(), StoreError> {
+    /// Checks the database once at start: reachable, the primary, not
+    /// replicating to standbys that could lose answered commits unless
+    /// `allow_async` ([`leader::judge`]; checked again at every takeover),
+    /// its schema brought up to date (or refused if newer).
+    pub fn prepare(cfg: &PgConfig, rt: &Handle, allow_async: bool) -> Result<(), StoreError> {
+        let mut l = leader::Leadership::new(Conn::new(cfg.clone(), rt.clone()));
+        let replication = l.replication(CALL_TIMEOUT)?;
+        leader::judge(&replication, allow_async)?;
         let mut conn = Conn::new(cfg.clone(), rt.clone());
         schema::migrate(&mut conn)
     }

@@ -33,7 +33,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Fails the test when PostgreSQL 15 is not installed.
 pub fn require() {
-    for p in ["initdb", "postgres", "pg_isready", "psql"] {
+    for p in ["initdb", "postgres", "pg_isready", "psql", "pg_basebackup"] {
         let path = Path::new(BIN).join(p);
         assert!(
             path.exists(),
@@ -132,6 +132,41 @@ impl Postgres {
             .unwrap();
             settings.extend(["ssl=on".to_string()]);
         }
+        Self::run(dir, settings)
+    }
+
+    /// A streaming standby of `primary` (asynchronous unless the primary
+    /// names it in `synchronous_standby_names`), made by `pg_basebackup -R`
+    /// and run like any cluster here.
+    pub fn standby_of(primary: &Postgres) -> Postgres {
+        let dir = tempfile::tempdir().expect("temp dir");
+        own_file(dir.path());
+        let out = as_nobody("pg_basebackup")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                USER,
+            ])
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-X", "stream", "--no-sync"])
+            .env("PGPASSWORD", PASSWORD)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run pg_basebackup");
+        assert!(
+            out.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self::run(dir, Vec::new())
+    }
+
+    /// Runs the cluster in `dir`/data with more `-c` settings.
+    fn run(dir: tempfile::TempDir, settings: Vec<String>) -> Postgres {
         // serve's copy, in a directory of root's own (serve refuses a
         // secret in a directory another user could change).
         let secrets = tempfile::tempdir().expect("temp dir");
