@@ -754,3 +754,127 @@ fn an_asynchronous_standby_is_refused_unless_allowed_and_a_synchronous_one_passe
     assert_ne!(code, Some(0));
     assert!(err.contains("is a standby (in recovery)"), "{err}");
 }
+
+#[test]
+fn a_failover_of_postgresql_loses_no_answered_grant_and_reuses_no_token() {
+    let mut primary = Postgres::start();
+    let standby = Postgres::standby_of(&primary);
+    primary.psql(
+        "postgres",
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+    );
+    primary.psql("postgres", "SELECT pg_reload_conf()");
+    poll(
+        "the standby to be synchronous",
+        Duration::from_secs(30),
+        || {
+            let n = primary.psql(
+                "postgres",
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+            );
+            (n == "1").then_some(())
+        },
+    );
+    // Both hosts in the URL: serve connects to whichever accepts writes.
+    let s = Store::Postgres {
+        url: format!(
+            "postgresql://{}@127.0.0.1:{},127.0.0.1:{}/postgres",
+            support::postgres::USER,
+            primary.port,
+            standby.port
+        ),
+        password_file: primary.password_file.clone(),
+        leader_ttl: LEADER_TTL,
+    };
+    let r = Replica::start(&s);
+    one_leader_of(&r, Duration::from_secs(30));
+    let stop = Arc::new(AtomicBool::new(false));
+    // (sent, token) of every grant answered.
+    let answered: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let load = {
+        let (addr, stop, answered) = (r.addr.clone(), stop.clone(), answered.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let body = json!({"task": format!("pf-{}", i % 50), "holder": format!("h{i}"), "ttl_ms": 1000});
+                let sent = Instant::now();
+                let Ok((st, b)) = request(
+                    &addr,
+                    "POST",
+                    "/v1/acquire",
+                    body.to_string().as_bytes(),
+                    Duration::from_secs(10),
+                ) else {
+                    continue;
+                };
+                if st == 200 {
+                    let v: Value = serde_json::from_slice(&b).unwrap();
+                    answered
+                        .lock()
+                        .unwrap()
+                        .push((sent, v["token"].as_u64().unwrap()));
+                } else {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let count = || answered.lock().unwrap().len();
+    poll(
+        "grants before the failover",
+        Duration::from_secs(30),
+        || (count() >= 30).then_some(()),
+    );
+    // The primary crashes (immediate shutdown) under load; the standby is
+    // promoted.
+    let crashed = Instant::now();
+    primary.stop();
+    let before = count();
+    assert_eq!(standby.psql("postgres", "SELECT pg_promote()"), "t");
+    let promoted = Instant::now();
+    poll(
+        "grants on the promoted primary",
+        Duration::from_secs(60),
+        || (count() >= before + 30).then_some(()),
+    );
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    let all = answered.lock().unwrap().clone();
+    let answered: Vec<u64> = all.iter().map(|(_, t)| *t).collect();
+    let unique: std::collections::HashSet<u64> = answered.iter().copied().collect();
+    assert_eq!(unique.len(), answered.len(), "a token was answered twice");
+    let on_record: std::collections::HashSet<u64> = standby
+        .psql("postgres", "SELECT token FROM leaseagent.history")
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let lost: Vec<&u64> = answered.iter().filter(|t| !on_record.contains(t)).collect();
+    assert!(
+        lost.is_empty(),
+        "answered grants lost in the failover: {lost:?}"
+    );
+    // Asked before the crash, or after the promotion (a grant asked in
+    // between may have committed on either side).
+    let last_before = all
+        .iter()
+        .filter(|(sent, _)| *sent < crashed)
+        .map(|(_, t)| t)
+        .max()
+        .unwrap();
+    let first_after = all
+        .iter()
+        .filter(|(sent, _)| *sent > promoted)
+        .map(|(_, t)| t)
+        .min()
+        .unwrap();
+    assert!(
+        first_after > last_before,
+        "token {first_after} after the failover is not above {last_before}"
+    );
+    eprintln!(
+        "{} grants answered before the PostgreSQL failover, {} after; none lost",
+        before,
+        answered.len() - before
+    );
+}
