@@ -47,12 +47,13 @@ pub struct Timing {
 
 impl Timing {
     /// The defaults for a leader ttl: renew five times per ttl, watch ten
-    /// times per ttl (so a takeover comes within about 1.1 ttl).
+    /// times per ttl but at least every 500 ms (so a takeover comes within
+    /// about 1.1 ttl, and a leadership let go is taken within half a second).
     pub fn for_ttl(ttl_ms: u64) -> Timing {
         Timing {
             ttl_ms,
             renew_every_ms: (ttl_ms / 5).max(1),
-            poll_every_ms: (ttl_ms / 10).max(1),
+            poll_every_ms: (ttl_ms / 10).clamp(1, 500),
             drift_ppm: crate::time::deadline::DEFAULT_CLOCK_DRIFT_PPM,
         }
     }

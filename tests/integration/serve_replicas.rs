@@ -291,6 +291,21 @@ fn one_of_three_replicas_leads_and_standbys_name_it() {
     assert_eq!(st, 200, "{g}");
     let (_, m) = request(&rs[l].addr, "GET", "/metrics", b"", Duration::from_secs(5)).unwrap();
     assert!(String::from_utf8_lossy(&m).contains("\nleaseagent_leader 1\n"));
+    // The run history is read from the store by any replica.
+    for r in &rs {
+        let (st, h) = request(
+            &r.addr,
+            "GET",
+            "/v1/history?task=t",
+            b"",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let h: Value = serde_json::from_slice(&h).unwrap();
+        assert_eq!(st, 200, "{h}");
+        assert_eq!(h["attempts"][0]["token"], g["token"], "{h}");
+        assert_eq!(h["attempts"][0]["holder"], "h", "{h}");
+    }
 }
 
 #[test]
@@ -877,4 +892,27 @@ fn a_failover_of_postgresql_loses_no_answered_grant_and_reuses_no_token() {
         before,
         answered.len() - before
     );
+}
+
+#[test]
+fn sigterm_lets_go_of_the_leadership_so_a_standby_leads_at_once() {
+    let pg = Postgres::start();
+    // A leadership ttl far longer than the wait below: only a leader that
+    // lets go can be followed that soon.
+    let s = Store::Postgres {
+        url: pg.url("postgres"),
+        password_file: pg.password_file.clone(),
+        leader_ttl: "60s",
+    };
+    let mut rs: Vec<Replica> = (0..2).map(|_| Replica::start(&s)).collect();
+    let l = one_leader(&[&rs[0], &rs[1]], Duration::from_secs(30));
+    let (st, g) = rs[l].acquire("kept", "h", 120_000);
+    assert_eq!(st, 200, "{g}");
+    let mut old = rs.remove(l);
+    old.signal(Signal::TERM);
+    let st = support::wait_exit(&mut old.child, Duration::from_secs(20)).expect("serve to exit");
+    assert!(st.success(), "{st:?}");
+    one_leader_of(&rs[0], Duration::from_secs(20));
+    let (st, v) = rs[0].renew(&g);
+    assert_eq!(st, 200, "the lease survived the handover: {v}");
 }
