@@ -656,3 +656,124 @@ pub mod operator {
         }
     }
 }
+
+#[cfg(test)]
+mod replica_tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A server answering every request `status` with `body`, counting them.
+    fn server(status: u16, body: String) -> (String, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            for sock in l.incoming() {
+                let Ok(sock) = sock else { return };
+                sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = BufReader::new(sock.try_clone().unwrap());
+                let mut len = 0usize;
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut b = vec![0; len];
+                let _ = r.read_exact(&mut b);
+                h.fetch_add(1, Ordering::SeqCst);
+                let mut w = sock;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (url, hits)
+    }
+
+    fn not_leader(leader: &str) -> String {
+        format!(r#"{{"error":"not_leader","message":"m","leader":{leader}}}"#)
+    }
+
+    fn lease() -> LeaseRef {
+        LeaseRef {
+            lease_id: "id".into(),
+            token: 1,
+            task: "t".into(),
+        }
+    }
+
+    fn client(bases: &[&str]) -> HttpAuthority {
+        HttpAuthority::with_trust(&bases.join(","), Arc::new(ClientTrust::none()))
+    }
+
+    #[test]
+    fn a_standby_sends_the_call_on_to_the_leader_it_names_if_it_is_one_of_ours() {
+        let (leader, leader_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (other, other_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (standby, _) = server(503, not_leader(&format!("\"{leader}/\"")));
+        let mut c = client(&[&standby, &other, &leader]);
+        let r = c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(r.ttl, Duration::from_millis(5000));
+        assert_eq!(
+            leader_hits.load(Ordering::SeqCst),
+            1,
+            "the named leader answered"
+        );
+        assert_eq!(other_hits.load(Ordering::SeqCst), 0, "not the next URL");
+        // The next call starts at the replica that answered.
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(leader_hits.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_leader_named_that_was_not_given_is_never_followed() {
+        let (outsider, outsider_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (next, next_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (standby, _) = server(503, not_leader(&format!("\"{outsider}\"")));
+        let mut c = client(&[&standby, &next]);
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            outsider_hits.load(Ordering::SeqCst),
+            0,
+            "followed a URL not given"
+        );
+        assert_eq!(next_hits.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn refused_connections_go_to_the_next_url_and_all_standbys_end_transient() {
+        let dead = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let (leader, hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let mut c = client(&[&dead, &leader]);
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        // Nobody leads: each asked at most twice, then a transient failure.
+        let (a, a_hits) = server(503, not_leader("null"));
+        let (b, b_hits) = server(503, not_leader("null"));
+        let mut c = client(&[&a, &b]);
+        match c.renew(&lease(), Duration::from_secs(5)) {
+            Err(RenewError::Transient(f)) => {
+                assert_eq!(f.kind, FailureKind::Status(503), "{f}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let (a, b) = (a_hits.load(Ordering::SeqCst), b_hits.load(Ordering::SeqCst));
+        assert!((1..=2).contains(&a) && (1..=2).contains(&b), "{a} {b}");
+    }
+}
