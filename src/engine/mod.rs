@@ -42,6 +42,7 @@ pub mod error;
 pub mod file;
 pub mod gate;
 pub mod history;
+pub mod postgres;
 pub mod rules;
 pub mod sqlite;
 pub mod store;

@@ -114,7 +114,18 @@ impl BatchedEngine {
     /// from now; a held one stays held) and starts the writer and the
     /// sweeper.
     pub fn start(store: impl Store, limits: Limits) -> Result<Self, EngineError> {
-        Self::start_inner(store, limits, FORGET_AFTER_MS)
+        Self::start_inner(store, limits, FORGET_AFTER_MS, Arc::default())
+    }
+
+    /// [`BatchedEngine::start`], counting into `counters` (a replica's
+    /// counters go on across its terms as leader: `/metrics` counters
+    /// never go back).
+    pub fn start_counting(
+        store: impl Store,
+        limits: Limits,
+        counters: Arc<Counters>,
+    ) -> Result<Self, EngineError> {
+        Self::start_inner(store, limits, FORGET_AFTER_MS, counters)
     }
 
     /// [`BatchedEngine::start`], forgetting expired free leases
@@ -123,6 +134,7 @@ impl BatchedEngine {
         mut store: impl Store,
         limits: Limits,
         forget_after_ms: u64,
+        counters: Arc<Counters>,
     ) -> Result<Self, EngineError> {
         let reader = store.reader()?;
         let snapshot = store.load(boot_ms())?;
@@ -131,7 +143,6 @@ impl BatchedEngine {
         successes.truncate(MAX_SUCCESS_TASKS);
         let last_success = successes.into_iter().collect();
         let state = State::load(snapshot.rows, snapshot.last_issued)?;
-        let counters = Arc::new(Counters::default());
         let (writer, writer_thread) = writer::start(store, counters.clone(), limits.history)?;
         let state = Arc::new(Mutex::new(state));
         let stop_sweeping = Arc::new(AtomicBool::new(false));
@@ -628,7 +639,7 @@ mod tests {
     fn the_sweep_forgets_a_dead_holders_lease_some_time_after_expiry() {
         let d = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&d.path().join("s.db")).unwrap();
-        let e = BatchedEngine::start_inner(store, Limits::default(), 500).unwrap();
+        let e = BatchedEngine::start_inner(store, Limits::default(), 500, Arc::default()).unwrap();
         let g = e
             .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
             .unwrap();
