@@ -3,7 +3,8 @@
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
 //! (`spawn`), and the SQLite VFS that opens through a checked directory
-//! (`sqlite_at`). Also: where state and runtime files
+//! (`sqlite_at`). Also: walking configured paths as the kernel's
+//! `protected_symlinks` rule would (`walk`), where state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
@@ -21,3 +22,4 @@ pub mod signal;
 pub mod spawn;
 #[allow(unsafe_code)]
 pub mod sqlite_at;
+pub mod walk;

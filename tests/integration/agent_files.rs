@@ -79,7 +79,15 @@ fn a_runtime_dir_that_is_a_symlink_is_refused_and_never_written_through() {
     let shared = shared_dir();
     let victim = tempfile::tempdir().unwrap();
     std::fs::set_permissions(victim.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::os::unix::fs::symlink(victim.path(), shared.path().join("leaseagent")).unwrap();
+    // `nobody` plants the link: a link root made in a sticky directory
+    // only root could have put there, and the kernel would follow it.
+    let link = shared.path().join("leaseagent");
+    as_nobody(&[
+        "ln",
+        "-s",
+        victim.path().to_str().unwrap(),
+        link.to_str().unwrap(),
+    ]);
     let mut c = agent(&fake.url(), "files-rt-link");
     c.env("XDG_RUNTIME_DIR", shared.path())
         .args(["--", &helper("env.sh")]);
@@ -224,4 +232,90 @@ fn the_job_loses_watchdog_listen_and_inherited_state_variables() {
         "{}",
         out.stdout
     );
+}
+
+/// Makes `p` a directory only root may use (0700).
+fn private_dir(p: &Path) {
+    std::fs::create_dir(p).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+#[test]
+fn a_state_dir_link_nobody_can_repoint_never_chooses_roots_database() {
+    // The review's case: nobody plants `/tmp/x -> A` (A root's), root runs
+    // a task through it, nobody re-points the link to root's B, and root's
+    // next run of the same task got token 1 from B while the first ran.
+    let shared = shared_dir();
+    let roots = tempfile::tempdir().unwrap();
+    let (a, b) = (roots.path().join("a"), roots.path().join("b"));
+    private_dir(&a);
+    private_dir(&b);
+    let link = shared.path().join("x");
+    as_nobody(&["ln", "-s", a.to_str().unwrap(), link.to_str().unwrap()]);
+    assert_eq!(std::fs::symlink_metadata(&link).unwrap().uid(), 65534);
+
+    // Root's first run holds the task in A (named directly).
+    let ready = roots.path().join("ready");
+    let mut first = agent_default(&a);
+    first
+        .env("OUT", &ready)
+        .args(["--task", "files-repoint", "--", &helper("sleeper.sh")]);
+    let mut first = spawn(first);
+    poll_every("the first job", T, Duration::from_millis(20), || {
+        std::fs::read_to_string(&ready)
+            .ok()
+            .filter(|s| s.contains("ready"))
+    });
+
+    // Through nobody's link (as the state dir and as a directory above
+    // it), to A and then re-pointed to B: refused each time, nothing made.
+    for then in [&b, &a] {
+        for state in [link.clone(), link.join("sub")] {
+            let mut c = agent_default(&state);
+            c.args(["--task", "files-repoint", "--", "true"]);
+            let out = run_agent(c, T);
+            assert_eq!(out.status.code(), Some(125), "{}", out.stderr);
+            assert!(
+                out.stderr.contains("a symlink owned by uid 65534"),
+                "{}",
+                out.stderr
+            );
+            assert!(
+                out.stderr.contains(link.to_str().unwrap()),
+                "{}",
+                out.stderr
+            );
+        }
+        as_nobody(&["ln", "-sfn", then.to_str().unwrap(), link.to_str().unwrap()]);
+    }
+    assert!(no_entries(&b), "nothing made in B");
+    let in_a: Vec<_> = std::fs::read_dir(&a)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        in_a.iter()
+            .all(|n| n.starts_with("leases.sqlite3") || n == "run"),
+        "only the first run's files in A: {in_a:?}"
+    );
+
+    // The first run still holds the task, alone.
+    assert_eq!(first.try_wait().unwrap(), None, "the first run ended");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let (status, err) = wait_agent(&mut first, T);
+    assert!(status.code().is_some(), "{err}");
+
+    // Root's own link in a sticky directory is one the kernel follows (only
+    // root could have made or replaced it): the run goes through it.
+    let own = shared.path().join("roots");
+    std::os::unix::fs::symlink(&b, &own).unwrap();
+    let mut c = agent_default(&own);
+    c.args(["--task", "files-repoint", "--", "true"]);
+    let out = run_agent(c, T);
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(b.join("leases.sqlite3").exists());
 }
