@@ -62,7 +62,14 @@
 //! - `pending` left behind (a process killed between its commit and its
 //!   sync, or a failed sync) makes the next grant sync again.
 //! - A process crash loses nothing the page cache holds: within one boot
-//!   the sequence in the page cache is the truth, and it only rises.
+//!   the sequence in the page cache is the truth, and it only rises,
+//!   unless an I/O error drops the cache (ext4 `errors=remount-ro`, a
+//!   writeback error): then the file goes back to its last synced state in
+//!   the same boot. Every grant raises a copy in memory of the highest
+//!   token answered (`witness.rs`) before its commit; a grant that finds
+//!   the sequence below it (or finds no copy to compare with) starts above
+//!   the ceiling and the copy, and syncs its reservation, as after a power
+//!   loss.
 //! - A power loss changes the boot id. WAL frames survive as a prefix
 //!   (cumulative checksums), an fdatasync covers every frame written before
 //!   it, a checkpoint syncs the database before it truncates the WAL, and
@@ -74,7 +81,11 @@
 //! token, so uniqueness does not need it, but the operator is told the
 //! change is done, and they are rare. Renewals and releases are not
 //! synced: after a power loss every lease of the previous boot has expired
-//! anyway (the boot id changed).
+//! anyway (the boot id changed); a release lost to an I/O error in the
+//! same boot brings its lease back until the lease's own expiry, as if
+//! its agent had died. The release of a `hold` lease is the exception: it
+//! is synced, as its grant was, or the lease would come back and end as
+//! held for an operator.
 //!
 //! Size: nothing checkpoints on close or inside a call. After a release (and
 //! after a renewal has been reported, see [`FileEngine::tidy`]) the WAL is
@@ -101,6 +112,7 @@ use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, tas
 use super::sqlite::rows::{self, Ceiling, Expiry};
 use super::sqlite::{SqliteTxn, schema};
 use super::store::{HistoryRead, Txn};
+use super::witness::{Trust, Witness};
 use crate::time::{boot_ms, wall_ms};
 
 /// One process's handle on the shared database.
@@ -109,6 +121,11 @@ pub struct FileEngine {
     gate: Gate,
     boot_id: String,
     wal: Wal,
+    /// The database file (the memory copy is named after it).
+    db: PathBuf,
+    /// The memory copy of the highest token answered (`witness.rs`),
+    /// opened at the first grant (a heartbeat's engine never needs it).
+    witness: Option<Witness>,
 }
 
 /// How durable a commit is when the call answers.
@@ -129,6 +146,9 @@ enum Write {
     Nothing,
     /// The task's row.
     Row,
+    /// The task's row, the WAL synced after the commit: a grant the memory
+    /// copy could not record, a release of a lease under policy `hold`.
+    RowSynced,
     /// The task's row and a new token ceiling (pending): after the commit
     /// the WAL is synced, then the ceiling is marked durable.
     RowAndCeiling(u64),
@@ -147,15 +167,23 @@ fn next_token(
     last_issued: u64,
     ceiling: Option<&Ceiling>,
     boot_id: &str,
+    trust: Trust,
 ) -> Result<(u64, Option<u64>), EngineError> {
     const EXHAUSTED: EngineError = EngineError::Unavailable("the token sequence is exhausted");
-    let token = last_issued.checked_add(1).ok_or(EXHAUSTED)?;
+    let mut token = last_issued.checked_add(1).ok_or(EXHAUSTED)?;
+    if let Trust::Lost(answered) = trust {
+        // The disk lost writes the cache held (`witness.rs`): tokens up to
+        // `answered` were answered.
+        token = token.max(answered.checked_add(1).ok_or(EXHAUSTED)?);
+    }
     let Some(c) = ceiling else {
         return Ok((token, Some(token.saturating_add(BLOCK - 1))));
     };
-    if c.boot_id != boot_id {
-        // A power loss may have lost commits made after the last synced
-        // ceiling: every token up to it may have been answered.
+    if c.boot_id != boot_id || trust != Trust::Cache {
+        // A power loss, or an I/O error that dropped the page cache, may
+        // have lost commits made after the last synced ceiling: every token
+        // up to it may have been answered. (Without a memory copy, nothing
+        // tells a lost cache from a good one.)
         let token = token.max(c.value.checked_add(1).ok_or(EXHAUSTED)?);
         return Ok((token, Some(token.saturating_add(BLOCK - 1))));
     }
@@ -337,6 +365,8 @@ impl FileEngine {
                 fd: None,
                 syncs: 0,
             },
+            db: path.to_path_buf(),
+            witness: None,
         })
     }
 
@@ -393,6 +423,7 @@ impl FileEngine {
             gate,
             boot_id,
             wal,
+            ..
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
@@ -417,6 +448,7 @@ impl FileEngine {
                             wal.sync()?;
                             mark_durable(conn, gate, deadline, ceiling, boot_id);
                         }
+                        Write::RowSynced => wal.sync()?,
                         _ if durability == Durability::Synced => wal.sync()?,
                         _ => {}
                     }
@@ -435,6 +467,11 @@ impl FileEngine {
         let now = boot_ms();
         let key = new_key().map_err(StoreError::Random)?;
         let boot_id = self.boot_id.clone();
+        let db = &self.db;
+        let witness = self
+            .witness
+            .get_or_insert_with(|| Witness::open(db))
+            .clone();
         // A `hold` grant lost in a power loss would let the task run again
         // without an operator, though its job may have been cut off midway:
         // it is synced whatever the ceiling.
@@ -450,7 +487,15 @@ impl FileEngine {
             durability,
             |row, tx| {
                 let ceiling = tx.ceiling()?;
-                let (token, reserve) = next_token(tx.last_issued()?, ceiling.as_ref(), &boot_id)?;
+                let last = tx.last_issued()?;
+                let trust = witness.trust(last);
+                if let Trust::Lost(answered) = trust {
+                    log::warn!(
+                        "the lease database lost writes (tokens up to {answered} were answered, it \
+                         says {last}; an I/O error dropped the page cache?): granting above them"
+                    );
+                }
+                let (token, reserve) = next_token(last, ceiling.as_ref(), &boot_id, trust)?;
                 row.acquire(
                     spec,
                     now,
@@ -460,12 +505,16 @@ impl FileEngine {
                     },
                 )?;
                 tx.set_last_issued(token)?;
+                // Raised before the commit, under the write lock: grants
+                // raise it in order, and a failed commit only leaves it high.
+                let recorded = witness.raise(token);
                 // Only a grant reserves: a refusal returned above.
                 let write = match reserve {
                     Some(c) => {
                         tx.save_ceiling(c, &boot_id)?;
                         Write::RowAndCeiling(c)
                     }
+                    None if !recorded => Write::RowSynced,
                     None => Write::Row,
                 };
                 Ok((
@@ -527,8 +576,15 @@ impl FileEngine {
         let (key, task) = task_of(id)?;
         let cause = Cause::Release(outcome, exit_code);
         self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
+            // A `hold` lease's grant was synced; its release is too, or a
+            // release lost to an I/O error or a power loss would bring the
+            // lease back, to end as held for an operator.
+            let hold = row
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.policy == crate::lease::ExpiryPolicy::Hold);
             row.release(key, token, principal, now)?;
-            Ok(((), Write::Row))
+            Ok(((), if hold { Write::RowSynced } else { Write::Row }))
         })
     }
 
@@ -691,6 +747,27 @@ mod tests {
             grace_ms: 0,
             max_leases: None,
         }
+    }
+
+    #[test]
+    fn a_sequence_below_the_memory_copy_grants_above_the_ceiling() {
+        let c = Ceiling {
+            value: 1024,
+            durable: true,
+            boot_id: "b".into(),
+        };
+        let next = |last, trust| next_token(last, Some(&c), "b", trust).unwrap();
+        assert_eq!(next(1, Trust::Cache), (2, None));
+        // Tokens up to 4 answered, the file says 1: above the ceiling.
+        assert_eq!(next(1, Trust::Lost(4)), (1025, Some(2048)));
+        // Nothing to compare with: the same, every grant.
+        assert_eq!(next(1, Trust::Unknown), (1025, Some(2048)));
+        assert_eq!(next(1030, Trust::Unknown), (1031, Some(2054)));
+        // No ceiling at all (a file that lost even its first one).
+        assert_eq!(
+            next_token(1, None, "b", Trust::Lost(4)).unwrap(),
+            (5, Some(1028))
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub mod history;
 pub mod rules;
 pub mod sqlite;
 pub mod store;
+pub mod witness;
 
 pub use api::{
     Granted, MAX_PAGE, parse_policy, validate_acquire, validate_grace, validate_holder,
