@@ -18,10 +18,23 @@
 //! own `fdatasync`, the token ceiling) is this file's: the durability of
 //! one SQLite file on one host.
 //!
-//! Expiry is a column: boot-clock milliseconds plus the boot id they were
-//! measured under (`CLOCK_BOOTTIME` is one clock for the whole host, and it
-//! keeps counting through suspend). A row written under another boot id has
-//! expired: nothing on this host can still be running under it.
+//! Expiry is a column: boot-clock milliseconds plus the clock view they
+//! were measured under (`CLOCK_BOOTTIME` keeps counting through suspend),
+//! and the wall-clock time of the row's last write.
+//!
+//! Clock views: `CLOCK_BOOTTIME` is one clock for the whole host only
+//! within one time namespace and one boot id. A view is the boot id plus
+//! the time namespace's boot-clock offset (`time::clock::view`); a row is
+//! read under the reader's view (`sqlite::rows::foreign_expiry`): from the
+//! same boot in another time namespace (a CRIU restore, `unshare --time`)
+//! its expiry is translated exactly by the two offsets; from another boot
+//! id (a VM or a container with its own boot id sharing the directory, a
+//! file on a disk two hosts mount, or a reboot) it is held until its ttl
+//! has passed on the wall clock since its last write, plus a margin, and
+//! never read as expired at once: the holder may be alive on another
+//! clock, renewing. Before, such a row read as expired and a second agent
+//! was granted the task while the first job ran. The token ceiling stays
+//! keyed by the bare boot id: it is about power losses, not clocks.
 //!
 //! "Now" is read before waiting for the lock, so lock waits only make a
 //! renewal's new expiry earlier and a lease look more alive to an acquirer:
@@ -119,7 +132,11 @@ use crate::time::{boot_ms, wall_ms};
 pub struct FileEngine {
     conn: Connection,
     gate: Gate,
+    /// This boot's id: what the token ceiling is written under.
     boot_id: String,
+    /// This process's clock view (`time::clock::view`): what rows'
+    /// expiries are written under.
+    view: String,
     wal: Wal,
     /// The database file (the memory copy is named after it).
     db: PathBuf,
@@ -323,6 +340,7 @@ impl FileEngine {
     pub fn open(path: &Path, timeout: Duration) -> Result<Self, EngineError> {
         let deadline = deadline_in(timeout);
         let boot_id = crate::time::clock::boot_id().map_err(StoreError::BootId)?;
+        let view = crate::time::clock::view().map_err(StoreError::BootId)?;
         let mut conn = schema::connect(path)?;
         conn.busy_handler(Some(gate::busy_handler))
             .ctx("setting the busy handler")?;
@@ -360,6 +378,7 @@ impl FileEngine {
             conn,
             gate,
             boot_id,
+            view,
             wal: Wal {
                 path: PathBuf::from(wal),
                 fd: None,
@@ -422,12 +441,13 @@ impl FileEngine {
             conn,
             gate,
             boot_id,
+            view,
             wal,
             ..
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                let mut tx = SqliteTxn::boot(begin(conn, gate, deadline)?, boot_id);
+                let mut tx = SqliteTxn::boot(begin(conn, gate, deadline)?, view);
                 let mut row = tx.load(task)?;
                 let before = row.lease.clone();
                 let settled = row.settle(now);
@@ -637,7 +657,7 @@ impl FileEngine {
                     &self.conn,
                     after,
                     limit,
-                    Expiry::Boot(&self.boot_id),
+                    Expiry::Boot(&self.view),
                 )?)
             })
         })?;
@@ -667,7 +687,7 @@ impl FileEngine {
             retrying(deadline, || {
                 let mut page = HistoryRead::page(&mut self.conn, task, before, limit)?;
                 for r in page.iter_mut().filter(|r| r.ended.is_none()) {
-                    let row = rows::load(&self.conn, &r.task, Expiry::Boot(&self.boot_id))?;
+                    let row = rows::load(&self.conn, &r.task, Expiry::Boot(&self.view))?;
                     let end = match row.lease.as_ref().filter(|l| l.token == r.token) {
                         Some(l) if matches!(l.phase(now), Phase::Active { .. }) => {
                             continue;

@@ -38,11 +38,12 @@ pub struct SqliteTxn<'a> {
 
 impl<'a> SqliteTxn<'a> {
     /// The embedded engine's transaction: expiries are boot-clock ms, kept
-    /// with `boot_id` and read back only under it.
-    pub fn boot(tx: Transaction<'a>, boot_id: &'a str) -> Self {
+    /// with the clock `view` (`time::clock::view`) and the write's wall
+    /// time, and translated when read under another view.
+    pub fn boot(tx: Transaction<'a>, view: &'a str) -> Self {
         SqliteTxn {
             tx,
-            expiry: Expiry::Boot(boot_id),
+            expiry: Expiry::Boot(view),
         }
     }
 

@@ -8,8 +8,9 @@
 //! The schema: `tasks` (one row per task that has, or recently had, a
 //! lease; see `rows.rs`), `seq` (the global token sequence), `meta` (the
 //! embedded engine's token ceiling) and `history` (one row per attempt;
-//! see `history.rs`). `expires_ms`/`boot_id` are only meaningful to the
-//! embedded engine (serve keeps expiry in memory and writes NULL there);
+//! see `history.rs`). `expires_ms`/`boot_id`/`written_ms` are only
+//! meaningful to the embedded engine (`boot_id` holds the writer's clock
+//! view, `crate::time::clock::view`) (serve keeps expiry in memory and writes NULL there);
 //! `held` records that a lease expired under policy hold, so the state
 //! survives a restart. The schema's version is a hash of its text, kept in
 //! the file's header: a process that opens a current file reads one header
@@ -56,12 +57,18 @@ CREATE TABLE IF NOT EXISTS history(
 CREATE INDEX IF NOT EXISTS history_task ON history(task, token);";
 
 /// Columns added after the first schema; added to older files on open.
-const ADDED: [(&str, &str); 3] = [
+const ADDED: [(&str, &str); 4] = [
     ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
     ("lease_key", "ALTER TABLE tasks ADD COLUMN lease_key TEXT"),
     (
         "held",
         "ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
+    ),
+    // The wall-clock ms of the row's last write (embedded only): how a
+    // reader under another boot id bounds the lease (`rows::foreign_expiry`).
+    (
+        "written_ms",
+        "ALTER TABLE tasks ADD COLUMN written_ms INTEGER",
     ),
 ];
 
