@@ -208,15 +208,16 @@ pub const ROOT_STATE_DIR: &str = "/var/lib/leaseagent";
 /// ([`crate::sys::sqlite_at`]), so SQLite opens the file and its
 /// companions through it, not by name again.
 pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
-    let p = Walk {
-        dirs: Dirs::Trusted,
-        create: true,
-    }
-    .parent(path)?;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let p = Walk {
+        dirs: Dirs::Trusted,
+        create: true,
+    }
+    .parent(path)
+    .map_err(|e| foreign_root_state_dir(&dir, e))?;
     if let Err(e) = check_private(&p.dir, &dir, DirRule::NotWritableByOthers) {
         return Err(foreign_root_state_dir(&dir, e));
     }
@@ -292,6 +293,12 @@ fn foreign_root_state_dir(dir: &Path, e: PathError) -> PathError {
             dir: dir.to_path_buf(),
             uid,
         },
+        // The walk itself refuses it on the way (another user's directory).
+        PathError::UnsafeDir { path, uid, .. }
+            if root && uid != 0 && path == Path::new(ROOT_STATE_DIR) =>
+        {
+            PathError::ForeignStateDir { dir: path, uid }
+        }
         e => e,
     }
 }

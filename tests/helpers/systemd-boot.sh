@@ -58,7 +58,7 @@ if [ "${SYSNS_ROOT:-}" = overlay ]; then
     mkdir -p "$L/upper" "$L/work"
     mount -t overlay overlay -o "lowerdir=/,upperdir=$L/upper,workdir=$L/work" "$R"
     # Whiteouts in the upper layer: the machine's own files stay.
-    rm -rf "$R/var/lib/leaseagent" "$R/var/lib/leaseagent-serve" \
+    rm -rf "$R/var/lib/leaseagent" "$R/var/lib/leaseagent-units" "$R/var/lib/leaseagent-serve" \
         "$R/var/lib/private/leaseagent-serve" "$R/etc/leaseagent" \
         "$R/usr/local/bin/leaseagent" "$R/usr/local/bin/leaseagent-serve"
     mount -t proc proc "$R/proc"

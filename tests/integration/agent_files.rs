@@ -319,3 +319,38 @@ fn a_state_dir_link_nobody_can_repoint_never_chooses_roots_database() {
     assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
     assert!(b.join("leases.sqlite3").exists());
 }
+
+#[test]
+fn roots_default_state_dir_taken_by_the_units_user_is_refused_with_what_to_do() {
+    // What an older leaseagent@.service left: systemd gave its
+    // StateDirectory=, root's default /var/lib/leaseagent, to the unit's
+    // user (here nobody), whose jobs could then rewrite root's leases. In a
+    // mount namespace of its own, a fake /var/lib shows root's agent that.
+    let fake = tempfile::tempdir().unwrap();
+    let taken = fake.path().join("leaseagent");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::set_permissions(&taken, std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::os::unix::fs::chown(&taken, Some(65534), Some(65534)).unwrap();
+    let marker = fake.path().join("ran");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount --bind \"$0\" /var/lib && exec \"$@\"")
+        .arg(fake.path())
+        .arg(bin())
+        .args(["--task", "files-units", "--", "touch"])
+        .arg(&marker)
+        .env_remove("LEASEAGENT_STATE_DIR")
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("unshare (util-linux) is needed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("/var/lib/leaseagent: it belongs to uid 65534")
+            && err.contains("/var/lib/leaseagent-units"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the job never ran");
+    assert!(no_entries(&taken), "nothing adopted or written");
+}

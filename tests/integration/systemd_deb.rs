@@ -178,7 +178,7 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
             "leaseagent",
             "--",
             "env",
-            "LEASEAGENT_STATE_DIR=/var/lib/leaseagent",
+            "LEASEAGENT_STATE_DIR=/var/lib/leaseagent-units",
             "leaseagent",
             "leases",
             "--json",
@@ -219,9 +219,11 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
         assert!(!sd.path(p).exists(), "{p} left after remove");
     }
     // remove keeps the state; purge deletes it (the administrator's env file stays).
-    assert!(sd.path("/var/lib/leaseagent").exists());
-    apt(&sd, &["purge", "leaseagent"]);
+    assert!(sd.path("/var/lib/leaseagent-units").exists());
+    // Root's default state directory was never the units'.
     assert!(!sd.path("/var/lib/leaseagent").exists());
+    apt(&sd, &["purge", "leaseagent"]);
+    assert!(!sd.path("/var/lib/leaseagent-units").exists());
     assert!(sd.path("/etc/leaseagent/demo.env").exists());
     let left = sd.run(&["dpkg-query", "-W", "-f", "${Status}", "leaseagent"]);
     assert!(

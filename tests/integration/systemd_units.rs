@@ -138,9 +138,11 @@ fn template_policy_matches_the_exit_codes_and_timings() {
     );
     assert!(
         u.all("Service", "Environment")
-            .contains(&"LEASEAGENT_STATE_DIR=%S/leaseagent".into())
+            .contains(&"LEASEAGENT_STATE_DIR=%S/leaseagent-units".into())
     );
-    assert_eq!(s("StateDirectory"), "leaseagent");
+    // Never root's default state directory (/var/lib/leaseagent): systemd
+    // gives the StateDirectory to the unit's user.
+    assert_eq!(s("StateDirectory"), "leaseagent-units");
     // Nothing that breaks ordinary programs: no W^X (JITs), and only a deny
     // list of privileged syscall groups that fail with EPERM, never a kill.
     assert_eq!(u.get("Service", "MemoryDenyWriteExecute"), None);
