@@ -119,3 +119,74 @@ fn second_agent_gets_the_task_on_release_with_the_embedded_default() {
     let d = tempfile::tempdir().unwrap();
     second_waits_then_gets_the_task_on_release(d.path(), None, None);
 }
+
+#[test]
+fn waiters_keep_waiting_through_a_serve_kill_9_and_restart() {
+    // The review: serve down for a second while three agents waited with
+    // `--wait 60s`: two or three of them exited 125.
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("serve.db");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let mut server = Server::start_with_listen(&db, &listen);
+    let url = server.url();
+    let holder = agent(
+        d.path(),
+        Some(&url),
+        "holder",
+        &[],
+        "echo $LEASE_TOKEN > holder.token; while [ ! -e go ]; do sleep 0.05; done",
+    );
+    poll("the holder's job", Duration::from_secs(30), || {
+        read_token(&d.path().join("holder.token"))
+    });
+    let waiters: Vec<Child> = (0..3)
+        .map(|i| {
+            agent(
+                d.path(),
+                Some(&url),
+                &format!("w{i}"),
+                &["--wait", "60s"],
+                &format!("echo $LEASE_TOKEN > w{i}.token"),
+            )
+        })
+        .collect();
+    poll(
+        "the waiters to be told held",
+        Duration::from_secs(30),
+        || {
+            (0..3)
+                .all(|i| {
+                    std::fs::read_to_string(d.path().join(format!("w{i}.log")))
+                        .is_ok_and(|l| l.contains("waiting"))
+                })
+                .then_some(())
+        },
+    );
+    server.kill9();
+    // Down longer than a waiter's longest pause between asks (1.2 s):
+    // every waiter asks at least once while nothing answers.
+    std::thread::sleep(Duration::from_millis(2500));
+    let server = Server::start_with_listen(&db, &listen);
+    std::fs::write(d.path().join("go"), "").unwrap();
+    let mut all = vec![holder];
+    all.extend(waiters);
+    for (i, mut c) in all.into_iter().enumerate() {
+        let st = support::wait_exit(&mut c, Duration::from_secs(90)).expect("agent ends");
+        let name = if i == 0 {
+            "holder".into()
+        } else {
+            format!("w{}", i - 1)
+        };
+        let log = std::fs::read_to_string(d.path().join(format!("{name}.log"))).unwrap();
+        assert_eq!(st.code(), Some(0), "{name}: {log}");
+    }
+    let tokens: std::collections::BTreeSet<u64> = (0..3)
+        .map(|i| read_token(&d.path().join(format!("w{i}.token"))).expect("ran"))
+        .collect();
+    assert_eq!(tokens.len(), 3, "each waiter its own token: {tokens:?}");
+    drop(server);
+}
