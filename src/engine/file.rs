@@ -123,6 +123,7 @@ use super::gate::{self, Gate, GateError, Turn};
 use super::history::{self, Cause};
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::sqlite::rows::{self, Ceiling, Expiry};
+use super::sqlite::waiters::Asking;
 use super::sqlite::{SqliteTxn, schema};
 use super::store::{HistoryRead, Txn};
 use super::witness::{Trust, Witness};
@@ -163,6 +164,9 @@ enum Write {
     Nothing,
     /// The task's row.
     Row,
+    /// Only the waiters' queue (a waiter refused): committed without the
+    /// row, which must keep its writer's clock view and write time.
+    QueueOnly,
     /// The task's row, the WAL synced after the commit: a grant the memory
     /// copy could not record, a release of a lease under policy `hold`.
     RowSynced,
@@ -457,7 +461,9 @@ impl FileEngine {
                     // The rules leave the row as it was when they refuse.
                     Err(e) => (Err(e), Write::Nothing),
                 };
-                if write != Write::Nothing || settled {
+                if write == Write::QueueOnly && !settled {
+                    tx.commit()?;
+                } else if write != Write::Nothing || settled {
                     tx.save(&row)?;
                     for op in history::ops(before.as_ref(), &row, cause, now) {
                         tx.record(&op, history::DEFAULT_BOUNDS)?;
@@ -478,13 +484,31 @@ impl FileEngine {
         })
     }
 
+    /// Acquires as a newcomer: refused while anyone waits in the task's
+    /// queue ([`FileEngine::acquire_queued`]).
+    #[cfg(test)]
     pub fn acquire(
         &mut self,
         spec: &AcquireSpec,
         timeout: Duration,
     ) -> Result<Granted, EngineError> {
+        self.acquire_queued(spec, None, timeout)
+    }
+
+    /// Acquires as `waiter` (an id the caller keeps while it waits), or as a
+    /// newcomer (`None`). The task goes to the oldest waiter still asking
+    /// (`sqlite::waiters`): a waiter that is not first, or a newcomer while
+    /// anyone waits, is refused as held, and a waiter refused for any
+    /// reason keeps (or takes) its place.
+    pub fn acquire_queued(
+        &mut self,
+        spec: &AcquireSpec,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Granted, EngineError> {
         validate_acquire(spec)?;
         let now = boot_ms();
+        let view = self.view.clone();
         let key = new_key().map_err(StoreError::Random)?;
         let boot_id = self.boot_id.clone();
         let db = &self.db;
@@ -506,6 +530,52 @@ impl FileEngine {
             timeout,
             durability,
             |row, tx| {
+                let asking = Asking {
+                    view: &view,
+                    boot_ms: now,
+                    wall_ms: wall_ms(),
+                };
+                let queue = tx.waiters(&spec.task, asking)?;
+                let ahead = waiter.map_or(queue.len(), |w| {
+                    queue.iter().position(|q| q == w).unwrap_or(queue.len())
+                });
+                // Not this caller's turn: the rules' own refusal if the
+                // task is taken, else the queue's.
+                let free = row
+                    .lease
+                    .as_ref()
+                    .is_none_or(|l| matches!(l.phase(now), Phase::Free));
+                if !free || ahead > 0 {
+                    let refusal = if free {
+                        EngineError::Held {
+                            holder: format!(
+                                "{ahead} earlier waiter{}",
+                                if ahead == 1 { "" } else { "s" }
+                            ),
+                            retry_after_ms: 100,
+                        }
+                    } else {
+                        let mut probe = row.clone();
+                        let t = NewLease {
+                            token: row.last_token.saturating_add(1),
+                            key: key.clone(),
+                        };
+                        match probe.acquire(spec, now, t) {
+                            Err(e) => e,
+                            Ok(()) => EngineError::Unavailable("the task is both free and not"),
+                        }
+                    };
+                    return Ok(match waiter {
+                        Some(w) => {
+                            tx.join_waiters(&spec.task, w, asking)?;
+                            (Err(refusal), Write::QueueOnly)
+                        }
+                        None => (Err(refusal), Write::Nothing),
+                    });
+                }
+                if let Some(w) = waiter {
+                    tx.leave_waiters(&spec.task, w)?;
+                }
                 let ceiling = tx.ceiling()?;
                 let last = tx.last_issued()?;
                 let trust = witness.trust(last);
@@ -538,15 +608,29 @@ impl FileEngine {
                     None => Write::Row,
                 };
                 Ok((
-                    Granted {
+                    Ok(Granted {
                         lease_id: lease_id(&key, &spec.task),
                         token,
                         ttl_ms: spec.ttl_ms,
-                    },
+                    }),
                     write,
                 ))
             },
-        )
+        )?
+    }
+
+    /// Gives up `waiter`'s places in every queue.
+    pub fn leave_queue(&mut self, waiter: &str, timeout: Duration) -> Result<(), EngineError> {
+        let deadline = deadline_in(timeout);
+        let FileEngine { conn, gate, .. } = self;
+        gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                let tx = begin(conn, gate, deadline)?;
+                super::sqlite::waiters::leave_all(&tx, waiter)?;
+                tx.commit().ctx("committing")?;
+                Ok(())
+            })
+        })
     }
 
     /// Renews for `principal` (the embedded authority has none: `""`).

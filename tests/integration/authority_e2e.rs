@@ -190,3 +190,155 @@ fn waiters_keep_waiting_through_a_serve_kill_9_and_restart() {
     assert_eq!(tokens.len(), 3, "each waiter its own token: {tokens:?}");
     drop(server);
 }
+
+#[test]
+fn embedded_waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them() {
+    // The review: waiters arriving W0 W1 W2 W3 were granted W2 W3 W0 W1 on
+    // the embedded default, and a shell loop re-running the task back to
+    // back got 41-42 grants in 20 s while three waiters got 0-1.
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let order = dir.join("order");
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&order)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut holder = agent(
+        dir,
+        None,
+        "holder",
+        &[],
+        "echo H >> order; while [ ! -e go ]; do sleep 0.05; done",
+    );
+    poll("the holder's job", Duration::from_secs(30), || {
+        (lines() == ["H"]).then_some(())
+    });
+    let queued = || -> i64 {
+        let c = rusqlite::Connection::open(dir.join("state/leases.sqlite3")).unwrap();
+        c.query_row("SELECT COUNT(*) FROM waiters WHERE task = 'e2e'", [], |r| {
+            r.get(0)
+        })
+        .unwrap_or(0)
+    };
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        waiters.push(agent(
+            dir,
+            None,
+            &format!("w{i}"),
+            &["--wait", "60s"],
+            &format!("echo W{i} >> order; sleep 0.2"),
+        ));
+        // In the queue before the next one arrives.
+        poll("the waiter to queue", Duration::from_secs(30), || {
+            (queued() == i + 1).then_some(())
+        });
+    }
+    // A looper re-runs the task back to back, without --wait.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looper = {
+        let (stop, dir) = (stop.clone(), dir.to_path_buf());
+        std::thread::spawn(move || {
+            let mut codes = std::collections::BTreeMap::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let st = Command::new(bin())
+                    .args(["--task", "e2e", "--ttl", "60s", "--", "sh", "-c"])
+                    .arg("echo L >> order")
+                    .current_dir(&dir)
+                    .env("LEASEAGENT_STATE_DIR", dir.join("state"))
+                    .env_remove("LEASEAGENT_AUTHORITY")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .unwrap();
+                *codes.entry(st.code()).or_insert(0) += 1;
+            }
+            codes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(dir.join("go"), "").unwrap();
+    assert!(support::wait_exit(&mut holder, Duration::from_secs(30)).is_some());
+    for (i, mut w) in waiters.into_iter().enumerate() {
+        let st = support::wait_exit(&mut w, Duration::from_secs(60)).expect("waiter ends");
+        let log = std::fs::read_to_string(dir.join(format!("w{i}.log"))).unwrap();
+        assert_eq!(st.code(), Some(0), "w{i}: {log}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let codes = looper.join().unwrap();
+    let got = lines();
+    assert_eq!(
+        got[..5],
+        ["H", "W0", "W1", "W2", "W3"],
+        "grants in arrival order, no looper between: {got:?} (looper exits {codes:?})"
+    );
+    assert!(
+        codes.get(&Some(75)).copied().unwrap_or(0) > 0,
+        "the looper ran meanwhile: {codes:?}"
+    );
+    assert_eq!(queued(), 0, "nobody left in the queue");
+}
+
+#[test]
+fn a_killed_waiter_is_forgotten_after_its_bound() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let mut holder = agent(
+        dir,
+        None,
+        "holder",
+        &[],
+        "touch held; while [ ! -e go ]; do sleep 0.05; done",
+    );
+    poll("the holder's job", Duration::from_secs(30), || {
+        dir.join("held").exists().then_some(())
+    });
+    let mut waiter = agent(dir, None, "w", &["--wait", "60s"], "true");
+    let db = dir.join("state/leases.sqlite3");
+    let queued = || -> i64 {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.query_row("SELECT COUNT(*) FROM waiters", [], |r| r.get(0))
+            .unwrap_or(0)
+    };
+    poll("the waiter to queue", Duration::from_secs(30), || {
+        (queued() == 1).then_some(())
+    });
+    // kill -9: no goodbye. Its place blocks the freed task for a while...
+    waiter.kill().unwrap();
+    let _ = waiter.wait();
+    std::fs::write(dir.join("go"), "").unwrap();
+    assert!(support::wait_exit(&mut holder, Duration::from_secs(30)).is_some());
+    let killed = std::time::Instant::now();
+    let once = || {
+        Command::new(bin())
+            .args(["--task", "e2e", "--", "true"])
+            .env("LEASEAGENT_STATE_DIR", dir.join("state"))
+            .env_remove("LEASEAGENT_AUTHORITY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let first = once();
+    assert_eq!(
+        first.status.code(),
+        Some(75),
+        "the dead waiter's place holds"
+    );
+    assert!(String::from_utf8_lossy(&first.stderr).contains("1 earlier waiter"));
+    // ...until it has not asked for 5 s: then a newcomer gets it.
+    poll(
+        "the dead waiter to be forgotten",
+        Duration::from_secs(30),
+        || once().status.success().then_some(()),
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert_eq!(queued(), 0);
+}

@@ -56,6 +56,19 @@ CREATE TABLE IF NOT EXISTS history(
 );
 CREATE INDEX IF NOT EXISTS history_task ON history(task, token);";
 
+/// The embedded engine's queue of waiters (`waiters.rs`).
+pub const WAITERS: &str = "
+CREATE TABLE IF NOT EXISTS waiters(
+  task TEXT NOT NULL,
+  waiter TEXT NOT NULL,
+  arrived INTEGER NOT NULL,
+  seen_boot_ms INTEGER NOT NULL,
+  seen_wall_ms INTEGER NOT NULL,
+  view TEXT NOT NULL,
+  PRIMARY KEY(task, waiter)
+);
+CREATE INDEX IF NOT EXISTS waiters_order ON waiters(task, arrived);";
+
 /// Columns added after the first schema; added to older files on open.
 const ADDED: [(&str, &str); 4] = [
     ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
@@ -112,19 +125,20 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 }
 
 /// The schema's version, stored in the file's `user_version` by
-/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], [`HISTORY`] and
-/// [`ADDED`], so any change to them is a new version without anyone having
+/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], [`HISTORY`],
+/// [`WAITERS`] and [`ADDED`], so any change to them is a new version without anyone having
 /// to bump a number (everything `ensure_schema` creates must be in those).
 const SCHEMA_VERSION: i64 = {
     // FNV-1a, 31 bits (user_version is a signed 32-bit integer; 0 is a
     // file that never had a schema).
     let mut h: u32 = 0x811c_9dc5;
-    let mut parts: [&[u8]; 2 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 2 + 2 * ADDED.len()];
+    let mut parts: [&[u8]; 3 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 3 + 2 * ADDED.len()];
     parts[1] = HISTORY.as_bytes();
+    parts[2] = WAITERS.as_bytes();
     let mut i = 0;
     while i < ADDED.len() {
-        parts[2 + 2 * i] = ADDED[i].0.as_bytes();
-        parts[3 + 2 * i] = ADDED[i].1.as_bytes();
+        parts[3 + 2 * i] = ADDED[i].0.as_bytes();
+        parts[4 + 2 * i] = ADDED[i].1.as_bytes();
         i += 1;
     }
     let mut p = 0;
@@ -155,6 +169,8 @@ pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA).ctx("creating the schema")?;
     tx.execute_batch(HISTORY)
         .ctx("creating the history table")?;
+    tx.execute_batch(WAITERS)
+        .ctx("creating the waiters' table")?;
     let mut have = Vec::new();
     {
         let mut st = tx
