@@ -188,31 +188,8 @@ impl Waiter for EmbeddedAuthority {
         wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
-        let id = match &self.waiter {
-            Some(id) => id.clone(),
-            None => {
-                let id = crate::engine::rules::new_key().map_err(|e| {
-                    AcquireError::Transient(Failure::new(FailureKind::Store, e.to_string()))
-                })?;
-                self.waiter.insert(id).clone()
-            }
-        };
-        let until = std::time::Instant::now() + wait;
-        loop {
-            match self.acquire_as(req, Some(&id), timeout) {
-                Err(AcquireError::Held { holder, .. }) => {
-                    if std::time::Instant::now() >= until {
-                        // Still queued: the caller asks again at once.
-                        return Err(AcquireError::Held {
-                            holder,
-                            retry_after: Some(Duration::ZERO),
-                        });
-                    }
-                    std::thread::sleep(ASK_EVERY);
-                }
-                other => return other,
-            }
-        }
+        let id = waiter_id(&mut self.waiter)?;
+        ask_in_turn(wait, ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
     }
 
     fn abandon_wait(&mut self, timeout: Duration) {

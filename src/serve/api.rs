@@ -153,6 +153,13 @@ fn engine_error(e: EngineError) -> Response {
     }
 }
 
+/// A waiter id as lease protocol v1 defines it.
+fn valid_waiter(s: &str) -> bool {
+    (16..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 impl Api {
     fn acquire(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
         let o = object(body)?;
@@ -171,6 +178,17 @@ impl Api {
         };
         let grace_ms = opt_u64(&o, "grace_ms")?.unwrap_or(0);
         crate::engine::validate_grace(grace_ms).map_err(invalid)?;
+        // Lease protocol v1, "Waiting": the caller's place in the task's
+        // queue while it waits. `wait_ms` is checked, not needed: a waiter
+        // keeps its place by asking again.
+        let waiter = match field(&o, "waiter") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if valid_waiter(s) => Some(s.clone()),
+            Some(_) => {
+                return Err(bad("`waiter` must be 16 to 64 bytes of A-Z a-z 0-9 - _"));
+            }
+        };
+        opt_u64(&o, "wait_ms")?;
         let spec = AcquireSpec {
             task,
             principal: who.name.clone(),
@@ -180,7 +198,10 @@ impl Api {
             policy,
             grace_ms,
         };
-        let q = self.engine.acquire_queued(&spec).map_err(engine_error)?;
+        let q = self
+            .engine
+            .acquire_queued(&spec, waiter.as_deref())
+            .map_err(engine_error)?;
         Ok(Commit::Grant(q, spec.task))
     }
 

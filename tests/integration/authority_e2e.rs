@@ -191,13 +191,16 @@ fn waiters_keep_waiting_through_a_serve_kill_9_and_restart() {
     drop(server);
 }
 
-#[test]
-fn embedded_waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them() {
-    // The review: waiters arriving W0 W1 W2 W3 were granted W2 W3 W0 W1 on
-    // the embedded default, and a shell loop re-running the task back to
-    // back got 41-42 grants in 20 s while three waiters got 0-1.
-    let d = tempfile::tempdir().unwrap();
-    let dir = d.path();
+/// Four `--wait` agents arrive one after another (each waiting, in the
+/// queue, before the next starts) while a holder runs and a looper re-runs
+/// the task back to back without `--wait`: when the holder ends, the
+/// waiters are granted in arrival order, the looper never in between.
+/// The review: embedded `W2 W3 W0 W1`, serve `W3 W0 W1 W2`, and a looper
+/// took 41-42 grants in 20 s while three waiters got 0-1.
+fn waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them(
+    dir: &Path,
+    authority: Option<&str>,
+) {
     let order = dir.join("order");
     let lines = || -> Vec<String> {
         std::fs::read_to_string(&order)
@@ -208,7 +211,7 @@ fn embedded_waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them
     };
     let mut holder = agent(
         dir,
-        None,
+        authority,
         "holder",
         &[],
         "echo H >> order; while [ ! -e go ]; do sleep 0.05; done",
@@ -216,35 +219,35 @@ fn embedded_waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them
     poll("the holder's job", Duration::from_secs(30), || {
         (lines() == ["H"]).then_some(())
     });
-    let queued = || -> i64 {
-        let c = rusqlite::Connection::open(dir.join("state/leases.sqlite3")).unwrap();
-        c.query_row("SELECT COUNT(*) FROM waiters WHERE task = 'e2e'", [], |r| {
-            r.get(0)
-        })
-        .unwrap_or(0)
-    };
     let mut waiters = Vec::new();
     for i in 0..4 {
+        let name = format!("w{i}");
         waiters.push(agent(
             dir,
-            None,
-            &format!("w{i}"),
+            authority,
+            &name,
             &["--wait", "60s"],
             &format!("echo W{i} >> order; sleep 0.2"),
         ));
-        // In the queue before the next one arrives.
-        poll("the waiter to queue", Duration::from_secs(30), || {
-            (queued() == i + 1).then_some(())
+        // Waiting (so in the queue) before the next one arrives.
+        poll("the waiter to wait", Duration::from_secs(30), || {
+            std::fs::read_to_string(dir.join(format!("{name}.log")))
+                .is_ok_and(|l| l.contains("waiting"))
+                .then_some(())
         });
     }
-    // A looper re-runs the task back to back, without --wait.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let looper = {
         let (stop, dir) = (stop.clone(), dir.to_path_buf());
+        let authority = authority.map(str::to_owned);
         std::thread::spawn(move || {
             let mut codes = std::collections::BTreeMap::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let st = Command::new(bin())
+                let mut c = Command::new(bin());
+                if let Some(a) = &authority {
+                    c.args(["--authority", a]);
+                }
+                let st = c
                     .args(["--task", "e2e", "--ttl", "60s", "--", "sh", "-c"])
                     .arg("echo L >> order")
                     .current_dir(&dir)
@@ -280,7 +283,24 @@ fn embedded_waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them
         codes.get(&Some(75)).copied().unwrap_or(0) > 0,
         "the looper ran meanwhile: {codes:?}"
     );
-    assert_eq!(queued(), 0, "nobody left in the queue");
+}
+
+#[test]
+fn embedded_waiters_are_granted_in_arrival_order() {
+    let d = tempfile::tempdir().unwrap();
+    waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them(d.path(), None);
+    let c = rusqlite::Connection::open(d.path().join("state/leases.sqlite3")).unwrap();
+    let left: i64 = c
+        .query_row("SELECT COUNT(*) FROM waiters", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(left, 0, "nobody left in the queue");
+}
+
+#[test]
+fn serve_waiters_are_granted_in_arrival_order() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&d.path().join("serve.db"));
+    waiters_are_granted_in_arrival_order_and_a_looper_cannot_starve_them(d.path(), Some(&s.url()));
 }
 
 #[test]
