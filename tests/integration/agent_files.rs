@@ -354,3 +354,44 @@ fn roots_default_state_dir_taken_by_the_units_user_is_refused_with_what_to_do() 
     assert!(!marker.exists(), "the job never ran");
     assert!(no_entries(&taken), "nothing adopted or written");
 }
+
+#[test]
+fn a_state_dir_on_a_fuse_filesystem_is_refused() {
+    // SQLite's locks and the engine's page-cache reasoning are one host's;
+    // on FUSE (or NFS, SMB...) they are not. A real FUSE mount (bindfs).
+    let d = tempfile::tempdir().unwrap();
+    let (real, mnt) = (d.path().join("real"), d.path().join("mnt"));
+    for p in [&real, &mnt] {
+        std::fs::create_dir(p).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    run_ok(
+        Command::new("bindfs").arg(&real).arg(&mnt),
+        "bindfs (a FUSE filesystem) is needed: apt-get install bindfs",
+        "bindfs",
+    );
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("fusermount").arg("-u").arg(self.0).status();
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _mounted = Unmount(&mnt);
+    let marker = d.path().join("ran");
+    let mut c = agent_default(&mnt.join("state"));
+    c.args(["--task", "files-fuse", "--", "touch"]).arg(&marker);
+    let out = run_agent(c, T);
+    assert_eq!(out.status.code(), Some(125), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("network or user-space filesystem (FUSE)"),
+        "{}",
+        out.stderr
+    );
+    assert!(!marker.exists(), "the job never ran");
+    assert!(
+        !real.join("state/leases.sqlite3").exists(),
+        "no database made on it"
+    );
+}
