@@ -110,6 +110,9 @@ pub struct ErrorBody {
     pub retry_after_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
+    /// A waiter's place in the task's queue, 1 for the first ("Waiting").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
 }
 
 impl ErrorBody {

@@ -104,6 +104,17 @@ fn with_body(body: ErrorBody) -> Response {
     )
 }
 
+/// `409 held`, with a waiter's place in the queue when it has one.
+fn held(holder: String, retry_after_ms: u64, position: Option<u64>) -> Response {
+    with_body(ErrorBody {
+        message: Some(format!("the task is held by {holder}")),
+        holder: Some(holder),
+        retry_after_ms: Some(retry_after_ms),
+        position,
+        ..ErrorBody::new(ErrorCode::Held, "")
+    })
+}
+
 fn refusal(r: RefusalReason) -> Response {
     let message = match r {
         RefusalReason::Expired => "the lease expired before this request arrived",
@@ -120,12 +131,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Held {
             holder,
             retry_after_ms,
-        } => with_body(ErrorBody {
-            message: Some(format!("the task is held by {holder}")),
-            holder: Some(holder),
-            retry_after_ms: Some(retry_after_ms),
-            ..ErrorBody::new(ErrorCode::Held, "")
-        }),
+        } => held(holder, retry_after_ms, None),
         EngineError::HeldForOperator { holder, lease_id } => with_body(ErrorBody {
             message: Some(format!(
                 "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
@@ -198,10 +204,21 @@ impl Api {
             policy,
             grace_ms,
         };
-        let q = self
-            .engine
-            .acquire_queued(&spec, waiter.as_deref())
-            .map_err(engine_error)?;
+        let q = match self.engine.acquire_queued(&spec, waiter.as_deref()) {
+            Ok(q) => q,
+            // A waiter is told its place ("Waiting").
+            Err(EngineError::Held {
+                holder,
+                retry_after_ms,
+            }) => {
+                let position = waiter
+                    .as_deref()
+                    .and_then(|w| self.engine.waiter_position(&spec.task, w))
+                    .and_then(|p| u64::try_from(p).ok());
+                return Err(held(holder, retry_after_ms, position));
+            }
+            Err(e) => return Err(engine_error(e)),
+        };
         Ok(Commit::Grant(q, spec.task))
     }
 

@@ -332,6 +332,11 @@ impl BatchedEngine {
         })
     }
 
+    /// `waiter`'s place in `task`'s queue (1 for the first), if it has one.
+    pub fn waiter_position(&self, task: &str, waiter: &str) -> Option<usize> {
+        self.lock().waiter_position(task, waiter)
+    }
+
     fn refused(&self, e: EngineError) -> EngineError {
         if let EngineError::Refused(r) = e {
             self.counters.refusal(r);

@@ -94,6 +94,12 @@ impl State {
         }
     }
 
+    /// `waiter`'s place in `task`'s queue (1 for the first), if it has one.
+    pub(super) fn waiter_position(&self, task: &str, waiter: &str) -> Option<usize> {
+        let q = self.waiters.get(task)?;
+        q.iter().position(|(id, _)| id == waiter).map(|i| i + 1)
+    }
+
     /// `waiter` was granted `task`.
     pub(super) fn leave_waiters(&mut self, task: &str, waiter: &str) {
         if let Some(q) = self.waiters.get_mut(task) {
