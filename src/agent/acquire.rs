@@ -117,10 +117,15 @@ impl Waiting {
         if let Some(until) = self.until {
             if let Some(mut queue) = auth.waiter() {
                 // Slices of at most a second keep signals and our own
-                // deadline noticed.
-                let slice = until.map_or(Duration::from_secs(1), |u| {
-                    sent.until(u).min(Duration::from_secs(1))
-                });
+                // deadline noticed; the first is an ask and no wait, so the
+                // user is told at once that the task is held and we wait.
+                let slice = if self.last_note.is_empty() {
+                    Duration::ZERO
+                } else {
+                    until.map_or(Duration::from_secs(1), |u| {
+                        sent.until(u).min(Duration::from_secs(1))
+                    })
+                };
                 return queue.acquire_wait(req, slice, self.timeout);
             }
         }

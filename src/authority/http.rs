@@ -35,6 +35,7 @@ use super::trust::ClientTrust;
 use crate::protocol::v1::{
     AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
 };
+use crate::time::ms;
 
 pub use super::transport::BODY_LIMIT;
 
@@ -140,11 +141,6 @@ fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
     RenewError::Transient(f)
 }
 
-/// A duration in whole milliseconds, as the protocol sends it.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// A body that is a JSON object of `T`'s shape (anything else: `None`).
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -201,9 +197,9 @@ impl HttpAuthority {
         let body = AcquireBody {
             task: req.task.clone(),
             holder: req.holder.clone(),
-            ttl_ms: millis(req.ttl),
+            ttl_ms: ms(req.ttl),
             on_expiry: req.on_expiry.as_str().to_string(),
-            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| millis(req.grace)),
+            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| ms(req.grace)),
             waiter: waiter.map(str::to_owned),
         };
         let a = self

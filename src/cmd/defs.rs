@@ -295,6 +295,17 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
                 )
                 .sets(|a| a.remap_exit = true),
+                Flag::value(
+                    "user",
+                    "NAME[:GROUP]",
+                    "Run the command as this user (and group), with its supplementary groups\nand HOME, USER, LOGNAME as runuser sets them (root only); the agent and\nits keeper keep their own",
+                )
+                .default_note("the agent's own")
+                .doc("Run the command as the user NAME, with NAME's primary group or GROUP, NAME's supplementary groups (as initgroups(3) sets them) and HOME, USER and LOGNAME as runuser(1) -u sets them. NAME and GROUP are names, or numbers when no entry has that name. Only root (CAP_SETUID and CAP_SETGID) may name another user; the agent and its keeper keep their own ids, so the command can neither signal nor trace them. An unknown user or group, or another user asked for by an unprivileged agent, is refused before anything is acquired (exit 125).")
+                .reads(|a, v| {
+                    a.user = Some(text(v)?);
+                    Ok(())
+                }),
             ],
         },
         RawRun::TRUST,

@@ -86,8 +86,12 @@ pub struct Pending {
 
 /// Starts the keeper for `command`, with `env_remove` taken out of the
 /// agent's environment; it waits for [`Pending::start`] before it starts
-/// the job.
-pub fn prestart_keeper(command: &[OsString], env_remove: &[String]) -> std::io::Result<Pending> {
+/// the job, as `options` say.
+pub fn prestart_keeper(
+    command: &[OsString],
+    env_remove: &[String],
+    options: &crate::keeper::JobOptions,
+) -> std::io::Result<Pending> {
     let (ctl_r, ctl_w) = pipe_with(PipeFlags::CLOEXEC)?;
     let (rep_r, rep_w) = pipe_with(PipeFlags::CLOEXEC)?;
     // Only the keeper's ends are inherited, and only by this one spawn: the
@@ -101,6 +105,7 @@ pub fn prestart_keeper(command: &[OsString], env_remove: &[String]) -> std::io::
         .arg(KEEPER_ARG)
         .arg(ctl_r.as_raw_fd().to_string())
         .arg(rep_w.as_raw_fd().to_string())
+        .args(options.to_args())
         .arg("--")
         .args(command);
     for k in env_remove {

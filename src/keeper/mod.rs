@@ -99,7 +99,58 @@ fn parse_fd(s: Option<&OsString>) -> Option<RawFd> {
     s?.to_str()?.parse().ok()
 }
 
-/// Runs the keeper: `__keeper CTL_FD REPORT_FD -- COMMAND [ARG...]`.
+/// How the agent wants the job started, beyond its command: the keeper's
+/// arguments before `--`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobOptions {
+    /// `--user`: the ids the job's child switches to.
+    pub user: Option<crate::sys::user::Identity>,
+    /// The job gets the agent's terminal (stdin): the keeper stays in the
+    /// agent's session and the job's group becomes the terminal's
+    /// foreground (see `agent/terminal.rs`).
+    pub terminal: bool,
+}
+
+impl JobOptions {
+    /// The arguments that say these options.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(id) = &self.user {
+            args.push("--user".to_string());
+            args.push(id.to_arg());
+        }
+        if self.terminal {
+            args.push("--terminal".to_string());
+        }
+        args
+    }
+
+    /// The options up to `--`, and what follows it. `None`: not arguments
+    /// the agent writes.
+    fn parse(args: &[OsString]) -> Option<(JobOptions, &[OsString])> {
+        let mut options = JobOptions::default();
+        let mut rest = args;
+        loop {
+            let (first, tail) = rest.split_first()?;
+            match first.to_str()? {
+                "--" => return Some((options, tail)),
+                "--user" => {
+                    let (id, tail) = tail.split_first()?;
+                    options.user = Some(crate::sys::user::Identity::from_arg(id.to_str()?)?);
+                    rest = tail;
+                }
+                "--terminal" => {
+                    options.terminal = true;
+                    rest = tail;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Runs the keeper: `__keeper CTL_FD REPORT_FD [--user UID:GID:GROUPS]
+/// [--terminal] -- COMMAND [ARG...]`.
 pub fn main(args: Vec<OsString>) -> ExitCode {
     crate::sys::malloc::one_arena();
     let fds = (parse_fd(args.first()), parse_fd(args.get(1)));
@@ -115,13 +166,16 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         eprintln!("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    let command: Vec<OsString> = args.iter().skip(3).cloned().collect();
-    run(ctl, report, command)
+    let Some((options, command)) = JobOptions::parse(args.get(2..).unwrap_or_default()) else {
+        eprintln!("leaseagent: __keeper is internal to leaseagent");
+        return ExitCode::from(crate::exit::AGENT_FAILED);
+    };
+    run(ctl, report, command.to_vec(), options)
 }
 
 /// The keeper's lifecycle: claim the pipes, prepare (handlers, session,
 /// subreaper, cgroup), start the job, run the loop, clean up.
-fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
+fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>, options: JobOptions) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
@@ -139,16 +193,17 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let (sigchld, cgroup, job_pid, carry) = match prepare_and_spawn(&mut out, &ctl, &command) {
-        Ok(Some(started)) => started,
-        // The agent went away before the grant: no job.
-        Ok(None) => return ExitCode::SUCCESS,
-        Err(failed) => {
-            // The agent reads this as the job's spawn failure.
-            out.send(&failed);
-            return ExitCode::SUCCESS;
-        }
-    };
+    let (sigchld, cgroup, job_pid, carry) =
+        match prepare_and_spawn(&mut out, &ctl, &command, &options) {
+            Ok(Some(started)) => started,
+            // The agent went away before the grant: no job.
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(failed) => {
+                // The agent reads this as the job's spawn failure.
+                out.send(&failed);
+                return ExitCode::SUCCESS;
+            }
+        };
     out.send(&Report::Started { pid: job_pid });
     let system = System::new(out, ctl, sigchld, timer, cgroup);
     event_loop::EventLoop::new(system, job_pid, carry)
@@ -202,10 +257,15 @@ fn prepare_and_spawn(
     out: &mut Reporter,
     ctl: &OwnedFd,
     command: &[OsString],
+    options: &JobOptions,
 ) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
     let sigchld = watch_sigchld()?;
-    new_session(out);
+    // With the agent's terminal, the job must share its session (a
+    // controlling terminal belongs to one session).
+    if !options.terminal {
+        new_session(out);
+    }
     become_subreaper()?;
     let Some((program, rest)) = command.split_first() else {
         return Err(spawn_failed("no command".into()));
@@ -242,6 +302,8 @@ fn prepare_and_spawn(
         rest,
         env: &env,
         oom_score_adj,
+        // Made now: it notes which signals this process ignores.
+        steps: crate::sys::spawn::ChildSteps::new(options.user.as_ref(), options.terminal),
     };
     let job_pid = spawn::spawn_job(out, &job, &mut cgroup)?;
     Ok(Some((sigchld, cgroup, job_pid, carry)))

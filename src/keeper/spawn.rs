@@ -34,6 +34,8 @@ pub(super) struct Job<'a> {
     /// Set over the keeper's environment: the grant's variables.
     pub env: &'a [(OsString, OsString)],
     pub oom_score_adj: i16,
+    /// `--user`, the child's own steps (`sys::spawn::ChildSteps`).
+    pub steps: crate::sys::spawn::ChildSteps,
 }
 
 /// Starts the job in a process group of its own, inside its cgroup if any
@@ -76,6 +78,16 @@ pub(super) fn spawn_job(
             if let Some(cg) = cgroup.take() {
                 cg.remove();
             }
+            // Kind `Other` (exit 125): the agent's trouble, not the command's.
+            if let Some(message) = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<SwitchFailed>())
+            {
+                return Err(Report::SpawnFailed {
+                    kind: SpawnFailure::Other,
+                    message: message.0.clone(),
+                });
+            }
             let kind = match e.kind() {
                 std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
                 std::io::ErrorKind::PermissionDenied => SpawnFailure::Permission,
@@ -88,6 +100,12 @@ pub(super) fn spawn_job(
         }
     }
 }
+
+/// A child that could not become `--user`'s ids (carried inside the
+/// `io::Error` of a spawn, so the report says so, not "cannot execute").
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct SwitchFailed(String);
 
 /// The job born in its cgroup (`clone3(CLONE_INTO_CGROUP)`). `Err`: the
 /// kernel refused the clone (or the directory cannot be opened); nothing
@@ -104,9 +122,16 @@ fn spawn_into(cg: &cgroup::JobCgroup, job: &Job<'_>) -> Result<std::io::Result<i
         job.env,
         dir.as_fd(),
         job.oom_score_adj,
+        &job.steps,
     ) {
         Ok(pid) => Ok(Ok(pid)),
         Err(crate::sys::spawn::Failure::Exec(e)) => Ok(Err(e)),
+        Err(crate::sys::spawn::Failure::Switch { step, error }) => {
+            Ok(Err(std::io::Error::other(SwitchFailed(format!(
+                "keeper: cannot switch the command to --user's ids ({}): {error}",
+                step.describe()
+            )))))
+        }
         Err(crate::sys::spawn::Failure::Clone(e)) => Err(format!("clone3 into it refused: {e}")),
     }
 }
@@ -139,6 +164,7 @@ fn spawn_plain(job: &Job<'_>) -> std::io::Result<i32> {
         .envs(job.env.iter().cloned())
         .process_group(0);
     crate::sys::priority::oom_score_adj_on_exec(&mut cmd, job.oom_score_adj);
+    job.steps.clone().on_exec(&mut cmd);
     // The std handle is dropped: we reap through `waitpid`.
     cmd.spawn().map(|child| child.id() as i32)
 }

@@ -2,8 +2,9 @@
 //! lives here and nowhere else, each block with a `// SAFETY:` note: the
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
-//! (`spawn`), and the SQLite VFS that opens through a checked directory
-//! (`sqlite_at`). Also: walking configured paths as the kernel's
+//! (`spawn`), the SQLite VFS that opens through a checked directory
+//! (`sqlite_at`), and the user lookups and the uid switch of `--user`
+//! (`user`). Also: walking configured paths as the kernel's
 //! `protected_symlinks` rule would (`walk`), where state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
@@ -22,4 +23,6 @@ pub mod signal;
 pub mod spawn;
 #[allow(unsafe_code)]
 pub mod sqlite_at;
+#[allow(unsafe_code)]
+pub mod user;
 pub mod walk;

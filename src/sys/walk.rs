@@ -101,6 +101,13 @@ pub enum PathError {
         dir_uid: u32,
         dir_mode: u32,
     },
+    #[error("cannot give {} to group {gid}: {source}", path.display())]
+    Group {
+        path: PathBuf,
+        gid: u32,
+        #[source]
+        source: Errno,
+    },
     #[error("refusing {}: more than {MAX_LINKS} symlinks", path.display())]
     TooManyLinks { path: PathBuf },
     #[error("cannot open {}: {source}", path.display())]
@@ -157,9 +164,9 @@ pub enum PathError {
     /// `StateDirectory=` of an older `leaseagent@.service` chowns it).
     #[error(
         "refusing {dir}: it belongs to uid {uid}, who could rewrite root's leases in it \
-         (older leaseagent@.service units had it as their StateDirectory). The units now \
-         keep theirs in /var/lib/leaseagent-units: stop them, then \
-         `mv {dir} /var/lib/leaseagent-units`; root's agents then make a new database here",
+         (older leaseagent@.service units ran as that user with it as their \
+         StateDirectory). Root's agents use it only when root owns it: move it away to \
+         start afresh, or `chown -R root: {dir}` once you trust the database in it",
         dir = dir.display()
     )]
     ForeignStateDir { dir: PathBuf, uid: u32 },

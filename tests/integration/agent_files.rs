@@ -348,7 +348,7 @@ fn roots_default_state_dir_taken_by_the_units_user_is_refused_with_what_to_do() 
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(
         err.contains("/var/lib/leaseagent: it belongs to uid 65534")
-            && err.contains("/var/lib/leaseagent-units"),
+            && err.contains("chown -R root: /var/lib/leaseagent"),
         "{err}"
     );
     assert!(!marker.exists(), "the job never ran");
