@@ -61,6 +61,8 @@ pub struct HttpAuthority {
     current: AtomicUsize,
     agent: ureq::Agent,
     trust: Arc<ClientTrust>,
+    /// This handle's waiter id while `--wait` waits ([`Waiter`]).
+    waiter: Option<String>,
 }
 
 /// A response: status and (capped) body, or a transport failure.
@@ -81,6 +83,7 @@ impl HttpAuthority {
             current: AtomicUsize::new(0),
             agent: super::transport::agent(&trust),
             trust,
+            waiter: None,
         }
     }
 
@@ -270,18 +273,22 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     })
 }
 
-impl LeaseClient for HttpAuthority {
-    fn url(&self) -> String {
-        self.bases.join(",")
-    }
-
-    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+impl HttpAuthority {
+    /// An acquire as `waiter` (lease protocol v1, "Waiting": serve keeps
+    /// its place in the task's queue), or as a newcomer (`None`).
+    fn acquire_as(
+        &mut self,
+        req: &AcquireRequest,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
         let body = AcquireBody {
             task: req.task.clone(),
             holder: req.holder.clone(),
             ttl_ms: ms(req.ttl),
             on_expiry: req.on_expiry.as_str().to_string(),
             grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| ms(req.grace)),
+            waiter: waiter.map(str::to_owned),
         };
         let a = self
             .post("/v1/acquire", &body, timeout)
@@ -337,6 +344,40 @@ impl LeaseClient for HttpAuthority {
             ))),
             s => Err(AcquireError::Transient(transient_status(s, &a.body))),
         }
+    }
+}
+
+/// `--wait` against a lease server: asks every [`ASK_EVERY`] as one
+/// waiter (a random id for the run), so a server that queues (serve does)
+/// keeps its place in arrival order; one that does not ignores the id. A
+/// place is never given up explicitly: the server forgets a waiter that
+/// stops asking.
+impl Waiter for HttpAuthority {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let id = waiter_id(&mut self.waiter)?;
+        ask_in_turn(wait, ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+    }
+
+    fn abandon_wait(&mut self, _timeout: Duration) {
+        self.waiter = None;
+    }
+}
+
+/// How often a waiter asks again while it waits.
+const ASK_EVERY: Duration = Duration::from_millis(250);
+
+impl LeaseClient for HttpAuthority {
+    fn url(&self) -> String {
+        self.bases.join(",")
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        self.acquire_as(req, None, timeout)
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
@@ -394,12 +435,13 @@ impl LeaseClient for HttpAuthority {
             current: AtomicUsize::new(self.current.load(Ordering::Relaxed)),
             agent: std::mem::replace(&mut self.agent, fresh),
             trust: self.trust.clone(),
+            waiter: None,
         }))
     }
 
-    /// No queue: `--wait` asks again with its own backoff.
+    /// A server's queue, if it keeps one: `--wait` asks as one waiter.
     fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
-        None
+        Some(Box::new(self))
     }
 
     fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {

@@ -46,6 +46,7 @@ pub mod postgres;
 pub mod rules;
 pub mod sqlite;
 pub mod store;
+pub mod witness;
 
 pub use api::{
     Granted, MAX_PAGE, parse_policy, validate_acquire, validate_grace, validate_holder,

@@ -23,6 +23,10 @@ pub struct AcquireBody {
     pub on_expiry: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_ms: Option<u64>,
+    /// The caller's id while it waits ("Waiting"): 16 to 64 bytes of
+    /// `A-Z a-z 0-9 - _`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiter: Option<String>,
 }
 
 /// `POST /v1/renew` (and the lease part of release).
@@ -114,6 +118,9 @@ pub struct ErrorBody {
     /// `/healthz` of a replica that does not lead: `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<bool>,
+    /// A waiter's place in the task's queue, 1 for the first ("Waiting").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
 }
 
 impl ErrorBody {

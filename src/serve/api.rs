@@ -115,6 +115,17 @@ fn with_body(body: ErrorBody) -> Response {
     )
 }
 
+/// `409 held`, with a waiter's place in the queue when it has one.
+fn held(holder: String, retry_after_ms: u64, position: Option<u64>) -> Response {
+    with_body(ErrorBody {
+        message: Some(format!("the task is held by {holder}")),
+        holder: Some(holder),
+        retry_after_ms: Some(retry_after_ms),
+        position,
+        ..ErrorBody::new(ErrorCode::Held, "")
+    })
+}
+
 fn refusal(r: RefusalReason) -> Response {
     let message = match r {
         RefusalReason::Expired => "the lease expired before this request arrived",
@@ -131,12 +142,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Held {
             holder,
             retry_after_ms,
-        } => with_body(ErrorBody {
-            message: Some(format!("the task is held by {holder}")),
-            holder: Some(holder),
-            retry_after_ms: Some(retry_after_ms),
-            ..ErrorBody::new(ErrorCode::Held, "")
-        }),
+        } => held(holder, retry_after_ms, None),
         EngineError::HeldForOperator { holder, lease_id } => with_body(ErrorBody {
             message: Some(format!(
                 "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
@@ -165,6 +171,13 @@ fn engine_error(e: EngineError) -> Response {
     }
 }
 
+/// A waiter id as lease protocol v1 defines it.
+fn valid_waiter(s: &str) -> bool {
+    (16..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 impl Api {
     fn acquire(
         &self,
@@ -188,6 +201,17 @@ impl Api {
         };
         let grace_ms = opt_u64(&o, "grace_ms")?.unwrap_or(0);
         crate::engine::validate_grace(grace_ms).map_err(invalid)?;
+        // Lease protocol v1, "Waiting": the caller's place in the task's
+        // queue while it waits. `wait_ms` is checked, not needed: a waiter
+        // keeps its place by asking again.
+        let waiter = match field(&o, "waiter") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if valid_waiter(s) => Some(s.clone()),
+            Some(_) => {
+                return Err(bad("`waiter` must be 16 to 64 bytes of A-Z a-z 0-9 - _"));
+            }
+        };
+        opt_u64(&o, "wait_ms")?;
         let spec = AcquireSpec {
             task,
             principal: who.name.clone(),
@@ -197,7 +221,21 @@ impl Api {
             policy,
             grace_ms,
         };
-        let q = engine.acquire_queued(&spec).map_err(engine_error)?;
+        let q = match engine.acquire_queued(&spec, waiter.as_deref()) {
+            Ok(q) => q,
+            // A waiter is told its place ("Waiting").
+            Err(EngineError::Held {
+                holder,
+                retry_after_ms,
+            }) => {
+                let position = waiter
+                    .as_deref()
+                    .and_then(|w| engine.waiter_position(&spec.task, w))
+                    .and_then(|p| u64::try_from(p).ok());
+                return Err(held(holder, retry_after_ms, position));
+            }
+            Err(e) => return Err(engine_error(e)),
+        };
         Ok(Commit::Grant(q, spec.task))
     }
 

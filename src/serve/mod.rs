@@ -134,6 +134,14 @@ pub enum ServeError {
         #[source]
         source: crate::sys::paths::PathError,
     },
+    /// A certificate file (`--tls-cert`, `--client-ca`) reached through a
+    /// link or a directory another user controls (`sys::walk`).
+    #[error("{flag} {source}")]
+    CertFile {
+        flag: &'static str,
+        #[source]
+        source: crate::sys::paths::PathError,
+    },
     /// `--db`'s file or a directory above it is not safe.
     #[error("--db {}: {source}", path.display())]
     DbFile {
@@ -351,8 +359,18 @@ fn read_certs(
 ) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, ServeError> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+    use std::io::Read;
+    // Walked from `/` as the kernel's protected_symlinks rule would
+    // (`sys::walk`): a link another user owns or can re-point is refused.
+    let (fd, _) = crate::sys::paths::open_checked_file_following(path)
+        .map_err(|source| ServeError::CertFile { flag, source })?;
+    let mut pem = Vec::new();
+    std::fs::File::from(fd)
+        .take(4 << 20)
+        .read_to_end(&mut pem)
+        .map_err(|e| pem_error(flag, path)(rustls_pki_types::pem::Error::Io(e)))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(pem_error(flag, path))?;
     if certs.is_empty() {
         return Err(ServeError::NoCertificate {

@@ -4,7 +4,8 @@
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
 //! (`spawn`), the SQLite VFS that opens through a checked directory
 //! (`sqlite_at`), and the user lookups and the uid switch of `--user`
-//! (`user`). Also: where state and runtime files
+//! (`user`). Also: walking configured paths as the kernel's
+//! `protected_symlinks` rule would (`walk`), where state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
@@ -24,3 +25,4 @@ pub mod spawn;
 pub mod sqlite_at;
 #[allow(unsafe_code)]
 pub mod user;
+pub mod walk;

@@ -662,3 +662,45 @@ fn the_server_binary_alone_takes_the_same_flags() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(out.stdout, via_agent.stdout);
 }
+
+#[test]
+fn waiters_are_told_their_place_and_granted_in_order() {
+    let b = Backing::sqlite();
+    let s = b.start();
+    let ask = |holder: &str, waiter: Option<&str>| -> (u16, Value) {
+        let mut body = json!({"task": "q", "holder": holder, "ttl_ms": 30000});
+        if let Some(w) = waiter {
+            body["waiter"] = json!(w);
+            body["wait_ms"] = json!(60000);
+        }
+        s.post("/v1/acquire", &body)
+    };
+    let (a, b) = ("a".repeat(16), "b-_B9".repeat(4));
+    let (st, g) = ask("h", None);
+    assert_eq!(st, 200, "{g}");
+    for (who, w, place) in [("a", &a, 1), ("b", &b, 2), ("a", &a, 1)] {
+        let (st, v) = ask(who, Some(w));
+        assert_eq!((st, v["error"].as_str()), (409, Some("held")), "{v}");
+        assert_eq!(v["position"], json!(place), "{who}: {v}");
+    }
+    // A newcomer: held, no place.
+    let (st, v) = ask("n", None);
+    assert_eq!(st, 409);
+    assert!(v.get("position").is_none(), "{v}");
+    // Freed: the first waiter's, not the second's, not a newcomer's.
+    assert_eq!(s.release(&g).0, 200);
+    for (who, w, ahead) in [
+        ("n", None, "2 earlier waiters"),
+        ("b", Some(b.as_str()), "1 earlier waiter"),
+    ] {
+        let (st, v) = ask(who, w);
+        assert_eq!(st, 409, "{who}: {v}");
+        assert!(v["message"].as_str().unwrap().contains(ahead), "{v}");
+    }
+    let (st, v) = ask("a", Some(&a));
+    assert_eq!(st, 200, "{v}");
+    // A malformed waiter id is refused, naming the field.
+    let (st, v) = ask("x", Some("short"));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("`waiter`"), "{v}");
+}

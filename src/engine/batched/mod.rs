@@ -237,14 +237,22 @@ impl BatchedEngine {
     /// Grants the task if free; returns once the grant is on disk.
     #[cfg(test)]
     pub fn acquire(&self, spec: &AcquireSpec) -> Result<Granted, EngineError> {
-        let q = self.acquire_queued(spec)?;
+        let q = self.acquire_queued(spec, None)?;
         crate::engine::ack::block_on(self.committed(q))
     }
 
     /// Grants the task if free, in memory, and queues the grant's write:
     /// the grant may be answered only once [`BatchedEngine::committed`] said
     /// it is on disk.
-    pub fn acquire_queued(&self, spec: &AcquireSpec) -> Result<Queued<Granted>, EngineError> {
+    /// Acquires as `waiter` (the caller's id while it waits) or as a
+    /// newcomer (`None`): a freed task goes to the oldest waiter still
+    /// asking, never to a later one or a newcomer first (`State`'s queue);
+    /// a waiter refused for any reason keeps or takes its place.
+    pub fn acquire_queued(
+        &self,
+        spec: &AcquireSpec,
+        waiter: Option<&str>,
+    ) -> Result<Queued<Granted>, EngineError> {
         validate_acquire(spec)?;
         let now = boot_ms();
         let key = new_key().map_err(StoreError::Random)?;
@@ -260,6 +268,20 @@ impl BatchedEngine {
                 .get(&spec.task)
                 .and_then(|m| m.row.lease.as_ref())
                 .is_none_or(|l| l.phase(now) == Phase::Free);
+            let ahead = st.waiters_ahead(&spec.task, waiter, now);
+            if let Some(w) = waiter {
+                st.join_waiters(&spec.task, w, now);
+            }
+            if grantable && ahead > 0 {
+                self.counters.acquire_held.fetch_add(1, Ordering::Relaxed);
+                return Err(EngineError::Held {
+                    holder: format!(
+                        "{ahead} earlier waiter{}",
+                        if ahead == 1 { "" } else { "s" }
+                    ),
+                    retry_after_ms: 100,
+                });
+            }
             if grantable {
                 st.check_caps(&self.limits, spec, now, &self.writer)?;
             }
@@ -297,6 +319,9 @@ impl BatchedEngine {
             match res {
                 Some(Ok(rx)) => {
                     st.last_issued = token;
+                    if let Some(w) = waiter {
+                        st.leave_waiters(&spec.task, w);
+                    }
                     (token, rx)
                 }
                 Some(Err(e)) => {
@@ -322,6 +347,11 @@ impl BatchedEngine {
             ack: rx,
             grant: true,
         })
+    }
+
+    /// `waiter`'s place in `task`'s queue (1 for the first), if it has one.
+    pub fn waiter_position(&self, task: &str, waiter: &str) -> Option<usize> {
+        self.lock().waiter_position(task, waiter)
     }
 
     fn refused(&self, e: EngineError) -> EngineError {

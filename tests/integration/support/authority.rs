@@ -166,6 +166,19 @@ impl Server {
         });
     }
 
+    /// The same on a chosen address (`--listen ADDR`), to come back on it
+    /// after a kill.
+    pub fn start_with_listen(db: &Path, listen: &str) -> Server {
+        let s = spawn_serve(db, &["--listen".into(), listen.into()]);
+        Server {
+            child: s.child,
+            addr: s.addr,
+            db: db.to_path_buf(),
+            store: Store::Sqlite(db.to_path_buf()),
+            _stderr: s.stderr,
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
