@@ -86,7 +86,11 @@ pub trait Waiter {
     /// `wait + timeout`.
     ///
     /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
-    /// again (right away)". The agent's `--wait` loop calls this in slices
+    /// again (right away)". A client that polls its authority may ask once
+    /// and return `Held` with a short `retry_after` instead of waiting
+    /// ([`ask_in_turn`]). Whatever a call waits inside, a grant it returns
+    /// must carry its full ttl from the moment the call was made (the agent
+    /// counts from then): etcd's place is refreshed first. The agent's `--wait` loop calls this in slices
     /// (so it can notice signals and its own deadline) and calls
     /// [`Waiter::abandon_wait`] when it stops waiting without a grant.
     fn acquire_wait(
@@ -223,26 +227,28 @@ pub fn waiter_id(slot: &mut Option<String>) -> Result<String, AcquireError> {
     Ok(slot.insert(id).clone())
 }
 
-/// How a client without a push from its authority waits in a queue: asks
-/// (`ask`, as the same waiter each time) every `every` until the answer is
-/// anything but `held` or `wait` has passed; then `held` with a zero
-/// `retry_after`: "still queued, call again" ([`Waiter::acquire_wait`]).
+/// How a client without a push from its authority waits in a queue: one
+/// ask (`ask`, as the same waiter each time) per call; `held` comes back
+/// with a `retry_after` of at most `every`, so the agent's `--wait` loop
+/// asks again that soon ([`Waiter::acquire_wait`]).
+///
+/// One ask, not a loop of them inside the call: the agent counts a
+/// grant's ttl from the moment it sent the call, so a grant answered to
+/// the fourth ask of a one-second loop would reach it with the ttl less
+/// the time spent in the loop (a 1 s lease granted 900 ms in arrived with
+/// less than its grace left, and the command was not started).
 pub fn ask_in_turn(
-    wait: Duration,
     every: Duration,
-    mut ask: impl FnMut() -> Result<Grant, AcquireError>,
+    ask: impl FnOnce() -> Result<Grant, AcquireError>,
 ) -> Result<Grant, AcquireError> {
-    let until = std::time::Instant::now() + wait;
-    loop {
-        match ask() {
-            Err(AcquireError::Held { holder, .. }) if std::time::Instant::now() >= until => {
-                return Err(AcquireError::Held {
-                    holder,
-                    retry_after: Some(Duration::ZERO),
-                });
-            }
-            Err(AcquireError::Held { .. }) => std::thread::sleep(every),
-            other => return other,
-        }
+    match ask() {
+        Err(AcquireError::Held {
+            holder,
+            retry_after,
+        }) => Err(AcquireError::Held {
+            holder,
+            retry_after: Some(retry_after.map_or(every, |r| r.min(every))),
+        }),
+        other => other,
     }
 }

@@ -185,11 +185,11 @@ impl Waiter for EmbeddedAuthority {
     fn acquire_wait(
         &mut self,
         req: &AcquireRequest,
-        wait: Duration,
+        _wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
         let id = waiter_id(&mut self.waiter)?;
-        ask_in_turn(wait, ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+        ask_in_turn(ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
     }
 
     fn abandon_wait(&mut self, timeout: Duration) {
