@@ -74,7 +74,7 @@ pub mod spawn;
 pub mod tree;
 
 use std::ffi::OsString;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -95,36 +95,51 @@ pub const KEEPER_ARG: &str = "__keeper";
 /// 15 bytes, so `leaseagent-keeper` (its `argv[0]`) shows as this.
 pub const KEEPER_COMM: &str = "leaseagent-keep";
 
-fn parse_fd(s: Option<&OsString>) -> Option<RawFd> {
-    s?.to_str()?.parse().ok()
-}
-
-/// Runs the keeper: `__keeper CTL_FD REPORT_FD -- COMMAND [ARG...]`.
+/// Runs the keeper: `__keeper AGENT_PID -- COMMAND [ARG...]`, its ctl
+/// socket at fd 3 and its report socket at fd 4 (never on the command
+/// line: `sys::keeper_spawn` put them there).
 pub fn main(args: Vec<OsString>) -> ExitCode {
+    // Before anything else, and long before the job exists: exec made us
+    // dumpable again, and the job (same uid) must not be able to trace us,
+    // open our descriptors through /proc or write our oom_score_adj.
+    let dumpable = crate::sys::keeper_spawn::not_dumpable();
     crate::sys::malloc::one_arena();
-    let fds = (parse_fd(args.first()), parse_fd(args.get(1)));
-    let (Some(ctl_fd), Some(report_fd)) = fds else {
+    let agent = args.first().and_then(|a| a.to_str()?.parse::<u32>().ok());
+    let Some(agent) = agent.filter(|_| args.get(1).is_some_and(|a| a == "--")) else {
         eprintln!("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     let claimed = (
-        crate::sys::fd::claim_inherited_fd(ctl_fd),
-        crate::sys::fd::claim_inherited_fd(report_fd),
+        crate::sys::fd::claim_inherited_fd(crate::sys::keeper_spawn::KEEPER_CTL_FD),
+        crate::sys::fd::claim_inherited_fd(crate::sys::keeper_spawn::KEEPER_REPORT_FD),
     );
     let (Ok(ctl), Ok(report)) = claimed else {
         eprintln!("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    let command: Vec<OsString> = args.iter().skip(3).cloned().collect();
-    run(ctl, report, command)
+    let command: Vec<OsString> = args.iter().skip(2).cloned().collect();
+    run(ctl, report, command, agent, dumpable)
 }
 
-/// The keeper's lifecycle: claim the pipes, prepare (handlers, session,
+/// The keeper's lifecycle: claim the channels, prepare (handlers, session,
 /// subreaper, cgroup), start the job, run the loop, clean up.
-fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
+fn run(
+    ctl: OwnedFd,
+    report: OwnedFd,
+    command: Vec<OsString>,
+    agent: u32,
+    dumpable: std::io::Result<()>,
+) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
+    if let Err(e) = dumpable {
+        // The job is not started: it could reach us through /proc.
+        out.send(&spawn_failed(format!(
+            "keeper: cannot make itself non-dumpable (PR_SET_DUMPABLE): {e}"
+        )));
+        return ExitCode::SUCCESS;
+    }
     name_self(&mut out);
     // Lowered like the agent's own oom_score_adj (the keeper starts before
     // the agent lowers its own); the agent logged whether memory could be
@@ -139,7 +154,15 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    let (sigchld, cgroup, job_pid, carry) = match prepare_and_spawn(&mut out, &ctl, &command) {
+    // The kill path's descriptor, opened while we may: our own children,
+    // read again from the start when nothing else can be opened.
+    let children = rustix::fs::open(
+        "/proc/thread-self/children",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok();
+    let started = match prepare_and_spawn(&mut out, &ctl, &command, agent) {
         Ok(Some(started)) => started,
         // The agent went away before the grant: no job.
         Ok(None) => return ExitCode::SUCCESS,
@@ -149,8 +172,18 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    out.send(&Report::Started { pid: job_pid });
-    let system = System::new(out, ctl, sigchld, timer, cgroup);
+    let Started {
+        sigchld,
+        cgroup,
+        job_pid,
+        carry,
+        containment,
+    } = started;
+    out.send(&Report::Started {
+        pid: job_pid,
+        containment,
+    });
+    let system = System::new(out, ctl, sigchld, timer, cgroup, children);
     event_loop::EventLoop::new(system, job_pid, carry)
         .run()
         .finish();
@@ -179,7 +212,7 @@ fn deadline_timer() -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Neither pipe end may reach the job; the report end becomes the
+/// Neither channel may reach the job; the report end becomes the
 /// [`Reporter`]. `None`: cannot even report.
 fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     if fcntl_setfd(ctl, FdFlags::CLOEXEC).is_err()
@@ -192,9 +225,17 @@ fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     Some(Reporter::new(std::fs::File::from(report)))
 }
 
-/// What the keeper has once the job runs: the SIGCHLD self-pipe, the job's
-/// cgroup (if any), the job's pid, and ctl bytes read past the "go" frame.
-type Started = (UnixStream, Option<cgroup::JobCgroup>, i32, Vec<u8>);
+/// What the keeper has once the job runs.
+struct Started {
+    /// The SIGCHLD self-pipe.
+    sigchld: UnixStream,
+    /// The job's cgroup, if any.
+    cgroup: Option<cgroup::JobCgroup>,
+    job_pid: i32,
+    /// Ctl bytes read past the "go" frame.
+    carry: Vec<u8>,
+    containment: protocol::Containment,
+}
 
 /// Every step before the loop, in order: set-up, the "go" frame with the
 /// job's environment (`None`: the agent left without one), the job.
@@ -202,6 +243,7 @@ fn prepare_and_spawn(
     out: &mut Reporter,
     ctl: &OwnedFd,
     command: &[OsString],
+    agent: u32,
 ) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
     let sigchld = watch_sigchld()?;
@@ -212,7 +254,7 @@ fn prepare_and_spawn(
     };
     // A cgroup of the job's own where one can be made; `None` is the usual
     // case outside a delegated cgroup: the tree walk alone.
-    let mut cgroup = cgroup::JobCgroup::create().ok();
+    let mut cgroup = cgroup::JobCgroup::create(agent).ok();
     // Looked up now, while the agent acquires (see `find_in_path`), like
     // the job's `oom_score_adj` (it depends on the keeper's own only).
     let found = crate::sys::spawn::find_in_path(program, std::env::var_os("PATH").as_deref());
@@ -243,8 +285,14 @@ fn prepare_and_spawn(
         env: &env,
         oom_score_adj,
     };
-    let job_pid = spawn::spawn_job(out, &job, &mut cgroup)?;
-    Ok(Some((sigchld, cgroup, job_pid, carry)))
+    let (job_pid, containment) = spawn::spawn_job(out, &job, &mut cgroup)?;
+    Ok(Some(Started {
+        sigchld,
+        cgroup,
+        job_pid,
+        carry,
+        containment,
+    }))
 }
 
 /// The job's environment from the agent's "go" frame, and any bytes read
