@@ -11,7 +11,9 @@
 #     exits 0, so any output is a failure);
 #   - `systemd-analyze security --offline=true --threshold=20` must stay at or
 #     below an overall exposure of 2.0 (systemd's scale: 0 = locked down,
-#     10 = unprotected). THRESHOLD overrides it (same unit: tenths).
+#     10 = unprotected). THRESHOLD overrides it (same unit: tenths). A unit
+#     file may set its own with a comment line `# check-units: threshold N`
+#     (tenths), saying why next to it; an instance takes its template's.
 # A template is checked through an instance (leaseagent@check.service), and a
 # timer through the service it starts, with the drop-ins next to it.
 # Exit status: 0 all good; 1 a unit failed; 2 usage or a missing program.
@@ -81,16 +83,20 @@ for u in $units; do
         *.service) ;;
         *) continue ;;
     esac
+    file="$tmp/$u"
+    [ -f "$file" ] || file="$tmp/${u%%@*}@.service"
+    threshold=$(sed -n 's/^# check-units: threshold \([0-9][0-9]*\).*/\1/p' "$file" | head -n 1)
+    threshold=${threshold:-$THRESHOLD}
     out=$(SYSTEMD_UNIT_PATH="$tmp:" systemd-analyze security --offline=true --no-pager \
-        --threshold="$THRESHOLD" "$tmp/$u" 2>&1)
+        --threshold="$threshold" "$tmp/$u" 2>&1)
     rc=$?
     level=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
     if [ $rc -ne 0 ] || [ -z "$level" ]; then
-        echo "FAIL security $u: exposure ${level:-unknown}, threshold $THRESHOLD/10 (exit $rc)"
+        echo "FAIL security $u: exposure ${level:-unknown}, threshold $threshold/10 (exit $rc)"
         printf '%s\n' "$out" | grep -E '✗|Overall|rror' | sed 's/^/    /'
         failed=1
     else
-        echo "ok   security $u: exposure $level (threshold $THRESHOLD/10)"
+        echo "ok   security $u: exposure $level (threshold $threshold/10)"
     fi
 done
 exit $failed

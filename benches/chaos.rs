@@ -486,6 +486,19 @@ struct Slot {
     restart_at: Instant,
 }
 
+/// A soak that ends early (a panic) leaves no agent behind, stopped or
+/// not: SIGKILL ends a stopped one too, and its keeper then kills the job.
+/// The wind-down takes every child first, so a full run never gets here
+/// with one.
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 #[derive(Default)]
 struct Report {
     authority: String,

@@ -246,8 +246,8 @@ impl Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authority::error::{Failure, FailureKind};
     use crate::authority::scripted::{Scripted, grant, held};
-    use crate::authority::{Failure, FailureKind};
     use crate::sys::signal::Sig;
 
     fn cfg(wait: Option<Option<Duration>>) -> RunConfig {

@@ -38,6 +38,8 @@ pub struct RunConfig {
     pub command: Vec<OsString>,
     /// The trust flags (files are read when the authority is opened).
     pub trust: TrustFiles,
+    /// `--user`: who the command runs as; `None`: the agent's own user.
+    pub user: Option<RunAs>,
 }
 
 /// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
@@ -62,6 +64,7 @@ pub struct RawRun {
     pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
+    pub user: Option<String>,
 }
 
 /// Why the run path's flags do not make a valid run. Every message names
@@ -92,6 +95,112 @@ pub enum ConfigError {
     NoCommand,
     #[error("--clock-drift: {0} ppm is more than {MAX_CLOCK_DRIFT_PPM} (10%)")]
     ClockDrift(u32),
+    #[error(transparent)]
+    User(#[from] UserError),
+}
+
+/// Why `--user` cannot be honoured. Every message names the flag.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("--user: `{0}` is not NAME or NAME:GROUP")]
+    Syntax(String),
+    #[error("--user: no such user `{0}`")]
+    NoUser(String),
+    #[error("--user: no such group `{0}`")]
+    NoGroup(String),
+    #[error("--user: {0}")]
+    Lookup(#[from] crate::sys::user::LookupFailed),
+    #[error("--user {user}: its {what} is not UTF-8")]
+    NotUtf8 { user: String, what: &'static str },
+    #[error(
+        "--user {user}: running the command as another user needs root (CAP_SETUID and CAP_SETGID); this agent runs as uid {me} without them"
+    )]
+    NotPermitted { user: String, me: u32 },
+}
+
+/// `--user NAME[:GROUP]`, resolved before anything is acquired: the ids
+/// the job's child switches to and the variables `runuser` sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    /// The user's name, as the password database spells it.
+    pub name: String,
+    /// The ids to switch to; `None` when the user and group are the
+    /// agent's own: nothing to switch, only the variables.
+    pub switch: Option<crate::sys::user::Identity>,
+    /// `HOME`, and for a user other than root `USER` and `LOGNAME`, as
+    /// `runuser -u NAME` sets them (it leaves `SHELL` alone).
+    pub env: Vec<(String, String)>,
+}
+
+impl RunAs {
+    /// Looks `spec` up: `NAME` (the user's primary group) or `NAME:GROUP`,
+    /// each a name or, when no entry has that name, a number (as `chown`
+    /// reads them). Supplementary groups as `initgroups(NAME, gid)`.
+    pub fn resolve(spec: &str) -> Result<RunAs, UserError> {
+        use crate::sys::user::{Identity, group_by_name, group_list, user_by_name, user_by_uid};
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (spec, None),
+        };
+        if user.is_empty() || group.is_some_and(str::is_empty) {
+            return Err(UserError::Syntax(spec.to_string()));
+        }
+        let account = match user_by_name(user)? {
+            Some(a) => a,
+            None => match user.parse::<u32>() {
+                Ok(uid) => user_by_uid(uid)?,
+                Err(_) => None,
+            }
+            .ok_or_else(|| UserError::NoUser(user.to_string()))?,
+        };
+        let gid = match group {
+            None => account.gid,
+            Some(g) => match group_by_name(g)? {
+                Some(gid) => gid,
+                None => g
+                    .parse::<u32>()
+                    .map_err(|_| UserError::NoGroup(g.to_string()))?,
+            },
+        };
+        let groups = group_list(&account.name, gid)?;
+        let target = Identity::new(account.uid, gid, groups);
+        let home = account.home.to_str().ok_or_else(|| UserError::NotUtf8 {
+            user: account.name.clone(),
+            what: "home directory",
+        })?;
+        let mut env = vec![("HOME".to_string(), home.to_string())];
+        if account.uid != 0 {
+            env.push(("USER".to_string(), account.name.clone()));
+            env.push(("LOGNAME".to_string(), account.name.clone()));
+        }
+        // The agent's own user and group: nothing to switch (its current
+        // groups stay; an unprivileged agent could not set others).
+        let me = Identity::current();
+        let switch = if target.uid == me.uid && target.gid == me.gid {
+            None
+        } else if may_switch() {
+            Some(target)
+        } else {
+            return Err(UserError::NotPermitted {
+                user: account.name.clone(),
+                me: me.uid,
+            });
+        };
+        Ok(RunAs {
+            name: account.name,
+            switch,
+            env,
+        })
+    }
+}
+
+/// Whether this process may switch ids (CAP_SETUID and CAP_SETGID).
+fn may_switch() -> bool {
+    use rustix::thread::CapabilitySet;
+    rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(CapabilitySet::SETGID | CapabilitySet::SETUID)
+    })
 }
 
 /// The protocol's task-name rule ([`crate::lease::check_task`]), naming the flag.
@@ -140,7 +249,7 @@ impl RawRun {
         if clock_drift_ppm > MAX_CLOCK_DRIFT_PPM {
             return Err(ConfigError::ClockDrift(clock_drift_ppm));
         }
-        let cfg = RunConfig {
+        let mut cfg = RunConfig {
             authority,
             task,
             ttl,
@@ -156,8 +265,11 @@ impl RawRun {
             renew_marks: self.renew_marks,
             command: self.command,
             trust: self.trust,
+            user: None,
         };
         crate::agent::timing::check(&cfg.settings())?;
+        // Last: the only check that reads the user databases.
+        cfg.user = self.user.as_deref().map(RunAs::resolve).transpose()?;
         Ok(cfg)
     }
 }
@@ -262,6 +374,51 @@ mod tests {
         assert_eq!(
             refused(|r| r.expiry_grace = Some(Duration::from_secs(1))),
             "--expiry-grace only goes with --on-expiry grace"
+        );
+    }
+
+    #[test]
+    fn user_is_resolved_with_runusers_variables_and_named_in_errors() {
+        let mut r = raw();
+        r.user = Some("nobody".into());
+        let c = r.validate().unwrap();
+        let u = c.user.unwrap();
+        assert_eq!(u.name, "nobody");
+        assert_eq!(
+            u.env,
+            vec![
+                ("HOME".to_string(), "/nonexistent".to_string()),
+                ("USER".to_string(), "nobody".to_string()),
+                ("LOGNAME".to_string(), "nobody".to_string()),
+            ]
+        );
+        let me = rustix::process::geteuid().as_raw();
+        if me != 65534 {
+            let id = u.switch.expect("another user: a switch");
+            assert_eq!((id.uid, id.gid), (65534, 65534));
+        }
+        // root gets HOME only, as from `runuser -u root`.
+        let root = RunAs::resolve("root").unwrap();
+        assert_eq!(root.env, vec![("HOME".to_string(), "/root".to_string())]);
+        assert_eq!(
+            refused(|r| r.user = Some("no-such-user-la".into())),
+            "--user: no such user `no-such-user-la`"
+        );
+        assert_eq!(
+            refused(|r| r.user = Some("nobody:no-such-group-la".into())),
+            "--user: no such group `no-such-group-la`"
+        );
+        assert_eq!(
+            refused(|r| r.user = Some(":root".into())),
+            "--user: `:root` is not NAME or NAME:GROUP"
+        );
+        // The user databases are read last: a bad flag is named first.
+        assert_eq!(
+            refused(|r| {
+                r.user = Some("no-such-user-la".into());
+                r.task = None;
+            }),
+            "--task is required (or set LEASEAGENT_TASK)"
         );
     }
 

@@ -20,14 +20,17 @@
 //! Credentials in `LEASEAGENT_AUTHORITY` (a `user:password@` in the URL)
 //! never reach the job either: the variable is set again, redacted.
 
+use crate::agent::config::RunAs;
 use crate::agent::state_file::{ENV_STATE_FILE, StateWriter};
 use crate::authority::{self, Grant};
 
-/// The variables the job gets on top of the agent's environment.
+/// The variables the job gets on top of the agent's environment (and,
+/// with `--user`, `HOME`, `USER`, `LOGNAME` as `runuser` sets them).
 pub fn job_env(
     grant: &Grant,
     authority_url: &str,
     state: Option<&StateWriter>,
+    user: Option<&RunAs>,
 ) -> Vec<(String, String)> {
     let mut env = vec![
         (
@@ -36,7 +39,10 @@ pub fn job_env(
         ),
         (crate::lease::env::ID.to_string(), grant.lease_id.clone()),
         (crate::lease::env::TASK.to_string(), grant.task.clone()),
-        (crate::lease::env::AUTHORITY.to_string(), authority_url.to_string()),
+        (
+            crate::lease::env::AUTHORITY.to_string(),
+            authority_url.to_string(),
+        ),
         (
             crate::lease::env::TTL_MS.to_string(),
             grant.ttl.as_millis().to_string(),
@@ -44,6 +50,9 @@ pub fn job_env(
     ];
     if let Some(s) = state {
         env.push((ENV_STATE_FILE.to_string(), s.path().display().to_string()));
+    }
+    if let Some(u) = user {
+        env.extend(u.env.iter().cloned());
     }
     // Credentials in a URL never reach the job (the trust flags' own
     // variables are removed where the keeper is started).

@@ -36,7 +36,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::agent::acquire::Acquired;
-use crate::agent::config::RunConfig;
+use crate::agent::config::{RunAs, RunConfig};
 use crate::agent::env::{job_env, keeper_env_remove};
 use crate::agent::machine::{Event, Machine};
 use crate::agent::supervisor::{Supervisor, release_timeout};
@@ -74,9 +74,14 @@ fn run(cfg: RunConfig) -> u8 {
     // The keeper starts first: its start-up (an exec, its handlers, the job
     // cgroup) overlaps everything up to the grant. It starts the job only
     // once `start` hands it the grant's environment.
+    let options = crate::keeper::JobOptions {
+        user: cfg.user.as_ref().and_then(|u| u.switch.clone()),
+        terminal: false,
+    };
     let keeper = match crate::keeper::handle::prestart_keeper(
         &cfg.command,
         &keeper_env_remove(),
+        &options,
         !cfg.no_pid_namespace,
     ) {
         Ok(k) => k,
@@ -165,7 +170,23 @@ fn signals_before_start(
 }
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.
-fn state_writer() -> Option<crate::agent::state_file::StateWriter> {
+fn state_writer(user: Option<&RunAs>) -> Option<crate::agent::state_file::StateWriter> {
+    use crate::agent::state_file::StateWriter;
+    // A job of another uid cannot enter the agent's 0700 runtime dir: a
+    // directory of the run's own, of the job's group.
+    let me = rustix::process::geteuid().as_raw();
+    if let Some(id) = user
+        .and_then(|u| u.switch.as_ref())
+        .filter(|id| id.uid != me)
+    {
+        return match StateWriter::for_group(id.gid) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                log::warn!("no lease state file for `leaseagent check` by the command: {e}");
+                None
+            }
+        };
+    }
     // The runtime dir (see `sys::paths::runtime_dir`), checked: never
     // written through if another user could have prepared it.
     match crate::sys::paths::runtime_dir() {
@@ -228,8 +249,8 @@ fn start(
     if let Some(code) = sup.step(Event::Granted) {
         return code;
     }
-    let state = state_writer();
-    let env = job_env(&grant, &url, state.as_ref());
+    let state = state_writer(cfg.user.as_ref());
+    let env = job_env(&grant, &url, state.as_ref(), cfg.user.as_ref());
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial(state);
     match keeper.start(&env, tx.clone(), event_of) {

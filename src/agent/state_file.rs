@@ -98,6 +98,10 @@ pub struct StateWriter {
     dir: OwnedFd,
     path: PathBuf,
     name: String,
+    /// For a job of another user: the run's own directory, removed with
+    /// the file; the file is made group-readable (the directory's group is
+    /// the job's).
+    group_dir: Option<crate::sys::paths::GroupRunDir>,
 }
 
 impl StateWriter {
@@ -119,7 +123,23 @@ impl StateWriter {
             path: shown.join(&name),
             dir,
             name,
+            group_dir: None,
         }
+    }
+
+    /// A writer for a job that runs as another user, whose group is `gid`
+    /// (`--user`): the file goes in a directory of the run's own that only
+    /// that group may enter ([`crate::sys::paths::GroupRunDir`]).
+    pub fn for_group(gid: u32) -> Result<Self, crate::sys::paths::PathError> {
+        let run = crate::sys::paths::GroupRunDir::create(gid)?;
+        let dir =
+            rustix::io::dup(&run.dir).map_err(|source| crate::sys::paths::PathError::Open {
+                path: run.path.clone(),
+                source,
+            })?;
+        let mut w = Self::in_checked_dir(&run.path, dir);
+        w.group_dir = Some(run);
+        Ok(w)
     }
 
     pub fn path(&self) -> &Path {
@@ -140,6 +160,16 @@ impl StateWriter {
     pub fn write(&self, state: &LeaseStateFile) -> std::io::Result<()> {
         use rustix::fs::{AtFlags, RenameFlags, renameat, renameat_with, unlinkat};
         let (mut f, tmp) = crate::sys::paths::create_temp(&self.dir, ".lease-", 0o644)?;
+        if let Some(run) = &self.group_dir {
+            // Whatever the umask and the agent's group: the job's group
+            // reads it. The group is set per file, not inherited from a
+            // set-group-ID directory: a unit's RestrictSUIDSGID= refuses
+            // that mode bit, and an agent in the job's group (Group=) may
+            // give its own file that group without CAP_CHOWN.
+            use std::os::unix::fs::PermissionsExt;
+            rustix::fs::fchown(&f, None, Some(rustix::fs::Gid::from_raw(run.gid)))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o640))?;
+        }
         let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;
         let written = f.write_all(&bytes);
         drop(f);
@@ -159,9 +189,13 @@ impl StateWriter {
         renamed
     }
 
-    /// Removes the file (the agent is done).
+    /// Removes the file (the agent is done), and the run's own directory
+    /// if it has one.
     pub fn remove(&self) {
         let _ = rustix::fs::unlinkat(&self.dir, self.name.as_str(), rustix::fs::AtFlags::empty());
+        if let Some(d) = &self.group_dir {
+            d.remove();
+        }
     }
 }
 

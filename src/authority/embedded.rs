@@ -23,14 +23,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::*;
+use super::client::*;
 use crate::engine::EngineError;
-use crate::engine::file::{SharedEngine, TIDY_AFTER_RELEASE, TIDY_AFTER_RENEWAL};
+use crate::engine::file::{FileEngine, TIDY_AFTER_RELEASE, TIDY_AFTER_RENEWAL};
 use crate::engine::rules::AcquireSpec;
 
 pub struct EmbeddedAuthority {
     path: PathBuf,
-    engine: Option<SharedEngine>,
+    engine: Option<FileEngine>,
 }
 
 impl EmbeddedAuthority {
@@ -48,10 +48,10 @@ impl EmbeddedAuthority {
     }
 
     /// The handle's connection, opened on first use.
-    fn engine(&mut self, timeout: Duration) -> Result<&mut SharedEngine, NotOpened> {
+    fn engine(&mut self, timeout: Duration) -> Result<&mut FileEngine, NotOpened> {
         let engine = match self.engine.take() {
             Some(e) => e,
-            None => SharedEngine::open(&self.path, timeout).map_err(|source| NotOpened {
+            None => FileEngine::open(&self.path, timeout).map_err(|source| NotOpened {
                 url: self.url(),
                 source,
             })?,
@@ -259,9 +259,9 @@ impl Operator for EmbeddedAuthority {
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let page = engine
-                .history_page(task, before, crate::engine::history::MAX_PAGE, left)
+                .history_page(task, before, crate::engine::MAX_PAGE, left)
                 .map_err(operator_error)?;
-            let full = page.len() == crate::engine::history::MAX_PAGE;
+            let full = page.len() == crate::engine::MAX_PAGE;
             before = page.last().map(|r| r.token);
             for r in page {
                 if r.acquired_ms < since_ms || all.len() >= MAX_HISTORY {

@@ -29,9 +29,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::client::*;
 use super::transport::Failure;
 use super::trust::ClientTrust;
-use super::*;
 use crate::protocol::v1::{
     AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
 };
@@ -356,9 +356,10 @@ pub mod operator {
     use std::time::Duration;
 
     use super::{Answer, BODY_LIMIT, HttpAuthority, LISTING_LIMIT, error_body};
-    use crate::authority::{
-        Attempt, Failure, FailureKind, LeaseInfo, OperatorError, Revoked, transport,
+    use crate::authority::client::{
+        Attempt, Failure, FailureKind, LeaseInfo, OperatorError, Revoked,
     };
+    use crate::authority::transport;
     use crate::protocol::v1::{ClearBody, ErrorCode, HistoryBody, LeasesBody, RevokeBody};
 
     /// Most pages one listing follows (1,000 leases each on `serve`).
@@ -476,7 +477,7 @@ pub mod operator {
 
     /// `GET /v1/history`, page by page (each call within `timeout`), until
     /// an attempt acquired before `since_ms`, the last page, or
-    /// [`MAX_HISTORY`](crate::authority::MAX_HISTORY) attempts. A cursor
+    /// [`MAX_HISTORY`](crate::authority::client::MAX_HISTORY) attempts. A cursor
     /// that does not move back is an error, not a loop.
     pub fn history(
         a: &HttpAuthority,
@@ -498,8 +499,8 @@ pub mod operator {
             let page = serde_json::from_str::<HistoryBody>(&text)
                 .map_err(|e| failed(FailureKind::Malformed, format!("malformed history: {e}")))?;
             for at in page.attempts {
-                if crate::authority::acquired_ms(&at) < since_ms
-                    || all.len() >= crate::authority::MAX_HISTORY
+                if crate::authority::client::acquired_ms(&at) < since_ms
+                    || all.len() >= crate::authority::client::MAX_HISTORY
                 {
                     return Ok(all);
                 }

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::*;
+use super::client::*;
 
 /// Answers from its queues (an empty queue answers a transient failure)
 /// and records each call's name in `calls`.

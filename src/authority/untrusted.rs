@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use crate::escape::escape;
 
-use super::{
+use super::client::{
     AcquireError, AcquireRequest, Attempt, Failure, FailureKind, Grant, LeaseClient, LeaseInfo,
     LeaseRef, Operator, OperatorError, Outcome, RenewError, Renewed, Renewer, Revoked, Waiter,
 };
@@ -317,8 +317,8 @@ impl Operator for CheckedOperator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::authority::client::{ExpiryPolicy, LeaseState};
     use crate::authority::scripted::{Scripted, grant};
-    use crate::authority::{ExpiryPolicy, LeaseState};
 
     fn req(ttl: Duration) -> AcquireRequest {
         AcquireRequest {

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::agent::state_file::{ENV_STATE_FILE, LeaseStateFile, LeaseView};
 use crate::time::clock::BootInstant;
+use crate::time::ms;
 
 /// Exit status when the lease is not (or not long enough) valid.
 pub const EXIT_NOT_VALID: u8 = 1;
@@ -79,7 +80,7 @@ pub fn evaluate(
         ok: false,
         token: Some(file.token),
         state: Some(file.state),
-        remaining_ms: u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+        remaining_ms: ms(remaining),
         reason: None,
     };
     let fmt = crate::time::duration::format;
@@ -170,7 +171,7 @@ mod tests {
             lease_id: "l".into(),
             token: 9,
             state,
-            deadline_boot_ms: (now + left).since_boot().as_millis() as u64,
+            deadline_boot_ms: ms((now + left).since_boot()),
             boot_id: "b".into(),
             agent_pid: 1,
             outcome: None,

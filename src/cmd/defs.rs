@@ -300,6 +300,17 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     "Run the command in the agent's own PID namespace, for a command that\nmust see the host's processes; its tree is then held by a cgroup or the\nprocess tree alone (LEASE_CONTAINMENT=cgroup|tree), and a command that\nsignals its own supervisors can outlive them",
                 )
                 .sets(|a| a.no_pid_namespace = true),
+                Flag::value(
+                    "user",
+                    "NAME[:GROUP]",
+                    "Run the command as this user (and group), with its supplementary groups\nand HOME, USER, LOGNAME as runuser sets them (root only); the agent and\nits keeper keep their own",
+                )
+                .default_note("the agent's own")
+                .doc("Run the command as the user NAME, with NAME's primary group or GROUP, NAME's supplementary groups (as initgroups(3) sets them) and HOME, USER and LOGNAME as runuser(1) -u sets them. NAME and GROUP are names, or numbers when no entry has that name. Only root (CAP_SETUID and CAP_SETGID) may name another user; the agent and its keeper keep their own ids, so the command can neither signal nor trace them. An unknown user or group, or another user asked for by an unprivileged agent, is refused before anything is acquired (exit 125).")
+                .reads(|a, v| {
+                    a.user = Some(text(v)?);
+                    Ok(())
+                }),
             ],
         },
         RawRun::TRUST,

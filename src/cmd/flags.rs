@@ -261,13 +261,6 @@ impl<K> Draft<K> {
     }
 
     /// The man page's text, when it says more than the help text.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "no flag's man text says more than its help yet (the pages are golden files)"
-        )
-    )]
     pub const fn doc(mut self, text: &'static str) -> Self {
         self.spec.doc = Some(text);
         self

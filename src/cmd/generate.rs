@@ -98,6 +98,7 @@ impl Cli<'_> {
             out.push_str(&examples(d.examples, ".PP"));
         }
         out.push_str(&environment(std::iter::once(run).chain(&self.subs)));
+        out.push_str(&exit_status());
         let mut see: Vec<String> = self
             .subs
             .iter()
@@ -524,6 +525,19 @@ fn examples(text: &str, heading: &str) -> String {
         format!("{heading}\n\\fBExamples:\\fR\n.PP\n")
     };
     format!("{head}.nf\n.RS 4\n{}.RE\n.fi\n", roff_lines(body))
+}
+
+/// The EXIT STATUS section: the one table of `crate::exit`.
+fn exit_status() -> String {
+    let mut out = ".SH \"EXIT STATUS\"\n".to_string();
+    for s in crate::exit::TABLE {
+        out.push_str(&format!(
+            ".TP\n\\fB{}\\fR\n{}\n",
+            roff_line(s.status),
+            roff_line(&s.when.replace('`', ""))
+        ));
+    }
+    out
 }
 
 /// The ENVIRONMENT section: every variable a flag reads.

@@ -372,6 +372,17 @@ mod tests {
     }
 
     #[test]
+    fn the_run_help_ends_with_the_exit_table_in_one_line() {
+        let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let examples = words(defs::RUN.examples);
+        assert!(
+            examples.ends_with(&words(&crate::exit::summary())),
+            "the run path's help must end with crate::exit::summary():\n{}",
+            crate::exit::summary()
+        );
+    }
+
+    #[test]
     fn every_table_entry_is_read() {
         for entry in entries() {
             entry.check_readers();

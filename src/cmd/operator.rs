@@ -174,7 +174,7 @@ pub fn history(a: HistoryArgs) -> ExitCode {
         Ok(t) => t,
         Err(c) => return c,
     };
-    let now = crate::engine::history::wall_ms();
+    let now = crate::time::wall_ms();
     let since_ms = a.since.map_or(0, |d| {
         now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     });

@@ -332,6 +332,7 @@ pub fn check_readers<A: Default + std::fmt::Debug>(def: &CommandDef<A>) {
             "ADDR" => ["127.0.0.1:7", "127.0.0.1:8"],
             "URL" => ["http://a.invalid:7", "http://b.invalid:8"],
             "NAME" | "TASK" => ["sample-a", "sample-b"],
+            "NAME[:GROUP]" => ["sample-a", "sample-b:sample-g"],
             "P" => ["grace", "hold"],
             "DSCP,PRIO" => ["off", "ef,5"],
             other => panic!("no sample values for {other}: add two to `samples`"),

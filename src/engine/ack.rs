@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::store::StoreError;
+use super::error::StoreError;
 
 /// What the writer reports.
 #[derive(Debug)]

@@ -3,14 +3,20 @@
 //!
 //! Every call is one immediate transaction (`BEGIN IMMEDIATE`, through
 //! rusqlite's `Transaction`): read the task's row, apply the rule from
-//! [`super::rules`], write it back, commit. SQLite's write lock serialises agents, so two
-//! processes racing for a free task cannot both see it free: exactly one
-//! grant. Processes take turns at the write lock through [`super::gate`], so
-//! a peer that commits in a tight loop cannot starve the others (a turn is
-//! waited for at most half the time left, so a stopped peer holding the gate
-//! cannot stall the rest); every wait
-//! (gate, write lock, a busy answer retried) ends at the call's deadline, and
-//! then the call fails as transient.
+//! [`super::rules`], write it back, commit. SQLite's write lock serialises
+//! agents, so two processes racing for a free task cannot both see it free:
+//! exactly one grant. Processes take turns at the write lock through
+//! [`super::gate`], so a peer that commits in a tight loop cannot starve
+//! the others (a turn is waited for at most half the time left, so a
+//! stopped peer holding the gate cannot stall the rest); every wait (gate,
+//! write lock, a busy answer retried) ends at the call's deadline, and then
+//! the call fails as transient.
+//!
+//! The row, the token sequence and the history are read and written
+//! through the storage seam's [`Txn`] (SQLite's `SqliteTxn`), as serve's
+//! writer does; the transaction around them (turns at the gate, the WAL's
+//! own `fdatasync`, the token ceiling) is this file's: the durability of
+//! one SQLite file on one host.
 //!
 //! Expiry is a column: boot-clock milliseconds plus the boot id they were
 //! measured under (`CLOCK_BOOTTIME` is one clock for the whole host, and it
@@ -33,7 +39,7 @@
 //!
 //! Grants sync once per [`BLOCK`] tokens, through a token ceiling `C`
 //! stored with its state (`pending` or `durable`) and the boot id it was
-//! written under (`store::Ceiling`, rows of `meta`). A grant takes
+//! written under (`sqlite::rows::Ceiling`, rows of `meta`). A grant takes
 //! `t = last_issued + 1`; if the ceiling's boot is not this boot, commits
 //! after the last synced ceiling may have been lost in a power loss, so
 //! `t = max(t, C + 1)`. When `t > C`, the state is `pending` or the boot
@@ -71,7 +77,7 @@
 //! anyway (the boot id changed).
 //!
 //! Size: nothing checkpoints on close or inside a call. After a release (and
-//! after a renewal has been reported, see [`SharedEngine::tidy`]) the WAL is
+//! after a renewal has been reported, see [`FileEngine::tidy`]) the WAL is
 //! checkpointed and truncated once it passes a small bound, without waiting
 //! for anyone: a busy database just leaves it to the next process. A first
 //! opener rebuilds the WAL index by reading the whole WAL, so a bounded WAL
@@ -87,14 +93,18 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::lease::LeaseInfo;
 
+use super::api::{Granted, MAX_PAGE, Page, validate_acquire, validate_task};
+use super::error::{Context, EngineError, StoreError};
 use super::gate::{self, Gate, GateError, Turn};
 use super::history::{self, Cause};
-use super::rules::{AcquireSpec, NewLease, TaskRow, lease_id, new_key, task_of};
-use super::store::{self, Context, Expiry, StoreError};
-use super::{EngineError, Granted, Page, now_ms, validate_acquire};
+use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
+use super::sqlite::rows::{self, Ceiling, Expiry};
+use super::sqlite::{SqliteTxn, schema};
+use super::store::{HistoryRead, Txn};
+use crate::time::{boot_ms, wall_ms};
 
 /// One process's handle on the shared database.
-pub struct SharedEngine {
+pub struct FileEngine {
     conn: Connection,
     gate: Gate,
     boot_id: String,
@@ -112,7 +122,7 @@ enum Durability {
     Cached,
 }
 
-/// What a call's rule asks [`SharedEngine::with_row`] to commit.
+/// What a call's rule asks [`FileEngine::with_row`] to commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Write {
     /// Nothing (unless the row had to record a hold).
@@ -135,7 +145,7 @@ pub const BLOCK: u64 = 1024;
 /// if this grant must sync (see the module doc, "Durability").
 fn next_token(
     last_issued: u64,
-    ceiling: Option<&store::Ceiling>,
+    ceiling: Option<&Ceiling>,
     boot_id: &str,
 ) -> Result<(u64, Option<u64>), EngineError> {
     const EXHAUSTED: EngineError = EngineError::Unavailable("the token sequence is exhausted");
@@ -196,7 +206,7 @@ impl Wal {
     }
 }
 
-/// What [`SharedEngine::tidy`] did.
+/// What [`FileEngine::tidy`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tidied {
     /// The WAL was within the bound: nothing to do.
@@ -271,7 +281,7 @@ fn begin<'c>(
 /// already durable and must be answered.
 fn mark_durable(conn: &mut Connection, gate: &Gate, deadline: Instant, value: u64, boot_id: &str) {
     let done = begin(conn, gate, deadline).and_then(|tx| {
-        store::mark_ceiling_durable(&tx, value, boot_id)?;
+        rows::mark_ceiling_durable(&tx, value, boot_id)?;
         tx.commit().ctx("committing the token ceiling")
     });
     if let Err(e) = done {
@@ -279,13 +289,13 @@ fn mark_durable(conn: &mut Connection, gate: &Gate, deadline: Instant, value: u6
     }
 }
 
-impl SharedEngine {
+impl FileEngine {
     /// Opens (creating if needed) the database, waiting at most `timeout`
     /// for other processes that hold it.
     pub fn open(path: &Path, timeout: Duration) -> Result<Self, EngineError> {
         let deadline = deadline_in(timeout);
         let boot_id = crate::time::clock::boot_id().map_err(StoreError::BootId)?;
-        let mut conn = store::connect(path)?;
+        let mut conn = schema::connect(path)?;
         conn.busy_handler(Some(gate::busy_handler))
             .ctx("setting the busy handler")?;
         // No checkpoint when a connection closes: every agent closes two
@@ -300,25 +310,25 @@ impl SharedEngine {
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
                 let _turn = turn(&gate, deadline)?;
-                store::set_modes(&conn, path)?;
-                if store::schema_current(&conn)? {
+                schema::set_modes(&conn, path)?;
+                if schema::schema_current(&conn)? {
                     return Ok(());
                 }
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .ctx("taking the write lock")?;
-                store::ensure_schema(&tx)?;
+                schema::ensure_schema(&tx)?;
                 tx.commit().ctx("committing the schema")?;
                 Ok(())
             })
         })?;
-        // `store::set_modes` set FULL (serve's setting); here the engine
+        // `schema::set_modes` set FULL (serve's setting); here the engine
         // syncs the WAL itself where it must (`Durability`).
         conn.pragma_update(None, "synchronous", "NORMAL")
             .ctx("setting synchronous=NORMAL")?;
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
-        Ok(SharedEngine {
+        Ok(FileEngine {
             conn,
             gate,
             boot_id,
@@ -375,10 +385,10 @@ impl SharedEngine {
         cause: Cause,
         timeout: Duration,
         durability: Durability,
-        mut f: impl FnMut(&mut TaskRow, &Transaction<'_>) -> Result<(T, Write), EngineError>,
+        mut f: impl FnMut(&mut TaskRow, &mut SqliteTxn<'_>) -> Result<(T, Write), EngineError>,
     ) -> Result<T, EngineError> {
         let deadline = deadline_in(timeout);
-        let SharedEngine {
+        let FileEngine {
             conn,
             gate,
             boot_id,
@@ -386,22 +396,22 @@ impl SharedEngine {
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                let tx = begin(conn, gate, deadline)?;
-                let mut row = store::load(&tx, task, Expiry::Boot(boot_id))?;
+                let mut tx = SqliteTxn::boot(begin(conn, gate, deadline)?, boot_id);
+                let mut row = tx.load(task)?;
                 let before = row.lease.clone();
                 let settled = row.settle(now);
-                let (out, write) = match f(&mut row, &tx) {
+                let (out, write) = match f(&mut row, &mut tx) {
                     Ok((out, write)) => (Ok(out), write),
                     Err(e @ (EngineError::Storage(_) | EngineError::Commit(_))) => return Err(e),
                     // The rules leave the row as it was when they refuse.
                     Err(e) => (Err(e), Write::Nothing),
                 };
                 if write != Write::Nothing || settled {
-                    store::save(&tx, &row, Some(boot_id))?;
+                    tx.save(&row)?;
                     for op in history::ops(before.as_ref(), &row, cause, now) {
-                        history::apply(&tx, &op, history::DEFAULT_BOUNDS)?;
+                        tx.record(&op, history::DEFAULT_BOUNDS)?;
                     }
-                    tx.commit().ctx("committing")?;
+                    tx.commit()?;
                     match write {
                         Write::RowAndCeiling(ceiling) => {
                             wal.sync()?;
@@ -422,7 +432,7 @@ impl SharedEngine {
         timeout: Duration,
     ) -> Result<Granted, EngineError> {
         validate_acquire(spec)?;
-        let now = now_ms();
+        let now = boot_ms();
         let key = new_key().map_err(StoreError::Random)?;
         let boot_id = self.boot_id.clone();
         // A `hold` grant lost in a power loss would let the task run again
@@ -439,9 +449,8 @@ impl SharedEngine {
             timeout,
             durability,
             |row, tx| {
-                let ceiling = store::load_ceiling(tx)?;
-                let (token, reserve) =
-                    next_token(store::last_issued(tx)?, ceiling.as_ref(), &boot_id)?;
+                let ceiling = tx.ceiling()?;
+                let (token, reserve) = next_token(tx.last_issued()?, ceiling.as_ref(), &boot_id)?;
                 row.acquire(
                     spec,
                     now,
@@ -450,11 +459,11 @@ impl SharedEngine {
                         key: key.clone(),
                     },
                 )?;
-                store::set_last_issued(tx, token)?;
+                tx.set_last_issued(token)?;
                 // Only a grant reserves: a refusal returned above.
                 let write = match reserve {
                     Some(c) => {
-                        store::save_ceiling(tx, c, &boot_id)?;
+                        tx.save_ceiling(c, &boot_id)?;
                         Write::RowAndCeiling(c)
                     }
                     None => Write::Row,
@@ -479,7 +488,7 @@ impl SharedEngine {
         principal: &str,
         timeout: Duration,
     ) -> Result<u64, EngineError> {
-        let now = now_ms();
+        let now = boot_ms();
         let (key, task) = task_of(id)?;
         self.with_row(
             task,
@@ -492,7 +501,7 @@ impl SharedEngine {
     }
 
     /// Releases without a report of how the run went (see
-    /// [`SharedEngine::release_reporting`]).
+    /// [`FileEngine::release_reporting`]).
     #[cfg(test)]
     pub fn release(
         &mut self,
@@ -514,7 +523,7 @@ impl SharedEngine {
         exit_code: Option<i32>,
         timeout: Duration,
     ) -> Result<(), EngineError> {
-        let now = now_ms();
+        let now = boot_ms();
         let (key, task) = task_of(id)?;
         let cause = Cause::Release(outcome, exit_code);
         self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
@@ -529,8 +538,8 @@ impl SharedEngine {
         force: bool,
         timeout: Duration,
     ) -> Result<u64, EngineError> {
-        super::validate_task(task).map_err(EngineError::BadRequest)?;
-        let now = now_ms();
+        validate_task(task).map_err(EngineError::BadRequest)?;
+        let now = boot_ms();
         self.with_row(
             task,
             now,
@@ -542,8 +551,8 @@ impl SharedEngine {
     }
 
     pub fn clear(&mut self, task: &str, timeout: Duration) -> Result<u64, EngineError> {
-        super::validate_task(task).map_err(EngineError::BadRequest)?;
-        let now = now_ms();
+        validate_task(task).map_err(EngineError::BadRequest)?;
+        let now = boot_ms();
         self.with_row(
             task,
             now,
@@ -565,10 +574,10 @@ impl SharedEngine {
     ) -> Result<Page, EngineError> {
         let deadline = deadline_in(timeout);
         let limit = limit.max(1);
-        let now = now_ms();
+        let now = boot_ms();
         let rows = gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                Ok(store::load_page(
+                Ok(rows::load_page(
                     &self.conn,
                     after,
                     limit,
@@ -597,17 +606,17 @@ impl SharedEngine {
         timeout: Duration,
     ) -> Result<Vec<history::Record>, EngineError> {
         let deadline = deadline_in(timeout);
-        let now = now_ms();
+        let now = boot_ms();
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                let mut page = history::page(&self.conn, task, before, limit)?;
+                let mut page = HistoryRead::page(&mut self.conn, task, before, limit)?;
                 for r in page.iter_mut().filter(|r| r.ended.is_none()) {
-                    let row = store::load(&self.conn, &r.task, Expiry::Boot(&self.boot_id))?;
+                    let row = rows::load(&self.conn, &r.task, Expiry::Boot(&self.boot_id))?;
                     let end = match row.lease.as_ref().filter(|l| l.token == r.token) {
-                        Some(l) if matches!(l.phase(now), super::rules::Phase::Active { .. }) => {
+                        Some(l) if matches!(l.phase(now), Phase::Active { .. }) => {
                             continue;
                         }
-                        Some(l) => history::expired(l, now, history::wall_ms()),
+                        Some(l) => history::expired(l, now, wall_ms()),
                         // Gone without a recorded end: expired, time unknown.
                         None => {
                             r.ended = Some(crate::lease::Ended::Expired);
@@ -632,7 +641,7 @@ impl SharedEngine {
         let mut after: Option<String> = None;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let page = self.leases_page(after.as_deref(), 1000, left)?;
+            let page = self.leases_page(after.as_deref(), MAX_PAGE, left)?;
             out.extend(page.leases);
             match page.next_after {
                 Some(a) => after = Some(a),
@@ -688,7 +697,7 @@ mod tests {
     fn released_rows_are_compacted_and_tokens_keep_rising() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         let mut last = 0;
         for i in 0..5 {
             for task in ["a", "b"] {
@@ -714,14 +723,14 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM tasks", [], |r| r.get(0))
             .unwrap();
         assert_eq!(rows, 0, "released rows are deleted");
-        assert_eq!(store::last_issued(&c).unwrap(), last);
+        assert_eq!(rows::last_issued(&c).unwrap(), last);
     }
 
     #[test]
     fn a_corrupt_row_fails_the_call_and_never_restarts_tokens() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         let g = e.acquire(&spec("x", ExpiryPolicy::Redispatch), T).unwrap();
         let c = Connection::open(&db).unwrap();
         c.execute("UPDATE tasks SET last_token = -5, token = NULL", [])
@@ -759,7 +768,7 @@ mod tests {
     #[test]
     fn another_principal_cannot_renew_or_release() {
         let d = tempfile::tempdir().unwrap();
-        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let mut e = FileEngine::open(&d.path().join("l.db"), T).unwrap();
         let mut s = spec("o", ExpiryPolicy::Redispatch);
         s.principal = "alice".into();
         let g = e.acquire(&s, T).unwrap();
@@ -783,7 +792,7 @@ mod tests {
     #[test]
     fn operator_calls_are_synced_grants_once_per_block_renewals_and_releases_never() {
         let d = tempfile::tempdir().unwrap();
-        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let mut e = FileEngine::open(&d.path().join("l.db"), T).unwrap();
         let synchronous: i64 = e
             .conn
             .pragma_query_value(None, "synchronous", |r| r.get(0))
@@ -827,8 +836,8 @@ mod tests {
     }
 
     /// The stored ceiling and its state.
-    fn ceiling(e: &SharedEngine) -> (u64, String) {
-        let c = store::load_ceiling(&e.conn).unwrap().unwrap();
+    fn ceiling(e: &FileEngine) -> (u64, String) {
+        let c = rows::load_ceiling(&e.conn).unwrap().unwrap();
         assert_eq!(c.boot_id, e.boot_id);
         let state = if c.durable { "durable" } else { "pending" };
         (c.value, state.into())
@@ -846,7 +855,7 @@ mod tests {
     fn after_a_power_loss_the_first_grant_starts_above_the_ceiling() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         for want in 1..=3 {
             let g = e.acquire(&spec("p", ExpiryPolicy::Redispatch), T).unwrap();
             assert_eq!(g.token, want);
@@ -893,7 +902,7 @@ mod tests {
     fn a_pending_ceiling_makes_the_next_grant_sync() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         let mut long = spec("k", ExpiryPolicy::Redispatch);
         long.ttl_ms = 60_000;
         e.acquire(&long, T).unwrap();
@@ -914,9 +923,9 @@ mod tests {
         assert_eq!(e.wal.syncs, 2);
         // Marking durable never marks a ceiling that was not the one synced.
         set_meta(&c, "token_ceiling_state", "pending");
-        assert!(!store::mark_ceiling_durable(&c, BLOCK, &e.boot_id).unwrap());
-        assert!(!store::mark_ceiling_durable(&c, BLOCK + 1, "another-boot").unwrap());
-        assert!(store::mark_ceiling_durable(&c, BLOCK + 1, &e.boot_id).unwrap());
+        assert!(!rows::mark_ceiling_durable(&c, BLOCK, &e.boot_id).unwrap());
+        assert!(!rows::mark_ceiling_durable(&c, BLOCK + 1, "another-boot").unwrap());
+        assert!(rows::mark_ceiling_durable(&c, BLOCK + 1, &e.boot_id).unwrap());
         assert_eq!(ceiling(&e), (BLOCK + 1, "durable".into()));
     }
 
@@ -924,7 +933,7 @@ mod tests {
     fn a_corrupt_ceiling_fails_the_grant() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         e.acquire(&spec("c0", ExpiryPolicy::Redispatch), T).unwrap();
         let c = Connection::open(&db).unwrap();
         for (key, value, good) in [
@@ -965,8 +974,8 @@ mod tests {
     fn tidy_truncates_a_large_wal_and_never_waits_for_a_peer() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
-        let churn = |e: &mut SharedEngine, n: usize| -> u64 {
+        let mut e = FileEngine::open(&db, T).unwrap();
+        let churn = |e: &mut FileEngine, n: usize| -> u64 {
             let mut last = 0;
             for _ in 0..n {
                 let g = e.acquire(&spec("w", ExpiryPolicy::Redispatch), T).unwrap();
@@ -997,7 +1006,7 @@ mod tests {
         assert_eq!(e.tidy(TIDY_AFTER_RELEASE), Tidied::Truncated);
         assert_eq!(wal_len(&db), 0);
         // Nothing was lost: the sequence goes on from where it was.
-        let last = store::last_issued(&peer).unwrap();
+        let last = rows::last_issued(&peer).unwrap();
         assert_eq!(last, 106);
         assert!(churn(&mut e, 1) > last);
         let ok: String = peer
@@ -1010,7 +1019,7 @@ mod tests {
     fn a_stopped_peer_holding_the_gate_does_not_stall_a_call() {
         let d = tempfile::tempdir().unwrap();
         let db = d.path().join("l.db");
-        let mut e = SharedEngine::open(&db, T).unwrap();
+        let mut e = FileEngine::open(&db, T).unwrap();
         let peer = Gate::open(&db).unwrap();
         let _stuck = peer.enter(Instant::now() + T).unwrap();
         let start = Instant::now();
@@ -1024,7 +1033,7 @@ mod tests {
     #[test]
     fn pages_cover_every_lease_once_in_order() {
         let d = tempfile::tempdir().unwrap();
-        let mut e = SharedEngine::open(&d.path().join("l.db"), T).unwrap();
+        let mut e = FileEngine::open(&d.path().join("l.db"), T).unwrap();
         for i in 0..25 {
             e.acquire(&spec(&format!("t{i:02}"), ExpiryPolicy::Redispatch), T)
                 .unwrap();

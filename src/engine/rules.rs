@@ -12,7 +12,7 @@
 
 use crate::lease::{ExpiryPolicy, LeaseInfo, LeaseState, RefusalReason};
 
-use super::EngineError;
+use super::error::EngineError;
 
 /// The current lease of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]

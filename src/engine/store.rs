@@ -1,797 +1,125 @@
-//! The SQLite schema and row I/O of the lease engine.
+//! The storage seam: what the engines ask of a durable store, so that a
+//! second store can stand where SQLite stands.
 //!
-//! One row per task that has (or recently had) a lease, and one global token
-//! sequence (`seq`). Every grant takes the next number of the sequence and
-//! writes it back in the same transaction as the grant's row, so one
-//! committed write makes both durable together: a token is never answered
-//! without the counter that rules out its reuse being on disk (serve), or,
-//! in the embedded engine, without a durable token ceiling above it
-//! ([`Ceiling`], rows of `meta`, which need no schema change). Because the
-//! sequence never decreases, a released task's row can be deleted
-//! (compaction) without its next token ever going down; the per-task
-//! `last_token` is kept only to tell `superseded` from `unknown_lease`.
+//! Two levels:
+//! - [`Txn`]: the reads and writes of one transaction (a task's row, the
+//!   token sequence, the run history). Both engines apply the rules
+//!   ([`super::rules`]) to rows and write them back through it: the embedded
+//!   engine (`file.rs`) one call per transaction, serve's writer
+//!   (`batched/writer.rs`) a whole group of changes per transaction.
+//! - [`Store`]: a store `serve` runs on ([`super::batched::BatchedEngine`]):
+//!   everything on record at start ([`Snapshot`]), transactions, and a
+//!   second handle for reads ([`HistoryRead`]) that never wait for a
+//!   commit. SQLite implements it (`sqlite/mod.rs`, `SqliteStore`); a
+//!   PostgreSQL store for a fleet's replicas implements the same (tokens,
+//!   leases with their policies and holds, the history; the principals'
+//!   counts are derived from the rows on load).
 //!
-//! The file is in WAL mode with `synchronous=FULL`: each commit fsyncs the
-//! WAL before returning, which is the durability the protocol demands of a
-//! grant (the embedded engine runs at `NORMAL` and fdatasyncs the WAL
-//! itself after the commits that must be durable; see `file`). `expires_ms`/`boot_id` are only meaningful to the embedded engine
-//! (serve keeps expiry in memory and writes NULL there); `held` records that
-//! a lease expired under policy hold, so the state survives a restart.
+//! What a replicated store adds fits these calls: a leader's takeover is a
+//! [`Store::load`] (the Restart rule gives every lease on record a full ttl
+//! from then), and a store that fences leaders checks its leader epoch
+//! inside each [`Store::transaction`], so a deposed leader's commit fails
+//! like any failed commit: its writer is marked failed and it grants no
+//! more.
 //!
-//! Bad data is an error, never a default: a negative or missing number, an
-//! unknown policy or refusal reason, a sequence behind a task's counter is a
-//! [`StoreError::Corrupt`] naming the task and the column, and the call
-//! fails instead of granting (tokens must never restart because of bad data).
+//! The embedded engine's transaction itself is SQLite's and stays so: its
+//! turns at the write lock (`gate.rs`), its own `fdatasync` of the WAL and
+//! the token ceiling that saves it most of them are that file's durability
+//! on one host, not something another store would share.
+//!
+//! Synchronous, on purpose. Every call into a store is made from a thread
+//! that may block: serve's writer thread (whose whole job is to wait for one
+//! commit while the next group queues up), serve's blocking pool (the
+//! history's pages, the status page, the metrics), or an agent's own call. The engine stays free of any
+//! async runtime (the agent has none; `ack.rs` needs only `std`). A store
+//! over an async client (`tokio-postgres` on serve's runtime) runs each call
+//! to completion on that thread (`Handle::block_on`), or owns a
+//! current-thread runtime of its own there.
+//!
+//! Invariants every store keeps (the engines rely on them):
+//! - A transaction is all or nothing, and durable when
+//!   [`Store::transaction`] returns `Ok` (serve answers a grant only then).
+//!   A store may defer its writes to the commit (a client that pipelines
+//!   them); then an error of any write fails the transaction.
+//! - The token sequence never goes down ([`Txn::set_last_issued`] keeps the
+//!   larger value), so a compacted row's next token is still higher.
+//! - Bad stored data is an error ([`StoreError::Corrupt`] and its kin),
+//!   never a default: tokens must never restart because of it.
+//! - A row and the history of the attempts its change began or ended are
+//!   written in the same transaction (the engines pass them together), so
+//!   a crash never keeps one without the other.
 
-use std::path::{Path, PathBuf};
+use super::error::StoreError;
+use super::history::{Bounds, Op, Record};
+use super::rules::TaskRow;
 
-use rusqlite::types::Value;
-use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, params};
+/// The reads and writes of one transaction.
+pub trait Txn {
+    /// The task's row (a fresh one if the store has none). A store that
+    /// keeps no expiries (serve's) gives its lease one ttl past the instant
+    /// [`Store::load`] was given, as the Restart rule does.
+    fn load(&mut self, task: &str) -> Result<TaskRow, StoreError>;
 
-use crate::lease::{ExpiryPolicy, RefusalReason};
+    /// Writes the row, or deletes it when it holds nothing worth keeping
+    /// (no lease, no early end to report): compaction.
+    fn save(&mut self, row: &TaskRow) -> Result<(), StoreError>;
 
-use super::gate::GateError;
-use super::rules::{Lease, TaskRow};
+    /// The last token issued for any task; missing or negative is
+    /// corruption, never 0.
+    fn last_issued(&mut self) -> Result<u64, StoreError>;
 
-/// A database failure.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("lease database: {what}")]
-    Sqlite {
-        what: &'static str,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("lease database: creating {path}")]
-    CreateDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("lease database {path}: cannot switch to WAL mode (got {mode})")]
-    NotWal { path: PathBuf, mode: String },
-    #[error("lease database: waiting for the write lock")]
-    Gate(#[from] GateError),
-    #[error("lease database: the row of task {task:?} is corrupt: {column} {problem}")]
-    Corrupt {
-        task: String,
-        column: &'static str,
-        problem: String,
-    },
-    #[error("lease database: the token sequence (seq.last_token) is corrupt: it {0}")]
-    CorruptSequence(String),
-    #[error("lease database: the token ceiling (table meta) is corrupt: {0}")]
-    CorruptCeiling(String),
-    #[error("lease database: value {0} is too large to store")]
-    TooLarge(u64),
-    #[error("reading the boot id")]
-    BootId(#[source] std::io::Error),
-    #[error("lease database: making a lease id")]
-    Random(#[source] std::io::Error),
-    #[error("lease database: an earlier commit failed; restart the server")]
-    Failed,
-    #[error("lease database: syncing {path}")]
-    SyncWal {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Records that tokens up to `token` have been issued (never lowers it).
+    fn set_last_issued(&mut self, token: u64) -> Result<(), StoreError>;
+
+    /// One write of the run history ([`super::history::ops`]); a grant's
+    /// also deletes what is past `bounds` (a bounded amount per grant).
+    fn record(&mut self, op: &Op, bounds: Bounds) -> Result<(), StoreError>;
 }
 
-impl StoreError {
-    /// Another process held the database's write lock: worth retrying.
-    pub fn is_busy(&self) -> bool {
-        match self {
-            StoreError::Sqlite { source, .. } => matches!(
-                source.sqlite_error_code(),
-                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
-            ),
-            StoreError::Gate(GateError::Timeout { .. }) => true,
-            _ => false,
-        }
-    }
+/// Everything on record, as an engine starting on a store sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The token sequence: every token issued is at most this.
+    pub last_issued: u64,
+    /// Every task's row, in task order.
+    pub rows: Vec<TaskRow>,
+    /// When each task last ended with a release reporting `succeeded`
+    /// (wall-clock ms), from the history still kept.
+    pub last_successes: Vec<(String, u64)>,
 }
 
-/// Attaches what was being done to a SQLite error.
-pub trait Context<T> {
-    fn ctx(self, what: &'static str) -> Result<T, StoreError>;
+/// A store `serve`'s engine runs on. It lives on the engine's writer
+/// thread (so `Send`); reads go through [`Store::reader`]'s handle.
+pub trait Store: Send + 'static {
+    /// Everything on record. The store keeps no expiries (memory does), so
+    /// every lease on record expires one ttl after `now_ms` (boot-clock
+    /// ms; the protocol's Restart rule), except one recorded as held.
+    fn load(&mut self, now_ms: u64) -> Result<Snapshot, StoreError>;
+
+    /// Runs `f` in one transaction and commits it durably; nothing of it is
+    /// kept if `f` or the commit fails.
+    fn transaction(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn Txn) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError>;
+
+    /// A second handle for the history's reads, which must not wait for
+    /// the writer's commits (serve answers them from its blocking pool).
+    fn reader(&self) -> Result<Box<dyn HistoryRead>, StoreError>;
 }
 
-impl<T> Context<T> for rusqlite::Result<T> {
-    fn ctx(self, what: &'static str) -> Result<T, StoreError> {
-        self.map_err(|source| StoreError::Sqlite { what, source })
-    }
-}
+/// Reads of the run history (what has been committed).
+pub trait HistoryRead: Send {
+    /// Up to `limit` attempts (at most [`super::api::MAX_PAGE`]) of `task`,
+    /// or of every task, newest first, with tokens below `before`.
+    fn page(
+        &mut self,
+        task: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError>;
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tasks(
-  task TEXT PRIMARY KEY,
-  last_token INTEGER NOT NULL,
-  token INTEGER,
-  holder TEXT,
-  ttl_ms INTEGER,
-  policy TEXT,
-  grace_ms INTEGER,
-  expires_ms INTEGER,
-  boot_id TEXT,
-  revoked INTEGER NOT NULL DEFAULT 0,
-  ended_token INTEGER,
-  ended_reason TEXT
-);
-CREATE TABLE IF NOT EXISTS seq(id INTEGER PRIMARY KEY CHECK (id = 1), last_token INTEGER NOT NULL);";
-
-/// Columns added after the first schema; added to older files on open.
-const ADDED: [(&str, &str); 3] = [
-    ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
-    ("lease_key", "ALTER TABLE tasks ADD COLUMN lease_key TEXT"),
-    (
-        "held",
-        "ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
-    ),
-];
-
-/// Opens (creating if needed) the database at `path` in WAL mode with
-/// `synchronous=FULL`. The busy handler is the caller's to set; the schema
-/// is created or brought up to date by [`ensure_schema`].
-pub fn connect(path: &Path) -> Result<Connection, StoreError> {
-    // A database whose directory was checked on a descriptor is opened
-    // through that descriptor (`sys::sqlite_at`), never by name again.
-    if let Some(via) = crate::sys::sqlite_at::path_for(path) {
-        return Connection::open_with_flags_and_vfs(
-            via,
-            rusqlite::OpenFlags::default(),
-            crate::sys::sqlite_at::VFS,
-        )
-        .ctx("opening the file");
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    }
-    Connection::open(path).ctx("opening the file")
-}
-
-/// Switches to WAL (needs the write lock the first time: call it in turn,
-/// see `gate`) and sets `synchronous=FULL`.
-pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .ctx("switching to WAL mode")?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::NotWal {
-            path: path.to_path_buf(),
-            mode,
-        });
-    }
-    conn.pragma_update(None, "synchronous", "FULL")
-        .ctx("setting synchronous=FULL")
-}
-
-/// The schema's version, stored in the file's `user_version` by
-/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], the history's
-/// schema and [`ADDED`], so any change to them is a new version without
-/// anyone having to bump a number (everything `ensure_schema` creates must
-/// be in those).
-const SCHEMA_VERSION: i64 = {
-    // FNV-1a, 31 bits (user_version is a signed 32-bit integer; 0 is a
-    // file that never had a schema).
-    let mut h: u32 = 0x811c_9dc5;
-    let mut parts: [&[u8]; 2 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 2 + 2 * ADDED.len()];
-    parts[1] = super::history::SCHEMA.as_bytes();
-    let mut i = 0;
-    while i < ADDED.len() {
-        parts[2 + 2 * i] = ADDED[i].0.as_bytes();
-        parts[3 + 2 * i] = ADDED[i].1.as_bytes();
-        i += 1;
-    }
-    let mut p = 0;
-    while p < parts.len() {
-        let mut b = 0;
-        while b < parts[p].len() {
-            h = (h ^ parts[p][b] as u32).wrapping_mul(0x0100_0193);
-            b += 1;
-        }
-        p += 1;
-    }
-    ((h & 0x7fff_ffff) | 1) as i64
-};
-
-/// True when the file already has this version's schema: one read of the
-/// file header (no write lock needed, so a process that opens a current
-/// file does not queue for it, and no table is inspected).
-pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
-    let v: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .ctx("reading the schema version")?;
-    Ok(v == SCHEMA_VERSION)
-}
-
-/// Creates the tables, adds columns missing from an older file, and starts
-/// the token sequence from the highest per-task counter.
-pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    tx.execute_batch(SCHEMA).ctx("creating the schema")?;
-    tx.execute_batch(super::history::SCHEMA)
-        .ctx("creating the history table")?;
-    let mut have = Vec::new();
-    {
-        let mut st = tx
-            .prepare("SELECT name FROM pragma_table_info('tasks')")
-            .ctx("reading the schema")?;
-        let names = st
-            .query_map([], |r| r.get::<_, String>(0))
-            .ctx("reading the schema")?;
-        for n in names {
-            have.push(n.ctx("reading the schema")?);
-        }
-    }
-    for (col, sql) in ADDED {
-        if !have.iter().any(|h| h == col) {
-            tx.execute_batch(sql).ctx("adding a column")?;
-        }
-    }
-    tx.execute(
-        "INSERT INTO seq(id, last_token)
-         SELECT 1, (SELECT COALESCE(MAX(last_token), 0) FROM tasks)
-         WHERE NOT EXISTS (SELECT 1 FROM seq)",
-        [],
-    )
-    .ctx("starting the token sequence")?;
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-        .ctx("recording the schema version")?;
-    Ok(())
-}
-
-fn to_i64(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::TooLarge(v))
-}
-
-/// The last token issued for any task. A negative or missing value is
-/// corruption, never read as 0.
-pub fn last_issued(conn: &Connection) -> Result<u64, StoreError> {
-    let v: Option<Value> = conn
-        .query_row("SELECT last_token FROM seq WHERE id = 1", [], |r| r.get(0))
-        .optional()
-        .ctx("reading the token sequence")?;
-    let corrupt = StoreError::CorruptSequence;
-    match v {
-        None => Err(corrupt("is missing".into())),
-        Some(Value::Integer(i)) => u64::try_from(i).map_err(|_| corrupt(format!("is {i}"))),
-        Some(other) => Err(corrupt(format!("is not an integer ({other:?})"))),
-    }
-}
-
-/// Records that tokens up to `token` have been issued (never lowers it).
-pub fn set_last_issued(conn: &Connection, token: u64) -> Result<(), StoreError> {
-    let token = to_i64(token)?;
-    let n = conn
-        .prepare_cached("UPDATE seq SET last_token = MAX(last_token, ?1) WHERE id = 1")
-        .and_then(|mut st| st.execute(params![token]))
-        .ctx("writing the token sequence")?;
-    if n == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::CorruptSequence("is missing".into()))
-    }
-}
-
-/// The embedded engine's token ceiling (see `file`, "Durability"): the
-/// highest token that grants may answer without an fdatasync of their own,
-/// whether the ceiling was already on disk when it was recorded (`durable`),
-/// and the boot it was written under. Three rows of `meta`, so files
-/// without them need no new schema: a file without a ceiling has none
-/// (`None`, as good as 0).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ceiling {
-    pub value: u64,
-    pub durable: bool,
-    pub boot_id: String,
-}
-
-const CEILING_KEYS: [&str; 3] = ["token_ceiling", "token_ceiling_state", "token_ceiling_boot"];
-
-/// Reads the token ceiling. All three rows or none: anything else, or a
-/// value that is not what [`save_ceiling`] writes, is corruption.
-pub fn load_ceiling(conn: &Connection) -> Result<Option<Ceiling>, StoreError> {
-    let mut vals: [Option<Value>; 3] = [None, None, None];
-    {
-        let mut st = conn
-            .prepare_cached("SELECT key, value FROM meta WHERE key IN (?1, ?2, ?3)")
-            .ctx("reading the token ceiling")?;
-        let rows = st
-            .query_map(
-                params![CEILING_KEYS[0], CEILING_KEYS[1], CEILING_KEYS[2]],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Value>(1)?)),
-            )
-            .ctx("reading the token ceiling")?;
-        for r in rows {
-            let (k, v) = r.ctx("reading the token ceiling")?;
-            if let Some(i) = CEILING_KEYS.iter().position(|c| *c == k) {
-                vals[i] = Some(v);
-            }
-        }
-    }
-    let corrupt = StoreError::CorruptCeiling;
-    let text = |i: usize| match &vals[i] {
-        Some(Value::Text(s)) => Ok(s.as_str()),
-        Some(other) => Err(corrupt(format!(
-            "{} is not text ({other:?})",
-            CEILING_KEYS[i]
-        ))),
-        None => Err(corrupt(format!("{} is missing", CEILING_KEYS[i]))),
-    };
-    if vals.iter().all(Option::is_none) {
-        return Ok(None);
-    }
-    let v = text(0)?;
-    let value = v
-        .parse::<i64>()
-        .ok()
-        .and_then(|n| u64::try_from(n).ok())
-        .ok_or_else(|| corrupt(format!("{} is {v:?}", CEILING_KEYS[0])))?;
-    let durable = match text(1)? {
-        "durable" => true,
-        "pending" => false,
-        s => return Err(corrupt(format!("{} is {s:?}", CEILING_KEYS[1]))),
-    };
-    Ok(Some(Ceiling {
-        value,
-        durable,
-        boot_id: text(2)?.to_owned(),
-    }))
-}
-
-/// Records a new token ceiling, not yet known to be on disk.
-pub fn save_ceiling(conn: &Connection, value: u64, boot_id: &str) -> Result<(), StoreError> {
-    let value = to_i64(value)?.to_string();
-    conn.prepare_cached(
-        "INSERT INTO meta(key, value) VALUES (?1, ?2), (?3, 'pending'), (?4, ?5)
-         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            CEILING_KEYS[0],
-            value,
-            CEILING_KEYS[1],
-            CEILING_KEYS[2],
-            boot_id
-        ])
-    })
-    .map(|_| ())
-    .ctx("writing the token ceiling")
-}
-
-/// Marks the ceiling `value` of boot `boot_id` as on disk, if it is still
-/// the stored one and pending. True when it did.
-pub fn mark_ceiling_durable(
-    conn: &Connection,
-    value: u64,
-    boot_id: &str,
-) -> Result<bool, StoreError> {
-    let value = to_i64(value)?.to_string();
-    conn.prepare_cached(
-        "UPDATE meta SET value = 'durable' WHERE key = ?1 AND value = 'pending'
-           AND EXISTS (SELECT 1 FROM meta WHERE key = ?2 AND value = ?3)
-           AND EXISTS (SELECT 1 FROM meta WHERE key = ?4 AND value = ?5)",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
-            CEILING_KEYS[1],
-            CEILING_KEYS[0],
-            value,
-            CEILING_KEYS[2],
-            boot_id
-        ])
-    })
-    .map(|n| n == 1)
-    .ctx("marking the token ceiling durable")
-}
-
-const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
-
-/// A row as stored, column by column, before any check.
-struct RawRow([Value; 15]);
-
-fn read_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    let mut v: [Value; 15] = std::array::from_fn(|_| Value::Null);
-    for (i, slot) in v.iter_mut().enumerate() {
-        *slot = r.get(i)?;
-    }
-    Ok(RawRow(v))
-}
-
-/// A checked row: the expiry is only valid under `boot_id`.
-struct Stored {
-    row: TaskRow,
-    boot_id: Option<String>,
-}
-
-/// Reads columns of one raw row, turning every surprise into `Corrupt`.
-struct Cols<'a> {
-    v: &'a [Value; 15],
-    task: String,
-}
-
-impl Cols<'_> {
-    fn bad(&self, column: &'static str, problem: String) -> StoreError {
-        StoreError::Corrupt {
-            task: self.task.clone(),
-            column,
-            problem,
-        }
-    }
-
-    fn opt_u64(&self, i: usize, column: &'static str) -> Result<Option<u64>, StoreError> {
-        match &self.v[i] {
-            Value::Null => Ok(None),
-            Value::Integer(n) => u64::try_from(*n)
-                .map(Some)
-                .map_err(|_| self.bad(column, format!("is negative ({n})"))),
-            other => Err(self.bad(column, format!("is not an integer ({other:?})"))),
-        }
-    }
-
-    fn u64(&self, i: usize, column: &'static str) -> Result<u64, StoreError> {
-        self.opt_u64(i, column)?
-            .ok_or_else(|| self.bad(column, "is missing".into()))
-    }
-
-    fn opt_text(&self, i: usize, column: &'static str) -> Result<Option<String>, StoreError> {
-        match &self.v[i] {
-            Value::Null => Ok(None),
-            Value::Text(s) => Ok(Some(s.clone())),
-            other => Err(self.bad(column, format!("is not text ({other:?})"))),
-        }
-    }
-
-    fn text(&self, i: usize, column: &'static str) -> Result<String, StoreError> {
-        self.opt_text(i, column)?
-            .ok_or_else(|| self.bad(column, "is missing".into()))
-    }
-
-    fn flag(&self, i: usize, column: &'static str) -> Result<bool, StoreError> {
-        match self.u64(i, column)? {
-            0 => Ok(false),
-            1 => Ok(true),
-            n => Err(self.bad(column, format!("is {n}, not 0 or 1"))),
-        }
-    }
-}
-
-fn check(raw: RawRow) -> Result<Stored, StoreError> {
-    let task = match &raw.0[0] {
-        Value::Text(s) => s.clone(),
-        other => {
-            return Err(StoreError::Corrupt {
-                task: format!("{other:?}"),
-                column: "task",
-                problem: "is not text".into(),
-            });
-        }
-    };
-    let c = Cols { v: &raw.0, task };
-    let last_token = c.u64(1, "last_token")?;
-    let lease = match c.opt_u64(2, "token")? {
-        None => None,
-        Some(token) => {
-            if token == 0 || token > last_token {
-                return Err(c.bad(
-                    "token",
-                    format!("is {token}, outside 1..={last_token} (last_token)"),
-                ));
-            }
-            let policy_name = c.text(5, "policy")?;
-            let policy = ExpiryPolicy::parse(&policy_name)
-                .ok_or_else(|| c.bad("policy", format!("is unknown ({policy_name:?})")))?;
-            Some(Lease {
-                token,
-                key: c.opt_text(13, "lease_key")?.unwrap_or_default(),
-                principal: c.opt_text(12, "principal")?.unwrap_or_default(),
-                holder: c.text(3, "holder")?,
-                ttl_ms: c.u64(4, "ttl_ms")?,
-                policy,
-                grace_ms: c.u64(6, "grace_ms")?,
-                expires_ms: c.opt_u64(7, "expires_ms")?.unwrap_or(0),
-                revoked: c.flag(9, "revoked")?,
-                held: c.flag(14, "held")?,
-            })
-        }
-    };
-    let ended = match (
-        c.opt_u64(10, "ended_token")?,
-        c.opt_text(11, "ended_reason")?,
-    ) {
-        (None, None) => None,
-        (Some(t), Some(r)) => Some((
-            t,
-            RefusalReason::parse(&r)
-                .ok_or_else(|| c.bad("ended_reason", format!("is unknown ({r:?})")))?,
-        )),
-        _ => {
-            return Err(c.bad(
-                "ended_token",
-                "and ended_reason must be both set or both empty".into(),
-            ));
-        }
-    };
-    let boot_id = c.opt_text(8, "boot_id")?;
-    let ended_by = if lease.is_none() && ended.is_some() {
-        c.opt_text(12, "principal")?.unwrap_or_default()
-    } else {
-        String::new()
-    };
-    Ok(Stored {
-        row: TaskRow {
-            task: c.task,
-            last_token,
-            ended_by,
-            lease,
-            ended,
-        },
-        boot_id,
-    })
-}
-
-/// Where stored expiries come from.
-#[derive(Clone, Copy, Debug)]
-pub enum Expiry<'a> {
-    /// Embedded: expiries are boot-clock ms valid under this boot id; a row
-    /// from another boot has expired (its expiry reads as 0).
-    Boot(&'a str),
-    /// Serve after a restart: every lease expires at this instant (now + its ttl).
-    RestartAt(u64),
-}
-
-fn fix(mut s: Stored, exp: Expiry<'_>) -> TaskRow {
-    if let Some(l) = &mut s.row.lease {
-        match exp {
-            Expiry::Boot(id) => {
-                if s.boot_id.as_deref() != Some(id) {
-                    l.expires_ms = 0;
-                }
-            }
-            Expiry::RestartAt(now) => l.expires_ms = now.saturating_add(l.ttl_ms),
-        }
-    }
-    s.row
-}
-
-/// Loads one task's row (a fresh row if the task has none).
-pub fn load(conn: &Connection, task: &str, exp: Expiry<'_>) -> Result<TaskRow, StoreError> {
-    let raw = conn
-        .prepare_cached(&format!("{SELECT} WHERE task = ?1"))
-        .and_then(|mut st| st.query_row(params![task], read_raw).optional())
-        .ctx("reading a task")?;
-    match raw {
-        None => Ok(TaskRow::new(task)),
-        Some(r) => Ok(fix(check(r)?, exp)),
-    }
-}
-
-/// Loads up to `limit` rows in task order, after `after` if given.
-pub fn load_page(
-    conn: &Connection,
-    after: Option<&str>,
-    limit: usize,
-    exp: Expiry<'_>,
-) -> Result<Vec<TaskRow>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let raws = conn
-        .prepare_cached(&format!(
-            "{SELECT} WHERE ?1 IS NULL OR task > ?1 ORDER BY task LIMIT ?2"
-        ))
-        .and_then(|mut st| {
-            st.query_map(params![after, limit], read_raw)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-        })
-        .ctx("listing tasks")?;
-    raws.into_iter()
-        .map(|r| check(r).map(|s| fix(s, exp)))
-        .collect()
-}
-
-/// Loads every row.
-pub fn load_all(conn: &Connection, exp: Expiry<'_>) -> Result<Vec<TaskRow>, StoreError> {
-    load_page(conn, None, usize::MAX, exp)
-}
-
-/// Writes a row (insert or replace), or deletes it when it holds nothing
-/// worth keeping (no lease, no early end to report): compaction. `boot_id`
-/// is stored with the expiry (embedded); `None` stores no expiry (serve).
-pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(), StoreError> {
-    if row.lease.is_none() && row.ended.is_none() {
-        return conn
-            .prepare_cached("DELETE FROM tasks WHERE task = ?1")
-            .and_then(|mut st| st.execute(params![row.task]))
-            .map(|_| ())
-            .ctx("compacting a task");
-    }
-    let l = row.lease.as_ref();
-    let opt = |v: Option<u64>| v.map(to_i64).transpose();
-    let values = params![
-        row.task,
-        to_i64(row.last_token)?,
-        opt(l.map(|l| l.token))?,
-        l.map(|l| l.holder.as_str()),
-        opt(l.map(|l| l.ttl_ms))?,
-        l.map(|l| l.policy.as_str()),
-        opt(l.map(|l| l.grace_ms))?,
-        opt(l.and(boot_id).and(l.map(|l| l.expires_ms)))?,
-        l.and(boot_id),
-        i64::from(l.is_some_and(|l| l.revoked)),
-        opt(row.ended.map(|e| e.0))?,
-        row.ended.map(|e| e.1.as_str()),
-        // Without a lease, the column names whose early end `ended` is.
-        l.map_or(row.ended.map(|_| row.ended_by.as_str()), |l| Some(
-            l.principal.as_str()
-        )),
-        l.map(|l| l.key.as_str()),
-        i64::from(l.is_some_and(|l| l.held)),
-    ];
-    conn.prepare_cached(
-        "INSERT INTO tasks(task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held)
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
-         ON CONFLICT(task) DO UPDATE SET last_token=excluded.last_token, token=excluded.token,
-           holder=excluded.holder, ttl_ms=excluded.ttl_ms, policy=excluded.policy,
-           grace_ms=excluded.grace_ms, expires_ms=excluded.expires_ms, boot_id=excluded.boot_id,
-           revoked=excluded.revoked, ended_token=excluded.ended_token, ended_reason=excluded.ended_reason,
-           principal=excluded.principal, lease_key=excluded.lease_key, held=excluded.held",
-    )
-    .and_then(|mut st| st.execute(values))
-    .map(|_| ())
-    .ctx("writing a task")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rusqlite::TransactionBehavior;
-
-    fn db() -> (tempfile::TempDir, Connection) {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("t.db");
-        let mut c = connect(&path).unwrap();
-        set_modes(&c, &path).unwrap();
-        let tx = c
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .unwrap();
-        ensure_schema(&tx).unwrap();
-        tx.commit().unwrap();
-        (d, c)
-    }
-
-    fn held_row() -> TaskRow {
-        let mut r = TaskRow::new("t");
-        r.last_token = 7;
-        r.lease = Some(Lease {
-            token: 7,
-            key: "k".into(),
-            principal: "p".into(),
-            holder: "h".into(),
-            ttl_ms: 1000,
-            policy: ExpiryPolicy::Hold,
-            grace_ms: 0,
-            expires_ms: 5,
-            revoked: false,
-            held: true,
-        });
-        r.ended = Some((6, RefusalReason::Revoked));
-        r
-    }
-
-    #[test]
-    fn rows_round_trip_and_empty_rows_are_compacted() {
-        let (_d, c) = db();
-        let r = held_row();
-        save(&c, &r, Some("b")).unwrap();
-        assert_eq!(load(&c, "t", Expiry::Boot("b")).unwrap(), r);
-        let mut free = r.clone();
-        free.lease = None;
-        free.ended = None;
-        save(&c, &free, None).unwrap();
-        assert_eq!(load_all(&c, Expiry::RestartAt(0)).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn each_kind_of_bad_value_is_corrupt_never_a_default() {
-        let cases = [
-            "UPDATE tasks SET last_token = -1",
-            "UPDATE tasks SET token = -3",
-            "UPDATE tasks SET token = 8",
-            "UPDATE tasks SET policy = 'sometimes'",
-            "UPDATE tasks SET policy = NULL",
-            "UPDATE tasks SET ended_reason = 'bored'",
-            "UPDATE tasks SET ended_token = NULL",
-            "UPDATE tasks SET ttl_ms = 'soon'",
-            "UPDATE tasks SET held = 2",
-            "UPDATE tasks SET holder = NULL",
-        ];
-        for sql in cases {
-            let (_d, c) = db();
-            save(&c, &held_row(), None).unwrap();
-            c.execute(sql, []).unwrap();
-            let e = load(&c, "t", Expiry::RestartAt(0)).unwrap_err();
-            assert!(matches!(e, StoreError::Corrupt { .. }), "{sql}: {e:?}");
-            assert!(load_all(&c, Expiry::RestartAt(0)).is_err(), "{sql}");
-        }
-    }
-
-    #[test]
-    fn the_sequence_never_goes_down_and_a_bad_one_is_corrupt() {
-        let (_d, c) = db();
-        assert_eq!(last_issued(&c).unwrap(), 0);
-        set_last_issued(&c, 9).unwrap();
-        set_last_issued(&c, 4).unwrap();
-        assert_eq!(last_issued(&c).unwrap(), 9);
-        c.execute("UPDATE seq SET last_token = -9", []).unwrap();
-        assert!(matches!(
-            last_issued(&c),
-            Err(StoreError::CorruptSequence(_))
-        ));
-        c.execute("DELETE FROM seq", []).unwrap();
-        assert!(matches!(
-            last_issued(&c),
-            Err(StoreError::CorruptSequence(_))
-        ));
-        assert!(set_last_issued(&c, 10).is_err());
-    }
-
-    #[test]
-    fn the_token_ceiling_round_trips_and_is_marked_durable_only_as_saved() {
-        let (_d, c) = db();
-        assert_eq!(load_ceiling(&c).unwrap(), None, "a file without one");
-        save_ceiling(&c, 2048, "b1").unwrap();
-        let pending = Ceiling {
-            value: 2048,
-            durable: false,
-            boot_id: "b1".into(),
-        };
-        assert_eq!(load_ceiling(&c).unwrap(), Some(pending.clone()));
-        assert!(!mark_ceiling_durable(&c, 1024, "b1").unwrap());
-        assert!(!mark_ceiling_durable(&c, 2048, "b2").unwrap());
-        assert!(mark_ceiling_durable(&c, 2048, "b1").unwrap());
-        assert!(!mark_ceiling_durable(&c, 2048, "b1").unwrap(), "once");
-        let durable = Ceiling {
-            durable: true,
-            ..pending
-        };
-        assert_eq!(load_ceiling(&c).unwrap(), Some(durable));
-        c.execute("UPDATE meta SET value = 7 WHERE key = 'token_ceiling'", [])
-            .unwrap();
-        assert_eq!(load_ceiling(&c).unwrap().unwrap().value, 7, "TEXT affinity");
-        c.execute(
-            "UPDATE meta SET value = x'00' WHERE key = 'token_ceiling'",
-            [],
-        )
-        .unwrap();
-        assert!(matches!(
-            load_ceiling(&c),
-            Err(StoreError::CorruptCeiling(_))
-        ));
-    }
-
-    #[test]
-    fn an_old_file_gains_the_new_columns_and_a_sequence_from_its_counters() {
-        let d = tempfile::tempdir().unwrap();
-        let path = d.path().join("old.db");
-        let mut c = connect(&path).unwrap();
-        c.execute_batch(
-            "CREATE TABLE tasks(task TEXT PRIMARY KEY, last_token INTEGER NOT NULL, token INTEGER,
-               holder TEXT, ttl_ms INTEGER, policy TEXT, grace_ms INTEGER, expires_ms INTEGER,
-               boot_id TEXT, revoked INTEGER NOT NULL DEFAULT 0, ended_token INTEGER, ended_reason TEXT);
-             INSERT INTO tasks(task, last_token) VALUES('a', 41), ('b', 12);",
-        )
-        .unwrap();
-        let tx = c
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .unwrap();
-        assert!(!schema_current(&tx).unwrap());
-        ensure_schema(&tx).unwrap();
-        assert!(schema_current(&tx).unwrap());
-        tx.commit().unwrap();
-        assert_eq!(last_issued(&c).unwrap(), 41);
-        assert_eq!(load(&c, "a", Expiry::RestartAt(0)).unwrap().last_token, 41);
-    }
+    /// When attempt `token` was acquired and when it ended (for a held
+    /// task: when its lease expired), wall-clock ms; `None` if not kept.
+    fn times(&mut self, token: u64) -> Result<Option<(u64, Option<u64>)>, StoreError>;
 }

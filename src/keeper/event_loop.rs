@@ -126,7 +126,10 @@ impl<O: Os> EventLoop<O> {
             self.sample_due();
             self.deadline_due();
             self.os.flush();
-            let until = match (self.killing.as_ref().map(|k| k.next_round), self.next_sample) {
+            let until = match (
+                self.killing.as_ref().map(|k| k.next_round),
+                self.next_sample,
+            ) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
@@ -215,8 +218,7 @@ impl<O: Os> EventLoop<O> {
             return;
         };
         let cost = now.until(self.os.now());
-        self.next_sample =
-            Some(now + (cost * SAMPLE_COST_RATIO).clamp(SAMPLE_MIN, SAMPLE_MAX));
+        self.next_sample = Some(now + (cost * SAMPLE_COST_RATIO).clamp(SAMPLE_MIN, SAMPLE_MAX));
         self.guard.sized(size);
         // Uncapped (the longest ttl): the agent caps it by its own ttl.
         let lead = deadline::kill_lead(Duration::MAX, size);

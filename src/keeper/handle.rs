@@ -76,7 +76,9 @@ pub enum News {
     Report(Report),
     /// The keeper was reaped; `tree_empty`: and no process of the tree is
     /// left (see the module doc).
-    Reaped { tree_empty: bool },
+    Reaped {
+        tree_empty: bool,
+    },
 }
 
 /// A keeper started before the grant, waiting for the job's environment
@@ -109,10 +111,11 @@ fn attempts(want_namespace: bool, root: bool) -> &'static [Namespaces] {
 /// Starts the keeper for `command`, with `env_remove` taken out of the
 /// agent's environment, in a PID namespace of its own unless
 /// `want_namespace` is false or none can be had; it waits for
-/// [`Pending::start`] before it starts the job.
+/// [`Pending::start`] before it starts the job, as `options` say.
 pub fn prestart_keeper(
     command: &[OsString],
     env_remove: &[String],
+    options: &crate::keeper::JobOptions,
     want_namespace: bool,
 ) -> std::io::Result<Pending> {
     let pair = || {
@@ -130,8 +133,10 @@ pub fn prestart_keeper(
         "leaseagent-keeper".as_ref(),
         KEEPER_ARG.as_ref(),
         agent.as_ref(),
-        "--".as_ref(),
     ];
+    let option_args = options.to_args();
+    argv.extend(option_args.iter().map(std::ffi::OsStr::new));
+    argv.push("--".as_ref());
     argv.extend(command.iter().map(|c| c.as_os_str()));
     let env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, _)| !env_remove.iter().any(|r| k == r.as_str()))
@@ -152,7 +157,9 @@ pub fn prestart_keeper(
         }
     }
     let Some((spawned, ns)) = started else {
-        let e = first_failure.map(|(_, e)| e.to_string()).unwrap_or_default();
+        let e = first_failure
+            .map(|(_, e)| e.to_string())
+            .unwrap_or_default();
         return Err(std::io::Error::other(e));
     };
     let fallback = match (want_namespace, ns) {
@@ -403,8 +410,11 @@ impl Keeper {
     /// queued whole or not at all).
     fn send(&mut self, cmd: Ctl) {
         if let Some(ctl) = self.ctl.as_ref() {
-            match rustix::net::send(ctl, &cmd.encode(), SendFlags::DONTWAIT | SendFlags::NOSIGNAL)
-            {
+            match rustix::net::send(
+                ctl,
+                &cmd.encode(),
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            ) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::AGAIN) => {
                     log::warn!("the keeper is not reading its commands (stopped?)");
@@ -476,7 +486,10 @@ mod tests {
             attempts(true, true),
             [Namespaces::Pid, Namespaces::UserPid, Namespaces::None]
         );
-        assert_eq!(attempts(true, false), [Namespaces::UserPid, Namespaces::None]);
+        assert_eq!(
+            attempts(true, false),
+            [Namespaces::UserPid, Namespaces::None]
+        );
         assert_eq!(attempts(false, true), [Namespaces::None]);
         assert_eq!(attempts(false, false), [Namespaces::None]);
     }

@@ -95,9 +95,60 @@ pub const KEEPER_ARG: &str = "__keeper";
 /// 15 bytes, so `leaseagent-keeper` (its `argv[0]`) shows as this.
 pub const KEEPER_COMM: &str = "leaseagent-keep";
 
-/// Runs the keeper: `__keeper AGENT_PID -- COMMAND [ARG...]`, its ctl
-/// socket at fd 3 and its report socket at fd 4 (never on the command
-/// line: `sys::keeper_spawn` put them there).
+/// How the agent wants the job started, beyond its command: the keeper's
+/// arguments before `--`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobOptions {
+    /// `--user`: the ids the job's child switches to.
+    pub user: Option<crate::sys::user::Identity>,
+    /// The job gets the agent's terminal (stdin): the keeper stays in the
+    /// agent's session and the job's group becomes the terminal's
+    /// foreground (see `agent/terminal.rs`).
+    pub terminal: bool,
+}
+
+impl JobOptions {
+    /// The arguments that say these options.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(id) = &self.user {
+            args.push("--user".to_string());
+            args.push(id.to_arg());
+        }
+        if self.terminal {
+            args.push("--terminal".to_string());
+        }
+        args
+    }
+
+    /// The options up to `--`, and what follows it. `None`: not arguments
+    /// the agent writes.
+    fn parse(args: &[OsString]) -> Option<(JobOptions, &[OsString])> {
+        let mut options = JobOptions::default();
+        let mut rest = args;
+        loop {
+            let (first, tail) = rest.split_first()?;
+            match first.to_str()? {
+                "--" => return Some((options, tail)),
+                "--user" => {
+                    let (id, tail) = tail.split_first()?;
+                    options.user = Some(crate::sys::user::Identity::from_arg(id.to_str()?)?);
+                    rest = tail;
+                }
+                "--terminal" => {
+                    options.terminal = true;
+                    rest = tail;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Runs the keeper: `__keeper AGENT_PID [--user UID:GID:GROUPS]
+/// [--terminal] -- COMMAND [ARG...]`, its ctl socket at fd 3 and its
+/// report socket at fd 4 (never on the command line: `sys::keeper_spawn`
+/// put them there).
 pub fn main(args: Vec<OsString>) -> ExitCode {
     // Before anything else, and long before the job exists: exec made us
     // dumpable again, and the job (same uid) must not be able to trace us,
@@ -105,7 +156,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     let dumpable = crate::sys::keeper_spawn::not_dumpable();
     crate::sys::malloc::one_arena();
     let agent = args.first().and_then(|a| a.to_str()?.parse::<u32>().ok());
-    let Some(agent) = agent.filter(|_| args.get(1).is_some_and(|a| a == "--")) else {
+    let Some(agent) = agent else {
         eprintln!("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
@@ -117,8 +168,11 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         eprintln!("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    let command: Vec<OsString> = args.iter().skip(2).cloned().collect();
-    run(ctl, report, command, agent, dumpable)
+    let Some((options, command)) = JobOptions::parse(args.get(1..).unwrap_or_default()) else {
+        eprintln!("leaseagent: __keeper is internal to leaseagent");
+        return ExitCode::from(crate::exit::AGENT_FAILED);
+    };
+    run(ctl, report, command.to_vec(), agent, dumpable, options)
 }
 
 /// The keeper's lifecycle: claim the channels, prepare (handlers, session,
@@ -129,6 +183,7 @@ fn run(
     command: Vec<OsString>,
     agent: u32,
     dumpable: std::io::Result<()>,
+    options: JobOptions,
 ) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
@@ -162,7 +217,7 @@ fn run(
         rustix::fs::Mode::empty(),
     )
     .ok();
-    let started = match prepare_and_spawn(&mut out, &ctl, &command, agent) {
+    let started = match prepare_and_spawn(&mut out, &ctl, &command, agent, &options) {
         Ok(Some(started)) => started,
         // The agent went away before the grant: no job.
         Ok(None) => return ExitCode::SUCCESS,
@@ -244,10 +299,15 @@ fn prepare_and_spawn(
     ctl: &OwnedFd,
     command: &[OsString],
     agent: u32,
+    options: &JobOptions,
 ) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
     let sigchld = watch_sigchld()?;
-    new_session(out);
+    // With the agent's terminal, the job must share its session (a
+    // controlling terminal belongs to one session).
+    if !options.terminal {
+        new_session(out);
+    }
     become_subreaper()?;
     let Some((program, rest)) = command.split_first() else {
         return Err(spawn_failed("no command".into()));
@@ -278,12 +338,15 @@ fn prepare_and_spawn(
     // The grant's variables never set PATH; if they ever did, the search
     // would be the child's own, under the new value.
     let sets_path = env.iter().any(|(k, _)| k == "PATH");
+    // Made now: it notes which signals this process ignores.
+    let steps = crate::sys::spawn::ChildSteps::new(options.user.as_ref(), options.terminal);
     let job = spawn::Job {
         program,
         resolved: found.as_deref().filter(|_| !sets_path),
         rest,
         env: &env,
         oom_score_adj,
+        steps: &steps,
     };
     let (job_pid, containment) = spawn::spawn_job(out, &job, &mut cgroup)?;
     Ok(Some(Started {

@@ -35,6 +35,8 @@ pub(super) struct Job<'a> {
     /// Set over the keeper's environment: the grant's variables.
     pub env: &'a [(OsString, OsString)],
     pub oom_score_adj: i16,
+    /// `--user`, the child's own steps (`sys::spawn::ChildSteps`).
+    pub steps: &'a crate::sys::spawn::ChildSteps,
 }
 
 /// `job` with `LEASE_CONTAINMENT` set to what will hold it (over any value
@@ -96,7 +98,11 @@ pub(super) fn spawn_job(
                 out.send(&Report::Info(format!(
                     "the job runs in cgroup {}{how}; stops use cgroup.kill{}",
                     cg.dir().display(),
-                    if pidns { " and the PID namespace" } else { " and the process tree" }
+                    if pidns {
+                        " and the PID namespace"
+                    } else {
+                        " and the process tree"
+                    }
                 )));
             }
             Ok((pid, held(cgroup.is_some())))
@@ -104,6 +110,16 @@ pub(super) fn spawn_job(
         Err(e) => {
             if let Some(cg) = cgroup.take() {
                 cg.remove();
+            }
+            // Kind `Other` (exit 125): the agent's trouble, not the command's.
+            if let Some(message) = e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<SwitchFailed>())
+            {
+                return Err(Report::SpawnFailed {
+                    kind: SpawnFailure::Other,
+                    message: message.0.clone(),
+                });
             }
             let kind = match e.kind() {
                 std::io::ErrorKind::NotFound => SpawnFailure::NotFound,
@@ -117,6 +133,12 @@ pub(super) fn spawn_job(
         }
     }
 }
+
+/// A child that could not become `--user`'s ids (carried inside the
+/// `io::Error` of a spawn, so the report says so, not "cannot execute").
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct SwitchFailed(String);
 
 /// The job born in its cgroup (`clone3(CLONE_INTO_CGROUP)`). `Err`: the
 /// kernel refused the clone (or the directory cannot be opened); nothing
@@ -133,9 +155,16 @@ fn spawn_into(cg: &cgroup::JobCgroup, job: &Job<'_>) -> Result<std::io::Result<i
         job.env,
         dir.as_fd(),
         job.oom_score_adj,
+        job.steps,
     ) {
         Ok(pid) => Ok(Ok(pid)),
         Err(crate::sys::spawn::Failure::Exec(e)) => Ok(Err(e)),
+        Err(crate::sys::spawn::Failure::Switch { step, error }) => {
+            Ok(Err(std::io::Error::other(SwitchFailed(format!(
+                "keeper: cannot switch the command to --user's ids ({}): {error}",
+                step.describe()
+            )))))
+        }
         Err(crate::sys::spawn::Failure::Clone(e)) => Err(format!("clone3 into it refused: {e}")),
     }
 }
@@ -168,6 +197,7 @@ fn spawn_plain(job: &Job<'_>) -> std::io::Result<i32> {
         .envs(job.env.iter().cloned())
         .process_group(0);
     crate::sys::priority::oom_score_adj_on_exec(&mut cmd, job.oom_score_adj);
+    job.steps.clone().on_exec(&mut cmd);
     // The std handle is dropped: we reap through `waitpid`.
     cmd.spawn().map(|child| child.id() as i32)
 }

@@ -11,15 +11,15 @@ use super::auth::{Action, Auth, Principal};
 use super::http::{Answer, Handler, Request, Response};
 use super::metrics::{self, Latency};
 use crate::engine::Granted;
-use crate::engine::batched::{COMMIT_WAIT, Queued, ServeEngine};
+use crate::engine::batched::{BatchedEngine, COMMIT_WAIT, Queued};
 use crate::engine::rules::AcquireSpec;
-use crate::engine::{CapScope, EngineError, RequestError, parse_policy};
+use crate::engine::{CapScope, EngineError, MAX_PAGE, RequestError, parse_policy};
 use crate::lease::{LeaseInfo, Outcome, RefusalReason};
 use crate::protocol::v1::{ErrorBody, ErrorCode, HistoryBody, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
-    pub engine: Arc<ServeEngine>,
+    pub engine: Arc<BatchedEngine>,
     pub latency: Latency,
     pub auth: Arc<Auth>,
     pub conns: Arc<super::http::ConnStats>,
@@ -402,14 +402,14 @@ impl Api {
     /// `GET /v1/leases[?limit=N&after=TASK]`: the leases in the caller's
     /// scope, sorted by task, without lease ids.
     fn list(&self, query: Option<&str>, who: &Principal) -> Response {
-        let mut limit: usize = 1000;
+        let mut limit: usize = MAX_PAGE;
         let mut after: Option<String> = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {
-                    Ok(n) if (1..=crate::engine::MAX_PAGE).contains(&n) => limit = n,
-                    _ => return bad("`limit` must be an integer from 1 to 1000"),
+                    Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
+                    _ => return bad(format!("`limit` must be an integer from 1 to {MAX_PAGE}")),
                 },
                 "after" => match percent_decode(v) {
                     Some(t) => after = Some(t),
@@ -466,8 +466,8 @@ impl Api {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             match k {
                 "limit" => match v.parse::<usize>() {
-                    Ok(n) if (1..=crate::engine::history::MAX_PAGE).contains(&n) => limit = n,
-                    _ => return bad("`limit` must be an integer from 1 to 1000"),
+                    Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
+                    _ => return bad(format!("`limit` must be an integer from 1 to {MAX_PAGE}")),
                 },
                 "after" => match v.parse::<u64>() {
                     Ok(n) => after = Some(n),

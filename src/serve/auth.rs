@@ -354,9 +354,7 @@ pub struct AuthStats {
 
 impl AuthStats {
     fn loaded(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let now = crate::time::wall_ms() / 1000;
         self.last_good_load_unix.store(now, Ordering::Relaxed);
     }
 }

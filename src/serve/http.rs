@@ -66,6 +66,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::time::ms;
+
 /// How long a connection past a limit may wait before sending its request.
 const OVER_LIMIT_IDLE: Duration = Duration::from_secs(2);
 
@@ -157,13 +159,13 @@ pub trait Handler: Send + Sync + 'static {
     fn answer(self: Arc<Self>, req: &Request) -> Answer;
 }
 
-/// Milliseconds since the server started (never 0, so 0 can mean "none").
+/// Milliseconds since the server started (never 0, so 0 can mean "none"),
+/// on the monotonic clock that times connections' deadlines
+/// ([`instant_at`] turns one back into an `Instant`).
 fn now_ms() -> u64 {
     static BASE: OnceLock<std::time::Instant> = OnceLock::new();
     let base = *BASE.get_or_init(std::time::Instant::now);
-    u64::try_from(base.elapsed().as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_add(1)
+    ms(base.elapsed()).saturating_add(1)
 }
 
 fn instant_at(ms: u64) -> Instant {
@@ -197,7 +199,6 @@ impl ConnState {
 
     fn deadline(&self, limits: &Limits) -> u64 {
         let started = self.started_ms.load(Ordering::Relaxed);
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         if started != 0 {
             started.saturating_add(ms(limits.request_timeout))
         } else {

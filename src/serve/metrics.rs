@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::auth::AuthStats;
 use super::http::ConnStats;
-use crate::engine::batched::{Counters, ServeEngine, StateCounts};
+use crate::engine::batched::{BatchedEngine, Counters, StateCounts};
 
 /// Bucket upper bounds, in microseconds.
 const BUCKETS_US: [u64; 14] = [
@@ -185,7 +185,7 @@ const FAMILIES: &[Family] = &[
 /// Renders every metric; the per-task ones only for the tasks `covers`
 /// accepts (the caller's scope, as for the listing).
 pub fn render(
-    engine: &ServeEngine,
+    engine: &BatchedEngine,
     latency: &Latency,
     conns: &ConnStats,
     auth: &AuthStats,
@@ -209,8 +209,8 @@ pub fn render(
 
 /// The per-task gauges: seconds held for an operator (since the lease
 /// expired), and when the task last succeeded.
-fn write_tasks(out: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) -> bool) {
-    let now = crate::engine::history::wall_ms();
+fn write_tasks(out: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool) {
+    let now = crate::time::wall_ms();
     let name = "leaseagent_task_held_for_operator_seconds";
     let _ = writeln!(
         out,
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn render_is_pinned_for_a_fixed_state() {
         let d = tempfile::tempdir().unwrap();
-        let e = ServeEngine::open(&d.path().join("s.db")).unwrap();
+        let e = BatchedEngine::open(&d.path().join("s.db")).unwrap();
         e.acquire(&AcquireSpec {
             task: "t".into(),
             principal: String::new(),

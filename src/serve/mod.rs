@@ -22,7 +22,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::batched::ServeEngine;
+use crate::engine::EngineError;
+use crate::engine::batched::BatchedEngine;
+use crate::engine::sqlite::SqliteStore;
 
 /// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
 #[derive(Debug, Clone, Default)]
@@ -370,7 +372,7 @@ fn listen_address(
     Ok(addr)
 }
 
-fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
+fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
     // Created 0600, no symlink followed, no directory on the path writable
     // by another user; SQLite then opens it through the checked directory.
     crate::sys::paths::prepare_db_file(&args.db).map_err(|source| ServeError::DbFile {
@@ -381,7 +383,10 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<ServeEngine>, ServeError> {
         max_live_leases: args.max_leases,
         history: args.history,
     };
-    ServeEngine::open_with(&args.db, limits)
+    // The store behind the engine's storage seam: the SQLite file.
+    SqliteStore::open(&args.db)
+        .map_err(EngineError::from)
+        .and_then(|store| BatchedEngine::start(store, limits))
         .map(Arc::new)
         .map_err(|source| ServeError::Database {
             path: args.db.clone(),
@@ -433,7 +438,7 @@ fn run(
     (addr, status_addr): (SocketAddr, Option<SocketAddr>),
     tls: Option<tokio_rustls::TlsAcceptor>,
     auth: Arc<auth::Auth>,
-    engine: Arc<ServeEngine>,
+    engine: Arc<BatchedEngine>,
     rt: tokio::runtime::Runtime,
     stop_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ServeError> {

@@ -29,10 +29,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::http::{ConnStats, Response};
-use crate::engine::batched::ServeEngine;
-use crate::engine::history::{rfc3339, wall_ms};
+use crate::engine::batched::BatchedEngine;
+use crate::engine::history::rfc3339;
 use crate::lease::LeaseState;
 use crate::time::duration::format as human;
+use crate::time::{ms, wall_ms};
 
 /// How often the page reloads itself.
 pub const REFRESH_SECS: u64 = 2;
@@ -56,7 +57,7 @@ pub struct Status {
     samples: Mutex<VecDeque<Sample>>,
 }
 
-fn sample(e: &ServeEngine) -> Sample {
+fn sample(e: &BatchedEngine) -> Sample {
     let c = &e.counters;
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     Sample {
@@ -88,7 +89,7 @@ fn ago(ms: u64) -> String {
 }
 
 impl Status {
-    pub fn new(engine: &ServeEngine, held_alert: Duration) -> Self {
+    pub fn new(engine: &BatchedEngine, held_alert: Duration) -> Self {
         Status {
             held_alert,
             samples: Mutex::new(VecDeque::from([sample(engine)])),
@@ -121,7 +122,7 @@ impl Status {
     /// The page, showing the tasks `covers` accepts.
     pub fn page(
         &self,
-        engine: &ServeEngine,
+        engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
     ) -> Response {
@@ -143,7 +144,7 @@ impl Status {
 
     fn render(
         &self,
-        engine: &ServeEngine,
+        engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
     ) -> String {
@@ -184,7 +185,7 @@ impl Status {
     fn held_section(
         &self,
         h: &mut String,
-        engine: &ServeEngine,
+        engine: &BatchedEngine,
         covers: &dyn Fn(&str) -> bool,
         now: u64,
     ) {
@@ -202,7 +203,7 @@ impl Status {
             "<table id=\"held\"><tr><th>task</th><th>holder</th><th>token</th>\
              <th>held for</th><th>to free it</th></tr>",
         );
-        let alert = u64::try_from(self.held_alert.as_millis()).unwrap_or(u64::MAX);
+        let alert = ms(self.held_alert);
         for (i, since) in held {
             let for_ms = since.map(|s| now.saturating_sub(s));
             let class = if for_ms.is_some_and(|m| m >= alert) {
@@ -225,7 +226,7 @@ impl Status {
     }
 }
 
-fn leases_section(h: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
+fn leases_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
     let page = engine.leases_page(None, MAX_ROWS);
     let leases: Vec<_> = page
         .leases
@@ -264,7 +265,7 @@ fn leases_section(h: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) ->
     }
 }
 
-fn recent_section(h: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
+fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
     h.push_str("<h2>Recent attempts</h2>");
     let recent = match engine.history_page(None, None, RECENT) {
         Ok(r) => r,
@@ -305,7 +306,7 @@ fn recent_section(h: &mut String, engine: &ServeEngine, covers: &dyn Fn(&str) ->
 /// The handler of `--status-listen`: the page, for everyone, and nothing
 /// else (the listener is loopback-only; see the module doc).
 pub struct StatusOnly {
-    pub engine: std::sync::Arc<ServeEngine>,
+    pub engine: std::sync::Arc<BatchedEngine>,
     pub conns: std::sync::Arc<ConnStats>,
     pub status: std::sync::Arc<Status>,
 }

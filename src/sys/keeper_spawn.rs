@@ -140,7 +140,10 @@ fn high(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
 
 fn cstring(bytes: &[u8]) -> std::io::Result<CString> {
     CString::new(bytes).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in argv or env")
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a NUL byte in argv or env",
+        )
     })
 }
 
@@ -214,12 +217,11 @@ const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 /// Starts the keeper in `ns`. `Err` says which step failed (nothing is
 /// left running: a child that failed was reaped).
 pub fn spawn(prep: &Prepared, ns: Namespaces) -> Result<Spawned, SpawnError> {
-    let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(
-        |errno| SpawnError {
+    let (err_r, err_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|errno| SpawnError {
             stage: Stage::Clone,
             errno,
-        },
-    )?;
+        })?;
     let err_w = high(err_w.as_fd()).map_err(|e| SpawnError {
         stage: Stage::Clone,
         errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::MFILE),
@@ -434,9 +436,5 @@ pub fn kill_every_other(sig: rustix::process::Signal) -> rustix::io::Result<()> 
     }
     // SAFETY: kill(2) takes no pointer; -1 and a valid signal number.
     let rc = unsafe { libc::kill(-1, sig.as_raw()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(last_errno())
-    }
+    if rc == 0 { Ok(()) } else { Err(last_errno()) }
 }

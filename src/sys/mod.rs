@@ -2,8 +2,10 @@
 //! lives here and nowhere else, each block with a `// SAFETY:` note: the
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
-//! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`), and the SQLite VFS that opens through a checked directory
-//! (`sqlite_at`). Also: where state and runtime files
+//! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`),
+//! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
+//! the user lookups and the uid switch of `--user` (`user`). Also: where
+//! state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
@@ -23,3 +25,5 @@ pub mod signal;
 pub mod spawn;
 #[allow(unsafe_code)]
 pub mod sqlite_at;
+#[allow(unsafe_code)]
+pub mod user;

@@ -124,6 +124,13 @@ pub enum PathError {
     UnsafeDir { path: PathBuf, uid: u32, mode: u32 },
     #[error("refusing {}: it changed while it was being checked", path.display())]
     Changed { path: PathBuf },
+    #[error("cannot give {} to group {gid}: {source}", path.display())]
+    Group {
+        path: PathBuf,
+        gid: u32,
+        #[source]
+        source: rustix::io::Errno,
+    },
 }
 
 /// Opens `dir` through a chain of descriptors from `/`, one component at a
@@ -269,6 +276,104 @@ pub fn runtime_dir() -> Result<(PathBuf, OwnedFd), PathError> {
     };
     let fd = open_private_dir(&dir, DirRule::Exactly0700)?;
     Ok((dir, fd))
+}
+
+/// A directory of its own for one run whose job runs as another user
+/// (`--user`): the runtime dir is 0700 and the agent's, and a job of
+/// another uid could not read the state file there. Made in `/tmp` (the
+/// one place every user can reach; the unit's private `/tmp` under
+/// systemd) with a random name, owned by this user, its group `gid` (the
+/// job's), mode 0750: the job's group may enter and read, nobody else;
+/// each file written in it is given the group too (no set-group-ID bit: a unit's RestrictSUIDSGID= refuses it). The chain to `/tmp` is checked
+/// ([`open_checked_dir`]: root-owned and sticky, so nobody can rename or
+/// replace what we made), the new directory is opened `O_NOFOLLOW` and
+/// checked to be ours before its group and mode are set on the descriptor.
+/// Setting the group needs CAP_CHOWN or membership of `gid`.
+pub struct GroupRunDir {
+    pub path: PathBuf,
+    pub dir: OwnedFd,
+    /// The job's group, which the directory and every file in it get.
+    pub gid: u32,
+    /// `/tmp`, to remove the directory by name at the end.
+    parent: OwnedFd,
+    name: String,
+}
+
+impl GroupRunDir {
+    pub const PARENT: &str = "/tmp";
+
+    pub fn create(gid: u32) -> Result<GroupRunDir, PathError> {
+        let parent_path = Path::new(Self::PARENT);
+        let parent = open_checked_dir(parent_path)?;
+        let failed = |path: &Path, source| PathError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut made = None;
+        for _ in 0..16 {
+            let name: String = format!(
+                "leaseagent-{}",
+                (0..12)
+                    .map(|_| fastrand::alphanumeric())
+                    .collect::<String>()
+            );
+            match rustix::fs::mkdirat(&parent, name.as_str(), Mode::from_raw_mode(0o700)) {
+                Ok(()) => {
+                    made = Some(name);
+                    break;
+                }
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(failed(parent_path, e)),
+            }
+        }
+        let name = made.ok_or_else(|| failed(parent_path, rustix::io::Errno::EXIST))?;
+        let path = parent_path.join(&name);
+        let opened = rustix::fs::openat(
+            &parent,
+            name.as_str(),
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+            Mode::empty(),
+        );
+        let made = GroupRunDir {
+            dir: opened.map_err(|e| failed(&path, e))?,
+            path,
+            gid,
+            parent,
+            name,
+        };
+        let st = rustix::fs::fstat(&made.dir).map_err(|source| PathError::Stat {
+            path: made.path.clone(),
+            source,
+        })?;
+        let me = rustix::process::geteuid().as_raw();
+        if st.st_uid != me {
+            return Err(PathError::NotOwned {
+                path: made.path.clone(),
+                uid: st.st_uid,
+                me,
+            });
+        }
+        let set = rustix::fs::fchown(&made.dir, None, Some(rustix::fs::Gid::from_raw(gid)))
+            .and_then(|()| rustix::fs::fchmod(&made.dir, Mode::from_raw_mode(0o750)));
+        if let Err(source) = set {
+            made.remove();
+            return Err(PathError::Group {
+                path: made.path.clone(),
+                gid,
+                source,
+            });
+        }
+        Ok(made)
+    }
+
+    /// Removes the directory (empty by then); best effort.
+    pub fn remove(&self) {
+        let _ = rustix::fs::unlinkat(
+            &self.parent,
+            self.name.as_str(),
+            rustix::fs::AtFlags::REMOVEDIR,
+        );
+    }
 }
 
 /// Opens an existing file to read it, as a file that grants something

@@ -12,15 +12,23 @@
 //! `cgroup.kill` can never take the keeper.
 //!
 //! What the child does between `clone3` and `exec` is what std's own
-//! fork/exec path does, and no more: a process group of its own
-//! (`setpgid(0, 0)`), its `oom_score_adj`, `SIGPIPE` back to default (the
-//! Rust runtime ignores it, and an ignored signal stays ignored across
-//! `exec`), an empty signal mask, then `execvpe` (the same `PATH` search
-//! and script fallback as std's `execvp`, with the environment given). Handlers go back to default with
-//! `CLONE_CLEAR_SIGHAND`. Everything is prepared before the clone; the
-//! child makes only async-signal-safe calls that allocate nothing. An
-//! `exec` failure's errno reaches the parent through a close-on-exec pipe
-//! (end of file: the `exec` happened), as in std.
+//! fork/exec path does, plus the steps of [`ChildSteps`]: a process group
+//! of its own (`setpgid(0, 0)`), the terminal's foreground when the agent
+//! hands the job its terminal, its `oom_score_adj`, every signal back to
+//! its default action, the switch to `--user`'s ids, an empty signal mask,
+//! then `execvpe` (the same `PATH` search and script fallback as std's
+//! `execvp`, with the environment given). Handlers go back to default with
+//! `CLONE_CLEAR_SIGHAND`; *ignored* signals would stay ignored across
+//! `exec`, so every signal this process ignores is set back to default by
+//! hand: `SIGPIPE` (the Rust runtime ignores it), and glibc's internal 32
+//! and 33, which glibc's `posix_spawn` leaves ignored in the keeper it
+//! started (a job would otherwise start with them ignored, and a program
+//! that uses them, a threaded one cancelling a thread, would hang). The
+//! raw `rt_sigaction` call does it: glibc's own refuses those two.
+//! Everything is prepared before the clone; the child makes only
+//! async-signal-safe calls that allocate nothing. A failure's step and
+//! errno reach the parent through a close-on-exec pipe (end of file: the
+//! `exec` happened), as in std.
 //!
 //! The caller falls back to a move ([`Failure::Clone`]) where the kernel
 //! refuses the clone (before 5.7, a cgroup that cannot take processes).
@@ -29,6 +37,8 @@ use std::ffi::{CString, OsStr};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use super::user::{Identity, Switch, SwitchStep};
 
 /// Why no job was started.
 #[derive(Debug)]
@@ -39,6 +49,181 @@ pub enum Failure {
     /// The child was created but `exec` failed (the command's own problem:
     /// not found, not executable); the child has exited and been reaped.
     Exec(std::io::Error),
+    /// The child could not become `--user`'s ids (the agent's problem, not
+    /// the command's); it has exited and been reaped, nothing ran.
+    Switch {
+        step: SwitchStep,
+        error: std::io::Error,
+    },
+}
+
+/// The child's own steps before `exec`, beyond a process group: made in
+/// the parent, carried out in the child ([`ChildSteps::run`]) by either
+/// way of starting the job (the clone here, or std's fork with
+/// [`ChildSteps::on_exec`]).
+#[derive(Clone, Debug)]
+pub struct ChildSteps {
+    /// `--user`: the ids to switch to.
+    switch: Option<Switch>,
+    /// The signals this process ignores (found now): set back to default.
+    ignored: Vec<i32>,
+    /// Make the child's process group the foreground of the terminal on
+    /// stdin (it shares the agent's session and controlling terminal).
+    foreground: bool,
+}
+
+impl ChildSteps {
+    pub fn new(user: Option<&Identity>, foreground: bool) -> ChildSteps {
+        ChildSteps {
+            switch: user.map(Switch::new),
+            ignored: ignored_signals(),
+            foreground,
+        }
+    }
+
+    /// In the child, between `fork`/`clone` and `exec`, after `setpgid`:
+    /// async-signal-safe, allocation-free. `Err`: the job must not run.
+    fn run(&self) -> Result<(), (SwitchStep, i32)> {
+        if self.foreground {
+            take_terminal();
+        }
+        for &sig in &self.ignored {
+            set_default(sig);
+        }
+        match &self.switch {
+            Some(s) => s.apply(),
+            None => Ok(()),
+        }
+    }
+
+    /// The same steps for a child of std's `Command` (which made the
+    /// process group already). A failed switch reaches the caller as the
+    /// spawn's error, with its errno (`EPERM` for a failed check).
+    pub fn on_exec(self, cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let hook = move || {
+            self.run().map_err(|(_, errno)| {
+                std::io::Error::from_raw_os_error(if errno == 0 { libc::EPERM } else { errno })
+            })
+        };
+        // SAFETY: the hook runs in the forked child before exec and makes
+        // only the raw system calls of `ChildSteps::run`, on memory made
+        // before the fork: async-signal-safe, no allocation, no lock.
+        unsafe {
+            cmd.pre_exec(hook);
+        }
+    }
+}
+
+/// The kernel's `struct sigaction` for `rt_sigaction` (the generic layout
+/// of x86_64, aarch64 and riscv64).
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Every signal (1 to 64, but SIGKILL and SIGSTOP) whose action in this
+/// process is "ignore".
+fn ignored_signals() -> Vec<i32> {
+    (1..=64)
+        .filter(|&sig| sig != libc::SIGKILL && sig != libc::SIGSTOP && is_ignored(sig))
+        .collect()
+}
+
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+fn is_ignored(sig: i32) -> bool {
+    let mut old = KernelSigaction::default();
+    // SAFETY: a query (no new action); `old` is a live kernel sigaction
+    // of the size the call writes, 8 the mask's size.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            std::ptr::null::<KernelSigaction>(),
+            &mut old,
+            8usize,
+        )
+    };
+    rc == 0 && old.handler == libc::SIG_IGN
+}
+
+/// Elsewhere the kernel's layout differs: glibc's own call, which does not
+/// answer for its internal 32 and 33.
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+fn is_ignored(sig: i32) -> bool {
+    // SAFETY: a query; `old` is a live sigaction.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+    rc == 0 && old.sa_sigaction == libc::SIG_IGN
+}
+
+/// `sig` back to its default action (child only: async-signal-safe).
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+fn set_default(sig: i32) {
+    let dfl = KernelSigaction::default();
+    // SAFETY: `dfl` is a live kernel sigaction (SIG_DFL, no flags, empty
+    // mask) of the size the call reads; the old action is not asked for.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &dfl,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        );
+    }
+}
+
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+fn set_default(sig: i32) {
+    // SAFETY: signal(2) is async-signal-safe.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+    }
+}
+
+/// Makes this process's group the foreground of the terminal on stdin
+/// (child only): `SIGTTOU` held meanwhile, since a background group that
+/// sets the foreground gets it. A failure leaves the terminal as it was:
+/// the agent's front process hands it over too.
+fn take_terminal() {
+    // SAFETY: sigprocmask, getpid and the TIOCSPGRP ioctl are
+    // async-signal-safe; each pointer is to a live local.
+    unsafe {
+        let mut ttou: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut ttou);
+        libc::sigaddset(&mut ttou, libc::SIGTTOU);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut old);
+        let me: libc::pid_t = libc::getpid();
+        libc::ioctl(0, libc::TIOCSPGRP, &me);
+        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
 }
 
 /// `struct clone_args` up to `cgroup` (`CLONE_ARGS_SIZE_VER2`, Linux 5.7).
@@ -63,9 +248,9 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Starts `program` with `args`, with this process's environment and `env`
 /// over it, in the cgroup whose directory `cgroup` is open, in a process
-/// group of its own, with `oom_score_adj` = `oom_adj`. Returns its pid.
-/// `resolved`: the file `program` names, found beforehand ([`find_in_path`]);
-/// `program` stays the command's `argv[0]`.
+/// group of its own, with `oom_score_adj` = `oom_adj` and `steps`. Returns
+/// its pid. `resolved`: the file `program` names, found beforehand
+/// ([`find_in_path`]); `program` stays the command's `argv[0]`.
 pub fn spawn_in_cgroup(
     program: &OsStr,
     resolved: Option<&Path>,
@@ -73,6 +258,7 @@ pub fn spawn_in_cgroup(
     env: &[(std::ffi::OsString, std::ffi::OsString)],
     cgroup: BorrowedFd<'_>,
     oom_adj: i16,
+    steps: &ChildSteps,
 ) -> Result<i32, Failure> {
     let invalid = |what: &str| {
         Failure::Exec(std::io::Error::new(
@@ -135,12 +321,13 @@ pub fn spawn_in_cgroup(
         return Err(Failure::Clone(std::io::Error::last_os_error()));
     }
     if pid == 0 {
-        child(&file, &argv, &envp, &oom_text, report_w.as_raw_fd());
+        child(&file, &argv, &envp, &oom_text, steps, report_w.as_raw_fd());
     }
     drop(report_w);
     let pid = pid as i32;
-    // End of file: the exec happened. Four bytes: its errno.
-    let mut buf = [0u8; 4];
+    // End of file: the exec happened. Eight bytes: the step (0: exec) and
+    // its errno.
+    let mut buf = [0u8; 8];
     let mut got = 0;
     while got < buf.len() {
         match rustix::io::read(&report_r, &mut buf[got..]) {
@@ -157,9 +344,18 @@ pub fn spawn_in_cgroup(
     if let Some(p) = rustix::process::Pid::from_raw(pid) {
         let _ = rustix::process::waitpid(Some(p), rustix::process::WaitOptions::empty());
     }
-    Err(Failure::Exec(std::io::Error::from_raw_os_error(
-        i32::from_ne_bytes(buf),
-    )))
+    let step = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    Err(match SwitchStep::from_code(step) {
+        Some(step) => Failure::Switch {
+            step,
+            error: match errno {
+                0 => std::io::Error::other(step.describe()),
+                e => std::io::Error::from_raw_os_error(e),
+            },
+        },
+        None => Failure::Exec(std::io::Error::from_raw_os_error(errno)),
+    })
 }
 
 /// The file `execvp` would run for `program` under `path` (a `PATH`
@@ -195,34 +391,41 @@ fn child(
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
     oom_text: &[u8],
+    steps: &ChildSteps,
     report: libc::c_int,
 ) -> ! {
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
     // SAFETY: in the single-threaded child of a clone without CLONE_VM,
     // each call below is async-signal-safe (setpgid; the oom_score_adj
-    // write's raw open/write/close; signal; sigprocmask; execvpe as glibc
-    // implements it: no malloc for a PATH search, which std's own child
-    // relies on too; _exit) and is given only pointers into memory prepared
-    // before the clone (NUL-terminated strings, NULL-terminated argv and
-    // envp) or on this stack frame.
+    // write's raw open/write/close; `ChildSteps::run`'s raw calls;
+    // sigprocmask; execvpe as glibc implements it: no malloc for a PATH
+    // search, which std's own child relies on too; _exit) and is given only
+    // pointers into memory prepared before the clone (NUL-terminated
+    // strings, NULL-terminated argv and envp) or on this stack frame.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
-            fail(report);
+            fail(report, 0, errno());
         }
-        // Best effort: a refused write leaves the inherited value.
+        // Best effort: a refused write leaves the inherited value. Before
+        // the switch: the job's user may not write its own.
         super::priority::write_own_oom_score_adj(oom_text);
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if let Err((step, e)) = steps.run() {
+            fail(report, step.code(), e);
+        }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         libc::execvpe(prog.as_ptr(), argv.as_ptr(), envp.as_ptr());
-        fail(report)
+        fail(report, 0, errno())
     }
 }
 
-/// Sends errno to the parent and exits (child only).
-fn fail(report: libc::c_int) -> ! {
-    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
-    let bytes = errno.to_ne_bytes();
+/// Sends the failed step (0: exec) and its errno to the parent and exits
+/// (child only).
+fn fail(report: libc::c_int, step: u32, errno: i32) -> ! {
+    let mut bytes = [0u8; 8];
+    bytes[..4].copy_from_slice(&step.to_ne_bytes());
+    bytes[4..].copy_from_slice(&errno.to_ne_bytes());
     // SAFETY: write and _exit are async-signal-safe; `bytes` is on this
     // stack frame and its length is passed.
     unsafe {

@@ -189,7 +189,10 @@ mod tests {
             private_bytes: 0,
         };
         assert_eq!(kill_lead(ttl, procs(1)), KILL_LEAD + LEAD_PER_PROCESS);
-        assert_eq!(kill_lead(ttl, procs(1_000)), KILL_LEAD + LEAD_PER_PROCESS * 1_000);
+        assert_eq!(
+            kill_lead(ttl, procs(1_000)),
+            KILL_LEAD + LEAD_PER_PROCESS * 1_000
+        );
         let gib = TreeSize {
             procs: 0,
             private_bytes: 2 << 30,

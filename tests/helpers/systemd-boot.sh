@@ -28,9 +28,20 @@
 # SYSNS_ROOT=overlay boots in a fresh root instead, for installing the Debian
 # package: a copy-on-write overlay of the machine's / whose upper layer is a
 # tmpfs of the mount namespace (it dies with it; nothing of the machine is
-# written), with whatever leaseagent state the machine has hidden, pivoted
-# into before the steps below. BINARY and UNIT_DIR are then "-": nothing is
-# bound and no unit installed, the package brings its own.
+# written), pivoted into before the steps below. BINARY and UNIT_DIR are then
+# "-": nothing is bound and no unit installed, the package brings its own.
+# What the package's maintainer scripts consult is the root's own, whatever
+# the machine has: no /usr/sbin/policy-rc.d (the test writes the one it
+# needs), no leaseagent binaries, units, unit overrides or drop-ins,
+# sysusers file, deb-systemd-helper state or leaseagent state, and its own
+# /run (so /run/systemd/system is the booted systemd's). A machine with the
+# package itself installed is refused (dpkg's database would say it is
+# there): the boot fails naming it.
+#
+# Either way, leaseagent unit overrides and drop-ins the machine has in
+# /etc/systemd/system, drop-ins for every service (service.d), manager
+# settings (system.conf.d) and /etc/leaseagent are dropped from the booted
+# system's /etc (a copy, or the overlay).
 set -eu
 W="$1"
 NAME="$2"
@@ -57,10 +68,20 @@ if [ "${SYSNS_ROOT:-}" = overlay ]; then
     mount -t tmpfs -o mode=0755 tmpfs "$L"
     mkdir -p "$L/upper" "$L/work"
     mount -t overlay overlay -o "lowerdir=/,upperdir=$L/upper,workdir=$L/work" "$R"
+    if [ -e "$R/var/lib/dpkg/info/leaseagent.list" ]; then
+        echo "the machine has the leaseagent package installed (dpkg -l leaseagent): the fresh root is an overlay of the machine's /, so it would have it too; purge it first (apt-get purge leaseagent)" >&2
+        exit 2
+    fi
     # Whiteouts in the upper layer: the machine's own files stay.
     rm -rf "$R/var/lib/leaseagent" "$R/var/lib/leaseagent-serve" \
         "$R/var/lib/private/leaseagent-serve" "$R/etc/leaseagent" \
-        "$R/usr/local/bin/leaseagent" "$R/usr/local/bin/leaseagent-serve"
+        "$R/usr/local/bin/leaseagent" "$R/usr/local/bin/leaseagent-serve" \
+        "$R/usr/bin/leaseagent" "$R/usr/bin/leaseagent-serve" \
+        "$R/usr/sbin/policy-rc.d" \
+        "$R/etc/sysusers.d/leaseagent.conf" "$R/usr/lib/sysusers.d/leaseagent.conf" \
+        "$R"/usr/lib/systemd/system/leaseagent* \
+        "$R"/var/lib/systemd/deb-systemd-helper-enabled/*leaseagent* \
+        "$R"/var/lib/systemd/deb-systemd-helper-masked/*leaseagent*
     mount -t proc proc "$R/proc"
     mount --rbind /sys "$R/sys"
     mount --rbind /dev "$R/dev"
@@ -115,6 +136,9 @@ mount -o remount,bind,ro /proc/sys
 
 # Nothing of the machine starts: drop enablement, mask what targets pull in.
 S=/etc/systemd/system
+# Nor do the machine's overrides apply: its leaseagent units and drop-ins,
+# its drop-ins for every service, its manager settings, its env files.
+rm -rf "$S"/leaseagent* "$S/service.d" /etc/systemd/system.conf.d /etc/leaseagent
 for w in "$S"/*.wants "$S"/*.requires; do
     [ -e "$w" ] && rm -rf "$w"
 done

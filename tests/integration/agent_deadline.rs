@@ -186,7 +186,7 @@ fn paused_across_the_deadline(i: usize) -> (Option<i32>, String) {
         .find(|r| r.body["task"] == format!("paused-ended-{i}"))
         .map(|r| mono_to_boot_ms(r.mono_ns))
         .expect("acquired");
-    kill(agent_pid, 19); // SIGSTOP
+    let stopped = stop::StopGuard::stopping(agent_pid);
     std::fs::write(dir.path("go"), "").unwrap();
     // The keeper reaps the job while the agent is stopped.
     assert!(
@@ -198,7 +198,7 @@ fn paused_across_the_deadline(i: usize) -> (Option<i32>, String) {
         "the job must end well before the deadline for this test to mean anything"
     );
     wait_for(T, || (boot_ms() >= granted + 3300).then_some(())).unwrap();
-    kill(agent_pid, 18); // SIGCONT
+    stopped.resume(agent_pid);
     let (status, err) = wait_agent(&mut child, T);
     (status.code(), err)
 }
@@ -246,21 +246,23 @@ fn a_stopped_keeper_does_not_keep_the_job_alive_nor_the_agent_spinning() {
     })
     .expect("renewals flow");
     let keeper = keeper_of(agent_pid);
-    kill(keeper, 19); // SIGSTOP: it reports nothing any more
+    let stopped = stop::StopGuard::stopping(keeper); // it reports nothing any more
     proxy.set(ProxyMode::Blackhole);
     // Deadline (< 2 s) + tree-gone timeout (2 s) + keeper shutdown (1 s):
     // the agent ends on its own instead of spinning forever.
     let status = wait_exit(&mut child, T);
-    if exists(keeper) {
-        kill(keeper, 9);
-    }
+    // The agent woke the keeper (SIGCONT) with its SIGTERM: the keeper
+    // reaps the tree, says so and ends by itself.
+    let keeper_finished = wait_for(T, || (!exists(keeper)).then_some(())).is_some();
+    // (If it did not, the guard kills it: the keeper shares the agent's
+    // stderr, read to its end next.)
+    drop(stopped);
     let err = stderr_of(&mut child);
     assert_eq!(status.and_then(|s| s.code()), Some(124), "{err}");
     assert!(all_dead(&pids, Duration::from_secs(1)), "{err}");
     assert_job_gone_before_expiry(&fake, &dir);
-    // The agent woke the keeper (SIGCONT) with its SIGTERM: the keeper
-    // reaped the tree and said so; after the deadline nothing is released.
-    assert!(!exists(keeper), "the keeper, woken, finished: {err}");
+    // After the deadline nothing is released.
+    assert!(keeper_finished, "the keeper, woken, finished: {err}");
     assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
 }
 

@@ -299,13 +299,13 @@ fn agent_paused_past_its_deadline_has_its_job_stopped_by_the_keeper() {
     ));
     let pids = job.wait_ready();
     let agent_pid = child.id() as i32;
-    kill(agent_pid, 19); // SIGSTOP
+    let stopped = stop::StopGuard::stopping(agent_pid);
     // The keeper holds the deadline alone while the agent is stopped (the
     // ttl is 2 s; the agent stays stopped until after this).
     assert_all_gone(&pids, Duration::from_secs(4));
     // Any renewal now would hang: the agent must not wait for the network.
     fake.set_renew(Reply::Blackhole);
-    kill(agent_pid, 18); // SIGCONT
+    stopped.resume(agent_pid);
     let (status, err) = wait_agent(&mut child, T);
     assert_eq!(status.code(), Some(124), "{err}");
 }

@@ -32,20 +32,6 @@ fn state_of(pid: i32) -> Option<char> {
         .next()
 }
 
-/// The agent's keeper (its child whose argv[0] is `leaseagent-keeper`).
-fn keeper_of(agent: i32) -> i32 {
-    wait_for(T, || {
-        let kids = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
-        kids.split_whitespace()
-            .filter_map(|p| p.parse::<i32>().ok())
-            .find(|p| {
-                std::fs::read(format!("/proc/{p}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"leaseagent-keeper"))
-            })
-    })
-    .expect("the agent has a keeper")
-}
-
 /// When the authority could expire the lease: the last renewal it answered
 /// (or the grant) + the ttl, on the boot clock.
 fn expiry_ms(fake: &FakeAuthority, renewals_ok: usize) -> u128 {
@@ -340,6 +326,9 @@ fn sigtstp_pauses_the_job_not_the_agent_and_renewals_go_on() {
     let agent_pid = child.id() as i32;
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_renewals(&fake, 1);
+    // The job is stopped by the agent's relay; watched from now on.
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(job);
     kill(agent_pid, 20); // SIGTSTP
     wait_for(T, || (state_of(job) == Some('T')).then_some(())).expect("the job is paused");
     // Longer than a ttl: the lease is held all along.
@@ -390,6 +379,8 @@ fn a_job_that_stops_its_keeper_still_dies_before_expiry_with_its_setsid_child() 
     ));
     let mut child = spawn(c);
     let keeper = keeper_of(child.id() as i32);
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(keeper);
     wait_pids(&dir.path("pids"), 1);
     wait_for(T, || (state_of(keeper) == Some('T')).then_some(()))
         .expect("the job stopped its keeper");
@@ -430,17 +421,46 @@ fn a_job_that_kills_its_keeper_is_killed_and_the_lease_is_never_released() {
 // ------------------------------------------------------------ survivors
 
 /// A cgroup v1 freezer group of the test's own, thawed and removed on drop.
-struct Freezer(PathBuf);
+/// (A v2 freezer would not do: SIGKILL ends a process frozen there.) On a
+/// hybrid machine the freezer hierarchy is mounted already; on a pure
+/// cgroup v2 machine the test mounts one (below its target directory) and
+/// unmounts it on drop.
+struct Freezer(PathBuf, Option<PathBuf>);
+
+/// Where a cgroup v1 hierarchy with the freezer controller is mounted.
+fn freezer_mount() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let mut r = right.split_whitespace();
+        let (fstype, opts) = (r.next()?, r.nth(1)?);
+        (fstype == "cgroup" && opts.split(',').any(|o| o == "freezer"))
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
 
 impl Freezer {
     fn new() -> Freezer {
-        let p = PathBuf::from(format!(
-            "/sys/fs/cgroup/freezer/leaseagent-frozen-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p)
-            .expect("a cgroup v1 freezer at /sys/fs/cgroup/freezer (and root) is needed");
-        Freezer(p)
+        let (root, mounted) = match freezer_mount() {
+            Some(m) => (m, None),
+            None => {
+                let m = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                    .join(format!("freezer-{}", std::process::id()));
+                std::fs::create_dir_all(&m).unwrap();
+                run_ok(
+                    Command::new("mount")
+                        .args(["-t", "cgroup", "-o", "freezer", "leaseagent-test-freezer"])
+                        .arg(&m),
+                    "mount (util-linux) must be installed",
+                    "no cgroup v1 freezer hierarchy is mounted, and mounting one failed \
+                     (as root; a kernel booted with cgroup_no_v1= has none)",
+                );
+                (m.clone(), Some(m))
+            }
+        };
+        let p = root.join(format!("leaseagent-frozen-{}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create a cgroup in the v1 freezer hierarchy (as root)");
+        Freezer(p, mounted)
     }
 }
 
@@ -459,6 +479,10 @@ impl Drop for Freezer {
                 .then_some(())
         });
         let _ = std::fs::remove_dir(&self.0);
+        if let Some(m) = &self.1 {
+            let _ = Command::new("umount").arg(m).status();
+            let _ = std::fs::remove_dir(m);
+        }
     }
 }
 
@@ -580,13 +604,13 @@ fn after_a_pause_the_agent_never_signals_a_recycled_job_pid() {
     let agent_pid = child.id() as i32;
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_renewals(&fake, 1);
-    kill(agent_pid, 19); // SIGSTOP: the agent learns of the end only later
+    let stopped = stop::StopGuard::stopping(agent_pid); // it learns of the end only later
     std::fs::write(dir.path("go"), "").unwrap();
     wait_for(T, || (!exists(job)).then_some(())).expect("the job ended and was reaped");
     let mut decoy = crate::agent_tree::recycle_pid(job).expect("could not recycle the job's pid");
     // Past the deadline: the agent, resumed, acts on it at once.
     std::thread::sleep(Duration::from_millis(2500));
-    kill(agent_pid, 18);
+    stopped.resume(agent_pid);
     let (status, err) = wait_agent(&mut child, T);
     let decoy_alive = alive(decoy.id() as i32);
     let _ = decoy.kill();
@@ -613,6 +637,9 @@ fn a_keeper_resumed_after_a_long_stop_acts_on_the_newest_deadline() {
         helper("clock-job.sh")
     ));
     let mut child = spawn(c);
+    // The job stops its keeper and resumes it itself; watched meanwhile.
+    let mut stopped = stop::StopGuard::new();
+    stopped.watch(keeper_of(child.id() as i32));
     let job = wait_pids(&dir.path("pids"), 1)[0];
     wait_for(T, || {
         (dir.path("resumed").exists() || !alive(job)).then_some(())

@@ -329,7 +329,7 @@ fn a_stopped_keeper_does_not_save_the_group_and_its_tree_dies_when_it_resumes() 
     ));
     let (leader, pids) = e.leader_and_escapees();
     let keeper = keeper_of(child.id() as i32);
-    kill(keeper, 19); // SIGSTOP
+    let stopped = stop::StopGuard::stopping(keeper);
     fake.set_renew(Reply::Refuse("superseded"));
     let status = wait_exit(&mut child, T);
     let leader_alive = alive(leader);
@@ -337,7 +337,7 @@ fn a_stopped_keeper_does_not_save_the_group_and_its_tree_dies_when_it_resumes() 
         let _ = child.kill();
     }
     // The keeper shares the agent's stderr: resume it before reading.
-    kill(keeper, 18); // SIGCONT
+    stopped.resume(keeper);
     let err = stderr_of(&mut child);
     let status = status.expect("agent exits");
     assert!(

@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rustix::process::Signal;
 use support::fence::*;
+use support::stop::StopGuard;
 
 /// Race trials per format; each is two writers started, held and released.
 const RACE_TRIALS: usize = 20;
@@ -258,10 +258,12 @@ fn iceberg_zombie_commit_is_refused() {
     zombie(Format::Iceberg);
 }
 
-/// A writer held at its commit by the recipe's test hook.
+/// A writer held at its commit by the recipe's test hook (it stops
+/// itself); killed on drop if the trial ends before it is resumed.
 struct Held {
     child: Child,
     pid_file: PathBuf,
+    stopped: StopGuard,
 }
 
 fn hold(table: &Table, py: &Path, task: &str, token: &str, part: &str, dir: &Path) -> Held {
@@ -273,7 +275,13 @@ fn hold(table: &Table, py: &Path, task: &str, token: &str, part: &str, dir: &Pat
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the recipe");
-    Held { child, pid_file }
+    let mut stopped = StopGuard::new();
+    stopped.watch(child.id() as i32);
+    Held {
+        child,
+        pid_file,
+        stopped,
+    }
 }
 
 impl Held {
@@ -298,10 +306,15 @@ impl Held {
                 None
             },
         );
+        self.stopped.watch(pid);
         poll("a writer to stop", Duration::from_secs(30), || {
             (proc_state(pid) == Some('T')).then_some(())
         });
         pid
+    }
+
+    fn resume(&self, pid: i32) {
+        self.stopped.resume(pid);
     }
 
     fn finish(mut self) -> (i32, String) {
@@ -326,10 +339,14 @@ fn race(format: Format) {
         // alternating order, the second 0 to 200 ms after the first: a
         // spread of interleavings (commits racing; one commit landing while
         // the other is still writing its files), not a timing assertion.
-        let (first, second) = if i % 2 == 0 { (p7, p8) } else { (p8, p7) };
-        signal(first, Signal::CONT);
+        let (first, second) = if i % 2 == 0 {
+            ((&w7, p7), (&w8, p8))
+        } else {
+            ((&w8, p8), (&w7, p7))
+        };
+        first.0.resume(first.1);
         std::thread::sleep(Duration::from_millis(50 * (i as u64 / 2 % 5)));
-        signal(second, Signal::CONT);
+        second.0.resume(second.1);
         let ((rc7, err7), (rc8, err8)) = (w7.finish(), w8.finish());
         let state = table.state(&py, &task, &part);
         let what = format!("trial {i}: 7 -> {rc7} {err7:?}, 8 -> {rc8} {err8:?}, {state:?}");

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rustix::process::Signal;
 use support::fence::*;
+use support::stop::StopGuard;
 
 const TTL: &str = "1s";
 
@@ -224,9 +224,14 @@ pub(crate) fn freeze_and_take_over(
     let a_agent_pid = a.id() as i32;
 
     // A's job reaches its commit and stops itself.
+    // Everything of A that is stopped is watched: should the trial fail
+    // half-way, the guard kills it (the agent first).
+    let mut stopped = StopGuard::new();
+    stopped.watch(a_agent_pid);
     let job_pid: i32 = poll("A's job to start", long, || {
         read_opt(&work.join("a.pid")).and_then(|s| s.trim().parse().ok())
     });
+    stopped.watch(job_pid);
     poll("A's job to stop itself", long, || {
         (proc_state(job_pid) == Some('T')).then_some(())
     });
@@ -237,7 +242,7 @@ pub(crate) fn freeze_and_take_over(
         .first()
         .expect("A's keeper, the agent's child");
     for pid in [keeper_pid, a_agent_pid] {
-        signal(pid, Signal::STOP);
+        stopped.stop(pid);
         poll("A's keeper and agent to stop", long, || {
             (proc_state(pid) == Some('T')).then_some(())
         });
@@ -250,13 +255,13 @@ pub(crate) fn freeze_and_take_over(
     let takeover = paused.elapsed();
 
     // The zombie's job wakes first and tries to commit.
-    signal(job_pid, Signal::CONT);
+    stopped.resume(job_pid);
     let a_rc: i32 = poll("A's late commit", long, || {
         read_opt(&work.join("a.rc")).and_then(|s| s.trim().parse().ok())
     });
     // Then its keeper and agent.
-    signal(keeper_pid, Signal::CONT);
-    signal(a_agent_pid, Signal::CONT);
+    stopped.resume(keeper_pid);
+    stopped.resume(a_agent_pid);
     let a_agent = wait_child(&mut a, "A's agent", long);
     Takeover {
         a_rc,

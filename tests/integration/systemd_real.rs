@@ -376,3 +376,78 @@ fn booting_changes_nothing_on_the_machine() {
     let after: Vec<String> = watched.iter().map(|p| read(p)).collect();
     assert_eq!(before, after, "{watched:?} changed");
 }
+
+/// A job that says who it runs as and what `leaseagent check` answers it,
+/// then sleeps as `sleeper.sh`.
+const CHECK_JOB: &str = "#!/bin/sh\n\
+    id -u > /srv/out/asuser.id\n\
+    leaseagent check --json > /srv/out/asuser.check 2>&1; echo \"rc=$?\" >> /srv/out/asuser.check\n\
+    exec /srv/sleeper.sh\n";
+
+/// The uid of `name` in the booted system's /etc/passwd.
+fn uid_of(sd: &Systemd, name: &str) -> u32 {
+    sd.read("/etc/passwd")
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&name)).then(|| f[2].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {name} in /etc/passwd"))
+}
+
+fn uid(pid: i32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no uid for {pid}"))
+}
+
+#[test]
+fn the_job_runs_as_leaseagent_under_a_root_agent_and_stop_still_stops_it() {
+    let env = env_file("asuser", "asuser").replace(
+        "LEASEAGENT_COMMAND=/srv/sleeper.sh",
+        "LEASEAGENT_COMMAND=/srv/check-job.sh",
+    );
+    let sd = boot(
+        &stage()
+            .file("/srv/check-job.sh", CHECK_JOB)
+            .file("/etc/leaseagent/asuser.env", &env),
+    );
+    let unit = "leaseagent@asuser.service";
+    start_until_ready(&sd, unit);
+    let leaseagent = uid_of(&sd, "leaseagent");
+    assert_ne!(leaseagent, 0);
+    let job = job_pid(&sd, unit).unwrap();
+    assert_eq!(uid(job), leaseagent, "{}", sd.journal(unit));
+    assert_eq!(sd.read("/srv/out/asuser.id").trim(), leaseagent.to_string());
+    let agent = sd.main_pid(unit);
+    assert_eq!(uid(agent), 0, "the agent runs as root");
+    let pids = sd.cgroup_pids(unit);
+    let keeper = pids
+        .iter()
+        .copied()
+        .find(|p| cmdline(*p).starts_with("leaseagent-keeper"))
+        .unwrap_or_else(|| panic!("no keeper in {pids:?}"));
+    assert_eq!(uid(keeper), 0, "the keeper runs as root");
+    // The job reached its state file, as the other user.
+    let check = sd.read("/srv/out/asuser.check");
+    assert!(
+        check.contains("\"ok\":true") && check.ends_with("rc=0\n"),
+        "{check}\n{}",
+        sd.journal(unit)
+    );
+    // `systemctl stop` still stops the whole tree and releases the lease.
+    sd.systemctl(&["stop", unit]);
+    assert!(sd.read("/srv/out/asuser.out").contains("got TERM"));
+    assert_eq!(sd.prop(unit, "Result"), "success", "{}", sd.journal(unit));
+    for p in pids {
+        assert!(!alive(p), "{p} ({}) outlived the stop", cmdline(p));
+    }
+    let leases = leases_json(&sd);
+    assert!(
+        !leases.contains("\"asuser\""),
+        "lease left behind: {leases}"
+    );
+}

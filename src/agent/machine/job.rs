@@ -37,12 +37,7 @@ impl Machine {
         }
     }
 
-    pub(super) fn on_started(
-        &mut self,
-        pid: i32,
-        containment: Containment,
-        out: &mut Vec<Action>,
-    ) {
+    pub(super) fn on_started(&mut self, pid: i32, containment: Containment, out: &mut Vec<Action>) {
         if self.job != Job::Starting {
             return;
         }
@@ -148,7 +143,12 @@ impl Machine {
     /// (`tree_empty`), or that it is not (processes of it were left: the
     /// keeper's orphans, without a namespace). A `TreeGone` report before
     /// it changes nothing but the words: only this releases.
-    pub(super) fn on_keeper_reaped(&mut self, tree_empty: bool, now: BootInstant, out: &mut Vec<Action>) {
+    pub(super) fn on_keeper_reaped(
+        &mut self,
+        tree_empty: bool,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
         if let Job::Unstarted {
             status, exit_code, ..
         } = self.job
@@ -182,8 +182,13 @@ impl Machine {
             out.push(Action::Report(Notice::KeeperLost { tree_gone: true }));
             self.keeper_failed = true;
         }
-        if let (Job::Running | Job::Starting, Some(Stopping { phase: Phase::Killed { at }, .. })) =
-            (&self.job, self.stop)
+        if let (
+            Job::Running | Job::Starting,
+            Some(Stopping {
+                phase: Phase::Killed { at },
+                ..
+            }),
+        ) = (&self.job, self.stop)
         {
             // The agent's own SIGKILL (to the namespace's init) ended the
             // leader before the keeper could say so.

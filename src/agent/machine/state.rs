@@ -171,9 +171,7 @@ impl Machine {
             Event::RenewFailed { error } => self.on_renew_failed(error, now, &mut out),
             Event::Refused { reason, message } => self.on_refused(reason, message, now, &mut out),
             Event::Signal(sig) => self.on_signal(sig, now, &mut out),
-            Event::ChildStarted { pid, containment } => {
-                self.on_started(pid, containment, &mut out)
-            }
+            Event::ChildStarted { pid, containment } => self.on_started(pid, containment, &mut out),
             Event::TreeSized(size) => self.tree = size,
             Event::SpawnFailed { not_found, message } => {
                 self.on_spawn_failed(not_found, message, now, &mut out)

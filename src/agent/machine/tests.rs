@@ -92,7 +92,13 @@ pub(super) fn gone(m: &mut Machine, at_ms: u64) -> Vec<Action> {
 
 fn started(ttl: u64, grace: u64) -> Machine {
     let mut m = machine(ttl, grace);
-    m.step(Event::ChildStarted { pid: 100, containment: PIDNS }, at(1));
+    m.step(
+        Event::ChildStarted {
+            pid: 100,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     m
 }
 
@@ -278,7 +284,13 @@ fn sigkill_goes_out_at_the_kill_time_even_without_a_start_report() {
 #[test]
 fn the_keeper_is_armed_on_start_and_after_every_renewal() {
     let mut m = machine(3000, 500);
-    let a = m.step(Event::ChildStarted { pid: 4, containment: PIDNS }, at(1));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 4,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     assert_eq!(arms(&a), vec![at(2999)]);
     assert_eq!(
         m.arm_keeper(),
@@ -377,7 +389,13 @@ fn remap_exit_turns_the_jobs_own_124_and_125_into_1() {
                 ..settings(30_000, 1000)
             };
             let mut m = Machine::new(at(0), ms(30_000), s);
-            m.step(Event::ChildStarted { pid: 3, containment: PIDNS }, at(1));
+            m.step(
+                Event::ChildStarted {
+                    pid: 3,
+                    containment: PIDNS,
+                },
+                at(1),
+            );
             let a = end(&mut m, ChildStatus::Exited(code), 10, 10);
             assert_eq!(exit_of(&a), Some(if remap { remapped } else { plain }));
             // The authority still hears the job's real code.
@@ -458,7 +476,13 @@ fn stop_decided_before_the_group_exists_is_carried_out_on_start() {
         at(10),
     );
     assert!(signals(&a).is_empty());
-    let a = m.step(Event::ChildStarted { pid: 5, containment: PIDNS }, at(20));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 5,
+            containment: PIDNS,
+        },
+        at(20),
+    );
     assert_eq!(signals(&a), vec![SIGTERM]);
 }
 
@@ -467,7 +491,13 @@ fn signals_before_the_start_report_are_relayed_once_the_group_is_known() {
     let mut m = machine(30_000, 500);
     assert!(signals(&m.step(Event::Signal(Sig::Usr1), at(1))).is_empty());
     assert!(signals(&m.step(Event::Signal(Sig::Hup), at(2))).is_empty());
-    let a = m.step(Event::ChildStarted { pid: 7, containment: PIDNS }, at(3));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 7,
+            containment: PIDNS,
+        },
+        at(3),
+    );
     assert_eq!(signals(&a), vec![Sig::Usr1, Sig::Hup]);
     assert!(
         signals(&m.step(Event::Tick, at(4))).is_empty(),
@@ -574,7 +604,10 @@ fn the_agents_own_sigkill_of_the_namespace_ends_the_leader_with_sigkill() {
     let a = m.step(Event::KeeperReaped { tree_empty: true }, at(1105));
     assert_eq!(exit_of(&a), Some(137));
     assert!(a.contains(&release(Outcome::Cancelled, None)));
-    assert!(!a.iter().any(|x| matches!(x, Action::Report(Notice::KeeperLost { .. }))));
+    assert!(
+        !a.iter()
+            .any(|x| matches!(x, Action::Report(Notice::KeeperLost { .. })))
+    );
     // For the deadline: lost, 124.
     let mut m = started(3000, 500);
     m.step(Event::Tick, at(2499));
@@ -593,7 +626,10 @@ fn the_kill_lead_follows_the_trees_size() {
         private_bytes: 0,
     };
     assert!(m.step(Event::TreeSized(big), at(10)).is_empty());
-    assert_eq!(m.kill_time(), m.deadline() - KILL_LEAD - LEAD_PER_PROCESS * 2_000);
+    assert_eq!(
+        m.kill_time(),
+        m.deadline() - KILL_LEAD - LEAD_PER_PROCESS * 2_000
+    );
     // The keeper is handed the lead with the next renewal's deadline.
     let a = m.step(
         Event::Renewed {
@@ -647,7 +683,16 @@ fn a_grant_with_less_than_grace_left_is_released_as_lost_and_never_started() {
     assert!(m.is_finished());
     assert_eq!(m.next_wake(), None);
     // Nothing the keeper could still say changes that.
-    assert!(m.step(Event::ChildStarted { pid: 3, containment: PIDNS }, at(901)).is_empty());
+    assert!(
+        m.step(
+            Event::ChildStarted {
+                pid: 3,
+                containment: PIDNS
+            },
+            at(901)
+        )
+        .is_empty()
+    );
 }
 
 #[test]
@@ -725,7 +770,11 @@ fn a_keeper_lost_after_sigkill_gives_up_counting_from_the_first_sigkill() {
         !a.iter().any(|x| matches!(x, Action::Stopping(_))),
         "already stopping"
     );
-    assert!(m.step(Event::KeeperReaped { tree_empty: false }, at(3600)).is_empty(), "said once");
+    assert!(
+        m.step(Event::KeeperReaped { tree_empty: false }, at(3600))
+            .is_empty(),
+        "said once"
+    );
     assert_eq!(m.next_wake(), Some(at(2979) + TREE_GONE_TIMEOUT));
     let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
     // No "not reported gone" notice: the keeper's loss said it already.
@@ -741,7 +790,13 @@ fn a_keeper_lost_after_sigkill_gives_up_counting_from_the_first_sigkill() {
 #[test]
 fn statuses_are_typed_for_the_reporter_to_word() {
     let mut m = machine(3000, 500);
-    let a = m.step(Event::ChildStarted { pid: 4, containment: PIDNS }, at(1));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 4,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     assert!(a.contains(&Action::Ready(Status::CommandRunning)));
     assert!(a.contains(&Action::Publish(LeaseView::Valid, Status::Holding)));
     let a = m.step(Event::RenewFailed { error: "x".into() }, at(1000));

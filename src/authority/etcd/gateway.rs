@@ -42,8 +42,8 @@ use super::wire::{
     AuthenticateRequest, AuthenticateResponse, GRPC_INVALID_ARGUMENT, GRPC_PERMISSION_DENIED,
     GRPC_UNAUTHENTICATED, GatewayError, Known, StreamError,
 };
+use crate::authority::error::{Failure, FailureKind, TrustCause};
 use crate::authority::trust::ClientTrust;
-use crate::authority::{Failure, FailureKind, TrustCause};
 
 // Answers larger than the protocol's limit are not answers we asked for.
 use crate::authority::transport::BODY_LIMIT;

@@ -64,7 +64,7 @@ use wire::{
     PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest, TxnResponse,
 };
 
-use super::*;
+use super::client::*;
 
 /// How often a waiter looks at the key ahead of it.
 const WAIT_POLL: Duration = Duration::from_millis(200);

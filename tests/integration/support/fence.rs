@@ -98,11 +98,6 @@ pub fn children(pid: i32) -> Vec<i32> {
     out
 }
 
-pub fn signal(pid: i32, sig: rustix::process::Signal) {
-    let p = rustix::process::Pid::from_raw(pid).expect("pid > 0");
-    rustix::process::kill_process(p, sig).expect("kill");
-}
-
 /// Waits for a child with a deadline; kills it and fails the test after.
 pub fn wait_child(child: &mut std::process::Child, what: &str, limit: Duration) -> i32 {
     let deadline = Instant::now() + limit;

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod fence;
 pub mod golden;
 pub mod netns;
+pub mod stop;
 pub mod sysns;
 pub mod systemd;
 pub mod tls;
@@ -101,4 +102,18 @@ pub fn run_ok(c: &mut Command, missing: &str, what: impl std::fmt::Display) {
         "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The agent's keeper (its child whose argv[0] is `leaseagent-keeper`).
+pub fn keeper_of(agent: i32) -> i32 {
+    wait_for(Duration::from_secs(60), || {
+        let kids = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).ok()?;
+        kids.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"leaseagent-keeper"))
+            })
+    })
+    .expect("the agent has a keeper")
 }

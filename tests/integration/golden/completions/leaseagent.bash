@@ -29,13 +29,13 @@ _leaseagent() {
             compopt -o filenames 2>/dev/null
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return 0 ;;
-        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --etcd-user" | "serve --listen" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --history-max-age" | "serve --history-max-rows" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
+        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --user" | "run --etcd-user" | "serve --listen" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --history-max-age" | "serve --history-max-rows" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
             return 0 ;; # a value: nothing to offer
     esac
     case $sub in
         run)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W "--authority --task --ttl --heartbeat --grace --holder --on-expiry --expiry-grace --wait --clock-drift --renew-priority --remap-exit --ca-file --client-cert --client-key --auth-token-file --etcd-user --etcd-password-file -h --help -V --version" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "--authority --task --ttl --heartbeat --grace --holder --on-expiry --expiry-grace --wait --clock-drift --renew-priority --remap-exit --no-pid-namespace --user --ca-file --client-cert --client-key --auth-token-file --etcd-user --etcd-password-file -h --help -V --version" -- "$cur")
             elif ((COMP_CWORD == 1)); then
                 mapfile -t COMPREPLY < <(compgen -W "serve publish check leases revoke clear history completions man token" -- "$cur")
             fi ;;

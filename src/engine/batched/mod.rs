@@ -9,13 +9,13 @@
 //!   The writer commits everything queued in one transaction (WAL,
 //!   `synchronous=FULL`: the commit fsyncs) and only then acknowledges each
 //!   change. Such a change comes back as a [`Queued`] value that the caller
-//!   may answer only once [`ServeEngine::committed`] (a future, see
+//!   may answer only once [`BatchedEngine::committed`] (a future, see
 //!   [`super::ack`]) returned it. While one commit is fsyncing the next batch
 //!   queues up: group commit.
 //! - A grant that is in memory but not yet acknowledged is visible to other
 //!   acquirers as `held`, which is safe; its id has not been given out, so
 //!   nobody can renew it. If a commit fails, the engine stops granting
-//!   ([`ServeEngine::healthy`] turns false): memory may be ahead of the disk
+//!   ([`BatchedEngine::healthy`] turns false): memory may be ahead of the disk
 //!   and only a restart (which reloads the disk) makes them agree again.
 //!   Tokens skipped by a failed commit are simply never issued.
 //! - A release is answered, like a grant, only once it is committed, with
@@ -35,108 +35,46 @@
 //!   deleted on disk (compaction) and its next token is still higher.
 //! - Bounded: the listing is built a page at a time, copying only that page
 //!   under the lock; live leases are counted per principal and in total, and
-//!   an acquire over a cap is refused ([`EngineError::TooManyLeases`]).
 
-use std::collections::{BTreeMap, HashMap};
+mod counters;
+mod state;
+mod sweep;
+mod writer;
+
+use std::collections::HashMap;
 use std::ops::Bound;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
-use rusqlite::{Connection, TransactionBehavior};
+use crate::engine::ack::{Acked, Pending};
+use crate::engine::api::{Granted, MAX_PAGE, Page, validate_acquire, validate_task};
+use crate::engine::error::{EngineError, StoreError};
+use crate::engine::history::{self, Cause};
+use crate::engine::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
+use crate::engine::store::{HistoryRead, Store};
+use crate::lease::{LeaseInfo, LeaseState, Outcome, RefusalReason};
+use crate::time::{boot_ms, wall_ms};
 
-use crate::lease::RefusalReason;
+pub use counters::{Counters, StateCounts};
+pub use state::Limits;
 
-use super::ack::{self, Ack, Acked, Pending};
-use super::history::{self, Cause, Op};
-use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
-use super::store::{self, Context, Expiry, StoreError};
-use super::{CapScope, EngineError, Granted, MAX_PAGE, Page, now_ms, validate_acquire};
+use state::{MemRow, State, observe};
+use sweep::{FORGET_AFTER_MS, Sweep};
+use writer::Writer;
 
 /// How long a request waits for its commit before answering 503 (and the
-/// engine stops granting: [`ServeEngine::commit_timed_out`]).
+/// engine stops granting: [`BatchedEngine::commit_timed_out`]).
 pub const COMMIT_WAIT: Duration = Duration::from_secs(30);
-/// Most changes committed in one transaction.
-const MAX_BATCH: usize = 4096;
 /// At most this many rows are looked at per listed lease (plus a little):
 /// a page over many expired rows ends early rather than hold the lock.
 const SCAN_PER_LEASE: usize = 4;
 /// Most tasks whose last success is remembered for `/metrics`.
 const MAX_SUCCESS_TASKS: usize = 10_000;
-/// How often a full pass may drop expired leases when a cap is reached.
-const RECLAIM_EVERY_MS: u64 = 1000;
-
-/// Event counters, read by `/metrics`.
-#[derive(Default)]
-pub struct Counters {
-    pub grants: AtomicU64,
-    pub renewals: AtomicU64,
-    pub releases: AtomicU64,
-    /// Acquires refused because the task is held (live or in grace).
-    pub acquire_held: AtomicU64,
-    pub acquire_held_for_operator: AtomicU64,
-    /// Renewal/release refusals, by reason (expired, superseded, revoked, unknown_lease).
-    pub refused: [AtomicU64; 4],
-    /// Leases seen to expire (counted once each, when first observed).
-    pub expiries: AtomicU64,
-    /// Transactions committed by the writer, and changes in them.
-    pub commits: AtomicU64,
-    pub committed_changes: AtomicU64,
-}
-
-impl Counters {
-    fn refusal(&self, r: RefusalReason) {
-        let i = match r {
-            RefusalReason::Expired => 0,
-            RefusalReason::Superseded => 1,
-            RefusalReason::Revoked => 2,
-            RefusalReason::UnknownLease => 3,
-        };
-        self.refused[i].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Leases by state, for `/metrics`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StateCounts {
-    pub active: u64,
-    pub grace: u64,
-    pub held_for_operator: u64,
-}
-
-/// Limits set when the engine starts.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Limits {
-    /// Most live leases (active, grace, held) overall; `None`: no limit.
-    pub max_live_leases: Option<u64>,
-    /// How much run history is kept.
-    pub history: history::Bounds,
-}
-
-struct MemRow {
-    row: TaskRow,
-    /// The current lease's expiry has been counted.
-    expiry_counted: bool,
-}
-
-/// One durable change: a task's row (if it changed) and the history of the
-/// attempts the change began or ended, committed together.
-struct Change {
-    row: Option<TaskRow>,
-    hist: Vec<Op>,
-}
-
-enum Job {
-    /// Boxed: a row is a few hundred bytes, and the queue holds many jobs.
-    Write(Box<Change>, Option<Ack>),
-    Stop,
-}
 
 /// A change made in memory whose durable write is queued to the writer.
-/// Its outcome may be answered only once [`ServeEngine::committed`]
+/// Its outcome may be answered only once [`BatchedEngine::committed`]
 /// returned it.
 #[must_use = "a queued change is answered only once it is committed"]
 pub struct Queued<T> {
@@ -147,169 +85,70 @@ pub struct Queued<T> {
     grant: bool,
 }
 
-/// Everything under the engine's one lock.
-struct State {
-    rows: BTreeMap<String, MemRow>,
-    /// The last token issued (the global sequence; on disk with its grant).
-    last_issued: u64,
-    /// Rows holding a lease (in any phase, until reclaimed), by principal.
-    occupied: HashMap<String, u64>,
-    /// The same, in total.
-    total: u64,
-    /// When expired leases were last reclaimed (boot-clock ms).
-    last_reclaim_ms: Option<u64>,
-}
-
-impl State {
-    fn count(&mut self, principal: Option<String>, up: bool) {
-        let Some(p) = principal else { return };
-        if up {
-            self.total += 1;
-            *self.occupied.entry(p).or_insert(0) += 1;
-        } else {
-            self.total = self.total.saturating_sub(1);
-            if let Some(n) = self.occupied.get_mut(&p) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.occupied.remove(&p);
-                }
-            }
-        }
-    }
-
-    /// Applies `f` to the task's row keeping the counts right, and drops the
-    /// row from memory when it holds nothing (compaction; the caller queues
-    /// the write that deletes it on disk).
-    fn change<T>(&mut self, task: &str, f: impl FnOnce(&mut MemRow) -> T) -> Option<T> {
-        let m = self.rows.get_mut(task)?;
-        let before = occupant(&m.row);
-        let out = f(m);
-        let after = occupant(&m.row);
-        let empty = m.row.lease.is_none() && m.row.ended.is_none();
-        if before != after {
-            self.count(before, false);
-            self.count(after, true);
-        }
-        if empty {
-            self.rows.remove(task);
-        }
-        Some(out)
-    }
-}
-
-fn occupant(row: &TaskRow) -> Option<String> {
-    row.lease.as_ref().map(|l| l.principal.clone())
-}
-
 /// The serve engine (shared by all request threads).
-pub struct ServeEngine {
+pub struct BatchedEngine {
     state: Arc<Mutex<State>>,
-    jobs: Sender<Job>,
-    writer: Mutex<Option<JoinHandle<()>>>,
+    writer: Writer,
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
     sweeper: Mutex<Option<JoinHandle<()>>>,
     stop_sweeping: Arc<AtomicBool>,
-    failed: Arc<AtomicBool>,
     limits: Limits,
     pub counters: Arc<Counters>,
-    /// A read-only connection for the history (WAL: reads never wait for
-    /// the writer).
-    reader: Mutex<Connection>,
+    /// The store's handle for history reads (they never wait for the
+    /// writer).
+    reader: Mutex<Box<dyn HistoryRead>>,
     /// When each task last ended with a release reporting `succeeded`
     /// (wall-clock ms), for `/metrics`.
     last_success: Mutex<HashMap<String, u64>>,
 }
 
-impl ServeEngine {
-    /// Opens the database with no limits (see [`ServeEngine::open_with`]).
+impl BatchedEngine {
+    /// Opens the SQLite database at `path` with no limits.
     #[cfg(test)]
-    pub fn open(path: &Path) -> Result<Self, EngineError> {
-        Self::open_with(path, Limits::default())
+    pub fn open(path: &std::path::Path) -> Result<Self, EngineError> {
+        let store = crate::engine::sqlite::SqliteStore::open(path)?;
+        Self::start(store, Limits::default())
     }
 
-    /// Opens the database, loads every record (each lease expiring one ttl
-    /// from now; a held one stays held) and starts the writer and the sweeper.
-    pub fn open_with(path: &Path, limits: Limits) -> Result<Self, EngineError> {
-        Self::open_inner(path, limits, FORGET_AFTER_MS)
+    /// Loads everything on record in `store` (each lease expiring one ttl
+    /// from now; a held one stays held) and starts the writer and the
+    /// sweeper.
+    pub fn start(store: impl Store, limits: Limits) -> Result<Self, EngineError> {
+        Self::start_inner(store, limits, FORGET_AFTER_MS)
     }
 
-    /// [`ServeEngine::open_with`], forgetting expired free leases
+    /// [`BatchedEngine::start`], forgetting expired free leases
     /// `forget_after_ms` after they became free.
-    fn open_inner(path: &Path, limits: Limits, forget_after_ms: u64) -> Result<Self, EngineError> {
-        let mut conn = store::connect(path)?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .ctx("setting the busy timeout")?;
-        store::set_modes(&conn, path)?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .ctx("taking the write lock")?;
-        store::ensure_schema(&tx)?;
-        tx.commit().ctx("committing the schema")?;
-        let reader = store::connect(path)?;
-        reader
-            .busy_timeout(Duration::from_secs(5))
-            .ctx("setting the busy timeout")?;
-        reader
-            .pragma_update(None, "query_only", true)
-            .ctx("opening the history reader")?;
-        let mut successes = history::last_successes(&reader)?;
+    fn start_inner(
+        mut store: impl Store,
+        limits: Limits,
+        forget_after_ms: u64,
+    ) -> Result<Self, EngineError> {
+        let reader = store.reader()?;
+        let snapshot = store.load(boot_ms())?;
+        let mut successes = snapshot.last_successes;
         successes.sort_by_key(|(_, ms)| std::cmp::Reverse(*ms));
         successes.truncate(MAX_SUCCESS_TASKS);
         let last_success = successes.into_iter().collect();
-        let now = now_ms();
-        let last_issued = store::last_issued(&conn)?;
-        let mut state = State {
-            rows: BTreeMap::new(),
-            last_issued,
-            occupied: HashMap::new(),
-            total: 0,
-            last_reclaim_ms: None,
-        };
-        for row in store::load_all(&conn, Expiry::RestartAt(now))? {
-            if row.last_token > last_issued {
-                return Err(EngineError::SequenceBehind {
-                    task: row.task,
-                    next: last_issued,
-                    last: row.last_token,
-                });
-            }
-            state.count(occupant(&row), true);
-            state.rows.insert(
-                row.task.clone(),
-                MemRow {
-                    row,
-                    expiry_counted: false,
-                },
-            );
-        }
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let failed = Arc::new(AtomicBool::new(false));
+        let state = State::load(snapshot.rows, snapshot.last_issued)?;
         let counters = Arc::new(Counters::default());
-        let (f2, c2) = (failed.clone(), counters.clone());
-        let writer = std::thread::Builder::new()
-            .name("lease-writer".into())
-            .spawn(move || writer_loop(conn, rx, f2, c2, limits.history))
-            .map_err(|_| EngineError::Unavailable("cannot start the lease writer thread"))?;
+        let (writer, writer_thread) = writer::start(store, counters.clone(), limits.history)?;
         let state = Arc::new(Mutex::new(state));
         let stop_sweeping = Arc::new(AtomicBool::new(false));
-        let sweep = Sweep {
+        let sweeper = Sweep {
             state: state.clone(),
-            jobs: tx.clone(),
-            failed: failed.clone(),
+            writer: writer.clone(),
             counters: counters.clone(),
             stop: stop_sweeping.clone(),
             forget_after_ms,
-        };
-        let sweeper = std::thread::Builder::new()
-            .name("lease-sweeper".into())
-            .spawn(move || sweep.run())
-            .map_err(|_| EngineError::Unavailable("cannot start the lease sweeper thread"))?;
-        Ok(ServeEngine {
+        }
+        .start()?;
+        Ok(BatchedEngine {
             state,
-            jobs: tx,
-            writer: Mutex::new(Some(writer)),
+            writer,
+            writer_thread: Mutex::new(Some(writer_thread)),
             sweeper: Mutex::new(Some(sweeper)),
             stop_sweeping,
-            failed,
             limits,
             counters,
             reader: Mutex::new(reader),
@@ -319,7 +158,7 @@ impl ServeEngine {
 
     /// False once a commit has failed: the engine no longer grants.
     pub fn healthy(&self) -> bool {
-        !self.failed.load(Ordering::Relaxed)
+        self.writer.healthy()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -341,18 +180,18 @@ impl ServeEngine {
     /// Counts a newly seen expiry and records a hold; call on every row
     /// touched.
     fn observe(&self, m: &mut MemRow, now: u64) {
-        observe(m, now, &self.jobs, &self.failed, &self.counters);
+        observe(m, now, &self.writer, &self.counters);
     }
 
     /// Queues a durable write of `row` and `hist`; the acknowledgement
     /// comes once it is committed.
-    fn queue(&self, row: &TaskRow, hist: Vec<Op>, wait: bool) -> Option<Pending> {
-        queue(&self.jobs, &self.failed, Some(row), hist, wait)
+    fn queue(&self, row: &TaskRow, hist: Vec<history::Op>, wait: bool) -> Option<Pending> {
+        self.writer.queue(Some(row), hist, wait)
     }
 
     /// Waits for `q`'s change to be committed, without a thread: the
     /// caller bounds the wait (by [`COMMIT_WAIT`]; past it, answer
-    /// [`ServeEngine::commit_timed_out`]).
+    /// [`BatchedEngine::commit_timed_out`]).
     pub async fn committed<T>(&self, q: Queued<T>) -> Result<T, EngineError> {
         let acked = match q.ack {
             None => None,
@@ -364,7 +203,7 @@ impl ServeEngine {
     /// A commit that took longer than [`COMMIT_WAIT`]: the disk is not
     /// keeping up, so the engine stops granting (as after a failed commit).
     pub fn commit_timed_out(&self) -> EngineError {
-        self.failed.store(true, Ordering::Relaxed);
+        self.writer.fail();
         EngineError::Unavailable("the lease database did not commit in time")
     }
 
@@ -373,7 +212,7 @@ impl ServeEngine {
             None | Some(Acked::Done(Ok(()))) => {}
             Some(Acked::Done(Err(e))) => return Err(EngineError::Commit(e)),
             Some(Acked::Lost) => {
-                self.failed.store(true, Ordering::Relaxed);
+                self.writer.fail();
                 return Err(EngineError::Unavailable(
                     "the lease writer stopped before committing",
                 ));
@@ -384,105 +223,19 @@ impl ServeEngine {
         }
         Ok(value)
     }
-
-    /// Drops leases that expired and are free (they still count against
-    /// the caps until then), writing the compaction without waiting. A full
-    /// pass, so at most once per [`RECLAIM_EVERY_MS`].
-    fn reclaim(&self, st: &mut State, now: u64) {
-        if st
-            .last_reclaim_ms
-            .is_some_and(|t| now.saturating_sub(t) < RECLAIM_EVERY_MS)
-        {
-            return;
-        }
-        st.last_reclaim_ms = Some(now);
-        let free: Vec<String> = st
-            .rows
-            .iter()
-            .filter(|(_, m)| {
-                m.row
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.phase(now) == Phase::Free)
-            })
-            .map(|(t, _)| t.clone())
-            .collect();
-        for task in free {
-            let row = st.change(&task, |m| drop_lease(&mut m.row, now));
-            if let Some((row, hist)) = row {
-                self.queue(&row, hist, false);
-            }
-        }
-    }
-
-    /// The cap this acquire would exceed, if any (`replacing`: the row's
-    /// current lease, free now, that the grant replaces).
-    fn over_cap(
-        &self,
-        st: &State,
-        spec: &AcquireSpec,
-        replacing: Option<&str>,
-    ) -> Option<EngineError> {
-        if let Some(limit) = self.limits.max_live_leases {
-            let total = st.total - u64::from(replacing.is_some());
-            if total >= limit {
-                return Some(EngineError::TooManyLeases {
-                    scope: CapScope::Global,
-                    limit,
-                });
-            }
-        }
-        if let Some(limit) = spec.max_leases {
-            let mine = st.occupied.get(&spec.principal).copied().unwrap_or(0)
-                - u64::from(replacing == Some(spec.principal.as_str()));
-            if mine >= limit {
-                return Some(EngineError::TooManyLeases {
-                    scope: CapScope::Principal,
-                    limit,
-                });
-            }
-        }
-        None
-    }
-
-    /// Checks the caps for a grant of `spec.task` (reclaiming expired
-    /// leases once if a cap is reached).
-    fn check_caps(&self, st: &mut State, spec: &AcquireSpec, now: u64) -> Result<(), EngineError> {
-        if self.limits.max_live_leases.is_none() && spec.max_leases.is_none() {
-            return Ok(());
-        }
-        let replacing = |st: &State| {
-            st.rows
-                .get(&spec.task)
-                .and_then(|m| m.row.lease.as_ref())
-                .filter(|l| l.phase(now) == Phase::Free)
-                .map(|l| l.principal.clone())
-        };
-        let r = replacing(st);
-        if self.over_cap(st, spec, r.as_deref()).is_none() {
-            return Ok(());
-        }
-        self.reclaim(st, now);
-        let r = replacing(st);
-        match self.over_cap(st, spec, r.as_deref()) {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
-    }
-
     /// Grants the task if free; returns once the grant is on disk.
     #[cfg(test)]
     pub fn acquire(&self, spec: &AcquireSpec) -> Result<Granted, EngineError> {
         let q = self.acquire_queued(spec)?;
-        ack::block_on(self.committed(q))
+        crate::engine::ack::block_on(self.committed(q))
     }
 
     /// Grants the task if free, in memory, and queues the grant's write:
-    /// the grant may be answered only once [`ServeEngine::committed`] said
+    /// the grant may be answered only once [`BatchedEngine::committed`] said
     /// it is on disk.
     pub fn acquire_queued(&self, spec: &AcquireSpec) -> Result<Queued<Granted>, EngineError> {
         validate_acquire(spec)?;
-        let now = now_ms();
+        let now = boot_ms();
         let key = new_key().map_err(StoreError::Random)?;
         let (token, rx) = {
             let mut st = self.lock();
@@ -497,7 +250,7 @@ impl ServeEngine {
                 .and_then(|m| m.row.lease.as_ref())
                 .is_none_or(|l| l.phase(now) == Phase::Free);
             if grantable {
-                self.check_caps(st, spec, now)?;
+                st.check_caps(&self.limits, spec, now, &self.writer)?;
             }
             let token = st
                 .last_issued
@@ -563,7 +316,7 @@ impl ServeEngine {
 
     /// Renews in memory only, for the lease's owner `principal`.
     pub fn renew(&self, id: &str, token: u64, principal: &str) -> Result<u64, EngineError> {
-        let now = now_ms();
+        let now = boot_ms();
         let (key, task) = task_of(id).map_err(|e| self.refused(e))?;
         let mut st = self.lock();
         let res = match st.rows.get_mut(task) {
@@ -587,12 +340,12 @@ impl ServeEngine {
     #[cfg(test)]
     pub fn release(&self, id: &str, token: u64, principal: &str) -> Result<(), EngineError> {
         let q = self.release_queued(id, token, principal, None, None)?;
-        ack::block_on(self.committed(q))
+        crate::engine::ack::block_on(self.committed(q))
     }
 
     /// Releases for the owner in memory and queues the write, with the
     /// attempt's end and what the agent reported (`outcome`, `exit_code`)
-    /// in the same transaction: answered once [`ServeEngine::committed`]
+    /// in the same transaction: answered once [`BatchedEngine::committed`]
     /// returned it, so a finished attempt whose release was answered is on
     /// disk. The row is compacted when nothing is left in it.
     pub fn release_queued(
@@ -600,10 +353,10 @@ impl ServeEngine {
         id: &str,
         token: u64,
         principal: &str,
-        outcome: Option<crate::lease::Outcome>,
+        outcome: Option<Outcome>,
         exit_code: Option<i32>,
     ) -> Result<Queued<()>, EngineError> {
-        let now = now_ms();
+        let now = boot_ms();
         let (key, task) = task_of(id).map_err(|e| self.refused(e))?;
         let mut st = self.lock();
         if let Some(m) = st.rows.get_mut(task) {
@@ -623,7 +376,7 @@ impl ServeEngine {
         match res {
             Ok(ack) => {
                 self.counters.releases.fetch_add(1, Ordering::Relaxed);
-                if outcome == Some(crate::lease::Outcome::Succeeded) {
+                if outcome == Some(Outcome::Succeeded) {
                     self.record_success(task);
                 }
                 Ok(Queued {
@@ -642,8 +395,8 @@ impl ServeEngine {
         cause: Cause,
         f: impl FnOnce(&mut TaskRow, u64) -> Result<u64, EngineError>,
     ) -> Result<Queued<u64>, EngineError> {
-        super::validate_task(task).map_err(EngineError::BadRequest)?;
-        let now = now_ms();
+        validate_task(task).map_err(EngineError::BadRequest)?;
+        let now = boot_ms();
         let (token, rx) = {
             let mut st = self.lock();
             self.check_healthy()?;
@@ -668,13 +421,13 @@ impl ServeEngine {
     }
 
     /// Operator revoke, in memory, its write queued: durable (and answered)
-    /// once [`ServeEngine::committed`] returned it.
+    /// once [`BatchedEngine::committed`] returned it.
     pub fn revoke_queued(&self, task: &str, force: bool) -> Result<Queued<u64>, EngineError> {
         self.operator(task, Cause::Revoke, |row, now| row.revoke(force, now))
     }
 
     /// Operator clear of a held task, in memory, its write queued: durable
-    /// (and answered) once [`ServeEngine::committed`] returned it.
+    /// (and answered) once [`BatchedEngine::committed`] returned it.
     pub fn clear_queued(&self, task: &str) -> Result<Queued<u64>, EngineError> {
         self.operator(task, Cause::Clear, |row, now| row.clear(now))
     }
@@ -686,7 +439,7 @@ impl ServeEngine {
     pub fn leases_page(&self, after: Option<&str>, limit: usize) -> Page {
         let limit = limit.clamp(1, MAX_PAGE);
         let budget = limit.saturating_mul(SCAN_PER_LEASE).saturating_add(64);
-        let now = now_ms();
+        let now = boot_ms();
         let mut page = Page::default();
         let mut st = self.lock();
         let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
@@ -710,7 +463,7 @@ impl ServeEngine {
     /// Every lease that matters, sorted by task, a page at a time (the lock
     /// is let go between pages). `serve` itself lists one page per request.
     #[cfg(test)]
-    pub fn leases(&self) -> Vec<crate::lease::LeaseInfo> {
+    pub fn leases(&self) -> Vec<LeaseInfo> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
@@ -732,7 +485,7 @@ impl ServeEngine {
 
     /// Leases by state (also brings the expiry counter and holds up to date).
     pub fn state_counts(&self) -> StateCounts {
-        let now = now_ms();
+        let now = boot_ms();
         let mut c = StateCounts::default();
         let mut st = self.lock();
         for m in st.rows.values_mut() {
@@ -756,15 +509,15 @@ impl ServeEngine {
         before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<history::Record>, EngineError> {
-        let conn = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(history::page(&conn, task, before, limit)?)
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(reader.page(task, before, limit)?)
     }
 
     /// Tasks held for an operator, with the wall time their lease expired
     /// (from the run history; `None` if it has been pruned), in task order.
-    pub fn held_for_operator(&self) -> Vec<(crate::lease::LeaseInfo, Option<u64>)> {
-        let now = now_ms();
-        let held: Vec<crate::lease::LeaseInfo> = {
+    pub fn held_for_operator(&self) -> Vec<(LeaseInfo, Option<u64>)> {
+        let now = boot_ms();
+        let held: Vec<LeaseInfo> = {
             let mut st = self.lock();
             st.rows
                 .values_mut()
@@ -772,7 +525,7 @@ impl ServeEngine {
                     self.observe(m, now);
                     m.row
                         .info(now)
-                        .filter(|i| i.state == crate::lease::LeaseState::HeldForOperator)
+                        .filter(|i| i.state == LeaseState::HeldForOperator)
                 })
                 .collect()
         };
@@ -786,8 +539,8 @@ impl ServeEngine {
 
     /// When attempt `token` was acquired and ended (wall-clock ms), if kept.
     pub fn attempt_times(&self, token: u64) -> Option<(u64, Option<u64>)> {
-        let conn = self.reader.lock().unwrap_or_else(|p| p.into_inner());
-        history::times(&conn, token).ok().flatten()
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        reader.times(token).ok().flatten()
     }
 
     /// Notes that `task` just succeeded. Bounded: past
@@ -795,7 +548,7 @@ impl ServeEngine {
     /// forgotten (its metric series disappears, as its history would).
     fn record_success(&self, task: &str) {
         let mut map = self.last_success.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(task.to_string(), history::wall_ms());
+        map.insert(task.to_string(), wall_ms());
         if map.len() > MAX_SUCCESS_TASKS {
             let oldest = map
                 .iter()
@@ -819,235 +572,33 @@ impl ServeEngine {
     /// Commits whatever is queued and stops the writer and the sweeper.
     pub fn shutdown(&self) {
         self.stop_sweeping.store(true, Ordering::Relaxed);
-        let sweeper = self
-            .sweeper
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(h) = sweeper {
-            let _ = h.join();
-        }
-        let _ = self.jobs.send(Job::Stop);
-        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = handle {
-            let _ = h.join();
-        }
+        join(&self.sweeper);
+        self.writer.stop();
+        join(&self.writer_thread);
     }
 }
 
-impl Drop for ServeEngine {
+/// Waits for the thread in `slot` to end (once; a second call finds none).
+fn join(slot: &Mutex<Option<JoinHandle<()>>>) {
+    let handle = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(h) = handle {
+        let _ = h.join();
+    }
+}
+
+impl Drop for BatchedEngine {
     fn drop(&mut self) {
         self.stop_sweeping.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Counts a newly seen expiry of the row's lease, records it in the run
-/// history and records a hold (queued without waiting).
-fn observe(m: &mut MemRow, now: u64, jobs: &Sender<Job>, failed: &AtomicBool, counters: &Counters) {
-    let mut hist = Vec::new();
-    if let Some(l) = &m.row.lease {
-        if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
-            m.expiry_counted = true;
-            counters.expiries.fetch_add(1, Ordering::Relaxed);
-            hist.push(history::expired(l, now, history::wall_ms()));
-        }
-    }
-    if m.row.settle(now) {
-        queue(jobs, failed, Some(&m.row), hist, false);
-    } else if !hist.is_empty() {
-        queue(jobs, failed, None, hist, false);
-    }
-}
-
-/// Drops a row's expired lease (compaction); returns the row to write and
-/// the history of the attempt it ends.
-fn drop_lease(row: &mut TaskRow, now: u64) -> (TaskRow, Vec<Op>) {
-    let before = row.lease.take();
-    let hist = history::ops(before.as_ref(), row, Cause::Sweep, now);
-    (row.clone(), hist)
-}
-
-/// Queues a durable write of `row` (if any) and `hist`; the
-/// acknowledgement comes once it is committed.
-fn queue(
-    jobs: &Sender<Job>,
-    failed: &AtomicBool,
-    row: Option<&TaskRow>,
-    hist: Vec<Op>,
-    wait: bool,
-) -> Option<Pending> {
-    let (ack, rx) = if wait {
-        let (t, r) = ack::channel();
-        (Some(t), Some(r))
-    } else {
-        (None, None)
-    };
-    let change = Change {
-        row: row.cloned(),
-        hist,
-    };
-    if jobs.send(Job::Write(Box::new(change), ack)).is_err() {
-        failed.store(true, Ordering::Relaxed);
-    }
-    rx
-}
-
-/// Walks the rows a slice at a time so that a lease expiring under policy
-/// hold is recorded as held soon after its expiry even if no request
-/// touches it (else a restart would bring it back live for one ttl), and
-/// the expiry counter is current. Each slice holds the lock for at most
-/// [`SWEEP_SLICE`] rows.
-struct Sweep {
-    state: Arc<Mutex<State>>,
-    jobs: Sender<Job>,
-    failed: Arc<AtomicBool>,
-    counters: Arc<Counters>,
-    stop: Arc<AtomicBool>,
-    forget_after_ms: u64,
-}
-
-/// How long after it became free an expired lease is kept (so that a late
-/// renewal hears `expired`); then its row is compacted like a released one
-/// (a renewal after that hears `unknown_lease`: refused all the same). This
-/// bounds the state left by holders that died without releasing.
-const FORGET_AFTER_MS: u64 = 600_000;
-
-/// Rows looked at per slice of the sweep, and the pause between slices.
-const SWEEP_SLICE: usize = 1024;
-const SWEEP_PAUSE: Duration = Duration::from_millis(100);
-
-impl Sweep {
-    fn run(self) {
-        let mut cursor: Option<String> = None;
-        while !self.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(SWEEP_PAUSE);
-            cursor = self.slice(cursor.as_deref());
-        }
-    }
-
-    /// Sweeps up to [`SWEEP_SLICE`] rows after `after`; returns where to go on.
-    fn slice(&self, after: Option<&str>) -> Option<String> {
-        let now = now_ms();
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut last = None;
-        let mut forget = Vec::new();
-        for (i, (task, m)) in st
-            .rows
-            .range_mut::<str, _>((lower, Bound::Unbounded))
-            .enumerate()
-        {
-            observe(m, now, &self.jobs, &self.failed, &self.counters);
-            if m.row.lease.as_ref().is_some_and(|l| {
-                l.phase(now) == Phase::Free
-                    && now
-                        >= l.expires_ms
-                            .saturating_add(l.grace_ms)
-                            .saturating_add(self.forget_after_ms)
-            }) {
-                forget.push(task.clone());
-            }
-            if i + 1 >= SWEEP_SLICE {
-                last = Some(task.clone());
-                break;
-            }
-        }
-        for task in forget {
-            let row = st.change(&task, |m| drop_lease(&mut m.row, now));
-            if let Some((row, hist)) = row {
-                queue(&self.jobs, &self.failed, Some(&row), hist, false);
-            }
-        }
-        last
-    }
-}
-
-/// Commits `changes` (rows and their history) and the token sequence in
-/// one immediate transaction.
-fn commit(
-    conn: &mut Connection,
-    changes: &[&Change],
-    bounds: history::Bounds,
-) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .ctx("taking the write lock")?;
-    let mut top = 0;
-    for c in changes {
-        if let Some(r) = &c.row {
-            store::save(&tx, r, None)?;
-            top = top.max(r.last_token);
-        }
-        for op in &c.hist {
-            history::apply(&tx, op, bounds)?;
-        }
-    }
-    store::set_last_issued(&tx, top)?;
-    tx.commit().ctx("committing")
-}
-
-fn writer_loop(
-    mut conn: Connection,
-    rx: Receiver<Job>,
-    failed: Arc<AtomicBool>,
-    counters: Arc<Counters>,
-    bounds: history::Bounds,
-) {
-    let mut batch = Vec::new();
-    loop {
-        let Ok(first) = rx.recv() else { return };
-        batch.clear();
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(j) => batch.push(j),
-                Err(_) => break,
-            }
-        }
-        let rows: Vec<&Change> = batch
-            .iter()
-            .filter_map(|j| match j {
-                Job::Write(r, _) => Some(r.as_ref()),
-                Job::Stop => None,
-            })
-            .collect();
-        let res: Result<(), Arc<StoreError>> = if failed.load(Ordering::Relaxed) {
-            Err(Arc::new(StoreError::Failed))
-        } else if rows.is_empty() {
-            Ok(())
-        } else {
-            commit(&mut conn, &rows, bounds).map_err(Arc::new)
-        };
-        match &res {
-            Ok(()) => {
-                counters.commits.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .committed_changes
-                    .fetch_add(rows.len() as u64, Ordering::Relaxed);
-            }
-            Err(e) => {
-                log::error!("lease database commit failed: {}", super::chain(e.as_ref()));
-                failed.store(true, Ordering::Relaxed);
-            }
-        }
-        let mut stop = false;
-        for j in batch.drain(..) {
-            match j {
-                Job::Write(_, Some(ack)) => ack.send(res.clone()),
-                Job::Write(_, None) => {}
-                Job::Stop => stop = true,
-            }
-        }
-        if stop {
-            return;
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::error::CapScope;
+    use crate::engine::sqlite::SqliteStore;
     use crate::lease::ExpiryPolicy;
+    use rusqlite::Connection;
 
     fn spec(task: &str, principal: &str, ttl_ms: u64, policy: ExpiryPolicy) -> AcquireSpec {
         AcquireSpec {
@@ -1061,14 +612,16 @@ mod tests {
         }
     }
 
-    fn open(d: &tempfile::TempDir, limits: Limits) -> ServeEngine {
-        ServeEngine::open_with(&d.path().join("s.db"), limits).unwrap()
+    fn open(d: &tempfile::TempDir, limits: Limits) -> BatchedEngine {
+        let store = SqliteStore::open(&d.path().join("s.db")).unwrap();
+        BatchedEngine::start(store, limits).unwrap()
     }
 
     #[test]
     fn the_sweep_forgets_a_dead_holders_lease_some_time_after_expiry() {
         let d = tempfile::tempdir().unwrap();
-        let e = ServeEngine::open_inner(&d.path().join("s.db"), Limits::default(), 500).unwrap();
+        let store = SqliteStore::open(&d.path().join("s.db")).unwrap();
+        let e = BatchedEngine::start_inner(store, Limits::default(), 500).unwrap();
         let g = e
             .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
             .unwrap();

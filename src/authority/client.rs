@@ -1,0 +1,203 @@
+//! The traits every authority implements ([`LeaseClient`], [`Renewer`])
+//! and the capabilities only some have ([`Waiter`], [`Operator`]), with the
+//! domain and error types they speak. They live apart from `mod.rs` so that
+//! the clients (`embedded`, `http`, `etcd`, `untrusted`) import them from
+//! here while `mod.rs`'s `open` names the clients: imports go one way.
+
+use std::time::Duration;
+
+pub use super::error::{AcquireError, Failure, FailureKind, OperatorError, RenewError};
+pub use crate::lease::{
+    AcquireRequest, Attempt, ExpiryPolicy, Grant, LeaseInfo, LeaseRef, LeaseState, Outcome,
+    RefusalReason, Renewed,
+};
+
+/// A lease authority, as the agent sees it: one lease's life.
+pub trait LeaseClient: Send {
+    /// The URL given to the job as `LEASE_AUTHORITY`.
+    fn url(&self) -> String;
+
+    /// Asks for the task once; a held task is [`AcquireError::Held`] at once.
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError>;
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError>;
+
+    fn release(
+        &mut self,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), RenewError>;
+
+    /// The heartbeat thread's own handle on this authority, made once per
+    /// grant; this handle stays with the supervisor, which releases. The
+    /// client decides which of the two keeps what it has open: a network
+    /// client hands its warm connection to the renewer (it serves the
+    /// renewals), the embedded one keeps its database connection for the
+    /// release (its open is the costly part, and a short run never renews).
+    fn renewer(&mut self) -> Box<dyn Renewer>;
+
+    /// The authority's queue of waiters, if it keeps one (etcd): a `--wait`
+    /// then keeps its place between calls instead of asking anew each time.
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>>;
+
+    /// The operator calls, if the authority has them.
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>>;
+}
+
+/// What the heartbeat thread holds: renewals of one lease.
+pub trait Renewer: Send {
+    /// Renews, handing the answer to `report` as soon as it is known (the
+    /// heartbeat sends it to the supervisor from there), then returns. What
+    /// the client does between the two (the embedded database checkpoints
+    /// its WAL once it has grown) delays no one waiting for the answer,
+    /// only the next renewal's start, which is a heartbeat away.
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    );
+}
+
+/// A [`LeaseClient`] as a [`Renewer`]: the answer is reported as soon as
+/// `renew` returns, and there is nothing to do after it.
+pub struct Renewing<C: LeaseClient>(pub C);
+
+impl<C: LeaseClient> Renewer for Renewing<C> {
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    ) {
+        report(self.0.renew(lease, timeout));
+    }
+}
+
+/// An authority's queue of waiters for a task (etcd's: the keys of
+/// `etcdctl lock`), for `--wait`.
+pub trait Waiter {
+    /// Like [`LeaseClient::acquire`], but waits up to `wait` for the task
+    /// and keeps the place in the queue between calls, so a waiter is not
+    /// sent to the back each time it asks again. Each network call inside
+    /// still finishes within `timeout`; the whole call returns within about
+    /// `wait + timeout`.
+    ///
+    /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
+    /// again (right away)". The agent's `--wait` loop calls this in slices
+    /// (so it can notice signals and its own deadline) and calls
+    /// [`Waiter::abandon_wait`] when it stops waiting without a grant.
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError>;
+
+    /// Gives up the place kept by [`Waiter::acquire_wait`] (best effort,
+    /// within `timeout`).
+    fn abandon_wait(&mut self, timeout: Duration);
+}
+
+impl<W: Waiter + ?Sized> Waiter for &mut W {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        (**self).acquire_wait(req, wait, timeout)
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        (**self).abandon_wait(timeout)
+    }
+}
+
+/// When a revoked task can be granted again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revoked {
+    /// At once (`--force`, or an authority that frees it at once: etcd).
+    Now,
+    /// Once the lease's current expiry has passed.
+    AtExpiry,
+}
+
+impl Revoked {
+    /// What an authority that keeps a revoked lease until its expiry
+    /// unless forced did.
+    pub fn forced(force: bool) -> Self {
+        if force {
+            Revoked::Now
+        } else {
+            Revoked::AtExpiry
+        }
+    }
+}
+
+/// The operator calls (`leaseagent leases|revoke|clear|history`).
+pub trait Operator {
+    /// Every lease on record.
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError>;
+
+    /// Refuses the task's current lease at its next renewal.
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError>;
+
+    /// Ends a `held_for_operator` state.
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError>;
+
+    /// The attempts of `task` (or of every task) acquired at or after
+    /// `since_ms` (wall-clock ms; 0: all that are kept), newest first.
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError>;
+}
+
+impl<O: Operator + ?Sized> Operator for &mut O {
+    fn leases(&mut self, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
+        (**self).leases(timeout)
+    }
+
+    fn revoke(
+        &mut self,
+        task: &str,
+        force: bool,
+        timeout: Duration,
+    ) -> Result<Revoked, OperatorError> {
+        (**self).revoke(task, force, timeout)
+    }
+
+    fn clear(&mut self, task: &str, timeout: Duration) -> Result<(), OperatorError> {
+        (**self).clear(task, timeout)
+    }
+
+    fn history(
+        &mut self,
+        task: Option<&str>,
+        since_ms: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Attempt>, OperatorError> {
+        (**self).history(task, since_ms, timeout)
+    }
+}
+
+/// Most attempts one `history` call collects.
+pub const MAX_HISTORY: usize = 100_000;
+
+/// The wall-clock ms an attempt's `acquired_at` names (0 if unreadable).
+pub fn acquired_ms(a: &Attempt) -> u64 {
+    humantime::parse_rfc3339_weak(&a.acquired_at)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,247 @@
+//! Everything under the serve engine's one lock: every task's row in
+//! memory, the token sequence, the live leases counted per principal and in
+//! total, and the caps checked against those counts.
+//!
+//! Invariants:
+//! - Every change to a row goes through [`State::change`], which keeps the
+//!   counts right and drops a row that holds nothing (compaction); the
+//!   caller queues its durable write while it still holds the lock, so the
+//!   writer sees changes in the order memory did.
+//! - A lease counts against the caps from its grant until it is released,
+//!   revoked away or reclaimed: an expired lease still counts until a full
+//!   cap makes [`State::check_caps`] reclaim it (at most once per
+//!   [`RECLAIM_EVERY_MS`], a full pass), or the sweep forgets it.
+//! - An expiry is counted once (`expiry_counted`), when first observed by a
+//!   request, a listing, the metrics or the sweep, and recorded in the run
+//!   history then, with the time it happened; a hold is written as `held`
+//!   then too, so it survives a restart.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+
+use crate::engine::error::{CapScope, EngineError};
+use crate::engine::history::{self, Cause, Op};
+use crate::engine::rules::{AcquireSpec, Phase, TaskRow};
+use crate::time::wall_ms;
+
+use super::counters::Counters;
+use super::writer::Writer;
+
+/// How often a full pass may drop expired leases when a cap is reached.
+const RECLAIM_EVERY_MS: u64 = 1000;
+
+/// Limits set when the engine starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limits {
+    /// Most live leases (active, grace, held) overall; `None`: no limit.
+    pub max_live_leases: Option<u64>,
+    /// How much run history is kept.
+    pub history: history::Bounds,
+}
+
+pub(super) struct MemRow {
+    pub(super) row: TaskRow,
+    /// The current lease's expiry has been counted.
+    pub(super) expiry_counted: bool,
+}
+
+pub(super) struct State {
+    pub(super) rows: BTreeMap<String, MemRow>,
+    /// The last token issued (the global sequence; on disk with its grant).
+    pub(super) last_issued: u64,
+    /// Rows holding a lease (in any phase, until reclaimed), by principal.
+    pub(super) occupied: HashMap<String, u64>,
+    /// The same, in total.
+    total: u64,
+    /// When expired leases were last reclaimed (boot-clock ms).
+    last_reclaim_ms: Option<u64>,
+}
+
+impl State {
+    /// The state of a store's rows and sequence; a row whose counter is
+    /// above the sequence is refused (granting could reuse a token).
+    pub(super) fn load(rows: Vec<TaskRow>, last_issued: u64) -> Result<Self, EngineError> {
+        let mut state = State {
+            rows: BTreeMap::new(),
+            last_issued,
+            occupied: HashMap::new(),
+            total: 0,
+            last_reclaim_ms: None,
+        };
+        for row in rows {
+            if row.last_token > last_issued {
+                return Err(EngineError::SequenceBehind {
+                    task: row.task,
+                    next: last_issued,
+                    last: row.last_token,
+                });
+            }
+            state.count(occupant(&row), true);
+            state.rows.insert(
+                row.task.clone(),
+                MemRow {
+                    row,
+                    expiry_counted: false,
+                },
+            );
+        }
+        Ok(state)
+    }
+
+    fn count(&mut self, principal: Option<String>, up: bool) {
+        let Some(p) = principal else { return };
+        if up {
+            self.total += 1;
+            *self.occupied.entry(p).or_insert(0) += 1;
+        } else {
+            self.total = self.total.saturating_sub(1);
+            if let Some(n) = self.occupied.get_mut(&p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.occupied.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// Applies `f` to the task's row keeping the counts right, and drops the
+    /// row from memory when it holds nothing (compaction; the caller queues
+    /// the write that deletes it on disk).
+    pub(super) fn change<T>(&mut self, task: &str, f: impl FnOnce(&mut MemRow) -> T) -> Option<T> {
+        let m = self.rows.get_mut(task)?;
+        let before = occupant(&m.row);
+        let out = f(m);
+        let after = occupant(&m.row);
+        let empty = m.row.lease.is_none() && m.row.ended.is_none();
+        if before != after {
+            self.count(before, false);
+            self.count(after, true);
+        }
+        if empty {
+            self.rows.remove(task);
+        }
+        Some(out)
+    }
+
+    /// Drops leases that expired and are free (they still count against
+    /// the caps until then), writing the compaction without waiting. A full
+    /// pass, so at most once per [`RECLAIM_EVERY_MS`].
+    fn reclaim(&mut self, now: u64, writer: &Writer) {
+        if self
+            .last_reclaim_ms
+            .is_some_and(|t| now.saturating_sub(t) < RECLAIM_EVERY_MS)
+        {
+            return;
+        }
+        self.last_reclaim_ms = Some(now);
+        let free: Vec<String> = self
+            .rows
+            .iter()
+            .filter(|(_, m)| {
+                m.row
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.phase(now) == Phase::Free)
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task in free {
+            let row = self.change(&task, |m| drop_lease(&mut m.row, now));
+            if let Some((row, hist)) = row {
+                writer.queue(Some(&row), hist, false);
+            }
+        }
+    }
+
+    /// The cap this acquire would exceed, if any (`replacing`: the row's
+    /// current lease, free now, that the grant replaces).
+    fn over_cap(
+        &self,
+        limits: &Limits,
+        spec: &AcquireSpec,
+        replacing: Option<&str>,
+    ) -> Option<EngineError> {
+        if let Some(limit) = limits.max_live_leases {
+            let total = self.total - u64::from(replacing.is_some());
+            if total >= limit {
+                return Some(EngineError::TooManyLeases {
+                    scope: CapScope::Global,
+                    limit,
+                });
+            }
+        }
+        if let Some(limit) = spec.max_leases {
+            let mine = self.occupied.get(&spec.principal).copied().unwrap_or(0)
+                - u64::from(replacing == Some(spec.principal.as_str()));
+            if mine >= limit {
+                return Some(EngineError::TooManyLeases {
+                    scope: CapScope::Principal,
+                    limit,
+                });
+            }
+        }
+        None
+    }
+
+    /// Checks the caps for a grant of `spec.task` (reclaiming expired
+    /// leases once if a cap is reached).
+    pub(super) fn check_caps(
+        &mut self,
+        limits: &Limits,
+        spec: &AcquireSpec,
+        now: u64,
+        writer: &Writer,
+    ) -> Result<(), EngineError> {
+        if limits.max_live_leases.is_none() && spec.max_leases.is_none() {
+            return Ok(());
+        }
+        let replacing = |st: &State| {
+            st.rows
+                .get(&spec.task)
+                .and_then(|m| m.row.lease.as_ref())
+                .filter(|l| l.phase(now) == Phase::Free)
+                .map(|l| l.principal.clone())
+        };
+        let r = replacing(self);
+        if self.over_cap(limits, spec, r.as_deref()).is_none() {
+            return Ok(());
+        }
+        self.reclaim(now, writer);
+        let r = replacing(self);
+        match self.over_cap(limits, spec, r.as_deref()) {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+fn occupant(row: &TaskRow) -> Option<String> {
+    row.lease.as_ref().map(|l| l.principal.clone())
+}
+
+/// Counts a newly seen expiry of the row's lease, records it in the run
+/// history and records a hold (queued without waiting). Call on every row
+/// touched.
+pub(super) fn observe(m: &mut MemRow, now: u64, writer: &Writer, counters: &Counters) {
+    let mut hist = Vec::new();
+    if let Some(l) = &m.row.lease {
+        if !m.expiry_counted && !matches!(l.phase(now), Phase::Active { .. }) {
+            m.expiry_counted = true;
+            counters.expiries.fetch_add(1, Ordering::Relaxed);
+            hist.push(history::expired(l, now, wall_ms()));
+        }
+    }
+    if m.row.settle(now) {
+        writer.queue(Some(&m.row), hist, false);
+    } else if !hist.is_empty() {
+        writer.queue(None, hist, false);
+    }
+}
+
+/// Drops a row's expired lease (compaction); returns the row to write and
+/// the history of the attempt it ends.
+pub(super) fn drop_lease(row: &mut TaskRow, now: u64) -> (TaskRow, Vec<Op>) {
+    let before = row.lease.take();
+    let hist = history::ops(before.as_ref(), row, Cause::Sweep, now);
+    (row.clone(), hist)
+}
