@@ -222,10 +222,15 @@ pub fn spawn(prep: &Prepared, ns: Namespaces) -> Result<Spawned, SpawnError> {
             stage: Stage::Clone,
             errno,
         })?;
-    let err_w = high(err_w.as_fd()).map_err(|e| SpawnError {
-        stage: Stage::Clone,
-        errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::MFILE),
-    })?;
+    // Moved up out of the way of fds 3 and 4; the low copy is closed now,
+    // or the read below would never see the end of file the exec means.
+    let err_w = {
+        let low = err_w;
+        high(low.as_fd()).map_err(|e| SpawnError {
+            stage: Stage::Clone,
+            errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::MFILE),
+        })?
+    };
     let ns_flags = match ns {
         Namespaces::None => 0,
         Namespaces::Pid => (libc::CLONE_NEWPID | libc::CLONE_NEWNS) as u64,
