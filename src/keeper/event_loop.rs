@@ -126,12 +126,11 @@ impl<O: Os> EventLoop<O> {
             self.sample_due();
             self.deadline_due();
             self.os.flush();
-            let until = match (
-                self.killing.as_ref().map(|k| k.next_round),
-                self.next_sample,
-            ) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+            // While killing, the rounds set the pace and no sample is taken
+            // (a sample due meanwhile must not turn the wait into a spin).
+            let until = match &self.killing {
+                Some(k) => Some(k.next_round),
+                None => self.next_sample,
             };
             let woken = self.os.wait(until);
             if woken.failed {
@@ -417,6 +416,8 @@ mod tests {
         did: Vec<Did>,
         /// What a sample finds (`None`: no sampling).
         size: Option<TreeSize>,
+        /// Waits in a row that returned at once with nothing new.
+        spins: u32,
     }
 
     fn t(ms: u64) -> BootInstant {
@@ -441,6 +442,7 @@ mod tests {
                 script: script.into(),
                 did: Vec::new(),
                 size: None,
+                spins: 0,
             }
         }
 
@@ -577,11 +579,16 @@ mod tests {
                 || self.timer.is_some_and(|at| self.now >= at)
                 || until.is_some_and(|at| self.now >= at)
             {
+                if self.ended.is_empty() && !ctl_ready {
+                    self.spins += 1;
+                    assert!(self.spins < 1_000, "the loop spins: {:?}", self.did);
+                }
                 return Woken {
                     ctl: ctl_ready,
                     failed: false,
                 };
             }
+            self.spins = 0;
             let then = self.script.pop_front().unwrap_or_else(|| {
                 panic!("the loop waits with nothing left to happen: {:?}", self.did)
             });
@@ -935,5 +942,25 @@ mod tests {
         // 10, 20, 40, ... 500 ms between rounds, then 5 s once reported.
         assert!(f.now >= t(1_000), "{:?}", f.now);
         assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+
+    #[test]
+    fn a_sample_due_while_killing_does_not_make_the_loop_spin() {
+        // A survivor of SIGKILL (one the keeper may not signal), the tree
+        // sampled: the rounds set the pace of the waits, not the sample
+        // that came due meanwhile.
+        let mut fake = Fake::new(&[JOB], Vec::new());
+        fake.size = Some(TreeSize {
+            procs: 2,
+            private_bytes: 0,
+        });
+        fake.alive.insert(13, true);
+        let mut script = vec![Then::Eof];
+        script.extend(std::iter::repeat_n(Then::Until, 30));
+        script.push(Then::Ends(13, ChildStatus::Signaled(9)));
+        fake.script = script.into();
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+        assert!(f.acts().len() <= 32, "{:?}", f.acts());
     }
 }

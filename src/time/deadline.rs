@@ -16,8 +16,10 @@
 //!   down, and "dead before the deadline" means reaped, not "signalled at
 //!   it": the lead is sized from the tree as it runs ([`kill_lead`]): a
 //!   floor ([`KILL_LEAD`], at most a twentieth of the ttl) plus a cost per
-//!   process and per GiB of private resident memory ([`TreeSize`]), as
-//!   measured in `benches/kill_reaped.rs`, at most a quarter of the ttl
+//!   process and per GiB of private resident memory ([`TreeSize`]), from
+//!   the teardown times measured for #31 (2,000 processes: up to 170 ms
+//!   after `cgroup.kill` on 2 CPUs; 4 GiB: up to 450 ms) with about twice
+//!   their margin, at most a quarter of the ttl
 //!   ([`max_kill_lead`]). A quarter keeps the contract's "two lost
 //!   heartbeats do not stop the command" with default flags (the third
 //!   try, at 1.67 heartbeats, is answered before 2.25), and a tree too big
@@ -36,12 +38,13 @@ use crate::time::clock::BootInstant;
 pub const KILL_LEAD: Duration = Duration::from_millis(20);
 
 /// What a process of the tree adds to the kill lead: its share of the
-/// kernel's teardown on a busy two-CPU host, with margin (see
-/// `benches/kill_reaped.rs` and docs/benchmarks.md).
+/// kernel's teardown on a busy two-CPU host (2,000 processes took up to
+/// 170 ms after `cgroup.kill`), with about twice that as margin.
 pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(200);
 
 /// What a GiB of private resident memory (anonymous pages: freed one by
-/// one at exit) adds to the kill lead, with margin.
+/// one at exit) adds to the kill lead (4 GiB took up to 450 ms), with
+/// margin.
 pub const LEAD_PER_GIB: Duration = Duration::from_millis(200);
 
 /// The tree as last sampled: how many processes, how much private

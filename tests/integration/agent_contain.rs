@@ -422,3 +422,62 @@ fn a_user_job_in_the_namespace_has_the_users_ids() {
         "pidns"
     );
 }
+
+// ------------------------------------------------------------ a big tree
+
+/// 1,000 TERM-ignoring processes, each in a session of its own, in the
+/// keeper's PID namespace; the authority goes silent. The kill lead grows
+/// with the tree (the keeper samples it), so the keeper, PID 1 of the
+/// namespace, has ended before the authority could expire the lease; and
+/// the init of a PID namespace ends only once every other process of it
+/// has died.
+#[test]
+fn a_thousand_setsid_processes_are_dead_before_expiry() {
+    const N: usize = 1_000;
+    let fake = FakeAuthority::start();
+    let proxy = Proxy::start(fake.addr);
+    let mut c = agent_in_pidns(&proxy.url(), "contain-big");
+    c.args(["--ttl", "4s", "--grace", "500ms", "--", "bash", "-c"])
+        .arg(format!(
+            "trap '' TERM; for i in $(seq {N}); do setsid sleep 1000 </dev/null & done; wait"
+        ));
+    let mut child = spawn(c);
+    let agent = child.id() as i32;
+    let keeper = keeper_of(agent);
+    let mut guard = stop::StopGuard::new();
+    guard.watch(keeper);
+    let ns = pid_ns(keeper).expect("the keeper's namespace");
+    wait_for(Duration::from_secs(120), || {
+        (members_of(ns).len() > N).then_some(())
+    })
+    .expect("the tree started");
+    // A sample or two of the full tree, and a renewal that hands the
+    // keeper the lead it sized.
+    let renewed = fake.requests_to("/v1/renew").len();
+    wait_for(T, || {
+        (fake.requests_to("/v1/renew").len() >= renewed + 2).then_some(())
+    })
+    .expect("renewals flow");
+    proxy.set(ProxyMode::Blackhole);
+    let dead = wait_for(T, || (!exists(keeper)).then(boot_ms));
+    let (status, err) = wait_agent(&mut child, T);
+    let dead = dead.expect("the keeper ended");
+    let expiry = mono_to_boot_ms(
+        fake.requests_to("/v1/renew")
+            .last()
+            .map(|r| r.mono_ns)
+            .expect("renewed"),
+    ) + 4_000;
+    eprintln!(
+        "{N} processes: the namespace was gone {} ms before the authority could expire the lease",
+        expiry as i128 - dead as i128
+    );
+    assert!(
+        dead < expiry,
+        "the tree lived {} ms past expiry: {err}",
+        dead - expiry
+    );
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(members_of(ns).is_empty(), "{err}");
+    drop(guard);
+}

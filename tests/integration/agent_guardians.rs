@@ -596,7 +596,10 @@ fn a_setuid_root_helper_under_a_non_root_agent_is_125_and_never_released() {
         "{err}"
     );
     assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
-    assert!(keeper_alive, "the keeper stays with what it could not kill");
+    assert!(
+        keeper_alive,
+        "the keeper stays with what it could not kill: {err}"
+    );
     assert!(ticks <= 9, "the keeper burnt {ticks} ticks in 3 s");
     wait_for(T, || (!exists(keeper)).then_some(())).expect("the keeper ends with the helper");
 }
