@@ -372,7 +372,9 @@ fn the_job_sees_its_containment_and_only_its_own_tree() {
             "sh",
             "-c",
             &format!(
-                "echo \"$LEASE_CONTAINMENT\" > {d}/c; ps -e -o pid= > {d}/ps; echo $$ > {d}/self",
+                "echo \"$LEASE_CONTAINMENT\" > {d}/c; ps -e -o pid= > {d}/ps; \
+                 for i in $(seq 200); do grep -q containment \"$LEASEAGENT_STATE_FILE\" && break; sleep 0.05; done; \
+                 cp \"$LEASEAGENT_STATE_FILE\" {d}/state",
                 d = dir.0.path().display()
             ),
         ]);
@@ -382,6 +384,10 @@ fn the_job_sees_its_containment_and_only_its_own_tree() {
         let c = std::fs::read_to_string(dir.path("c")).unwrap();
         let ps = std::fs::read_to_string(dir.path("ps")).unwrap();
         let procs = ps.lines().count();
+        // The state file says it too (`leaseagent check` reads it).
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path("state")).unwrap()).unwrap();
+        assert_eq!(state["containment"].as_str(), Some(c.trim()), "{state}");
         if want_ns {
             assert_eq!(c.trim(), "pidns", "{err}");
             assert!(containment_line(&err, "pidns"), "{err}");
@@ -480,4 +486,36 @@ fn a_thousand_setsid_processes_are_dead_before_expiry() {
     assert_eq!(status.code(), Some(124), "{err}");
     assert!(members_of(ns).is_empty(), "{err}");
     drop(guard);
+}
+
+/// What a job in a *user* namespace can no longer do: a set-user-ID root
+/// file runs without gaining root (root is not mapped there). Without the
+/// namespace the same file, run by the same unprivileged agent, does.
+#[test]
+fn in_a_user_namespace_a_setuid_root_file_gains_nothing() {
+    let dir = Dir::new();
+    std::fs::set_permissions(dir.0.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path("suid.c");
+    std::fs::write(
+        &src,
+        "#define _GNU_SOURCE\n#include <unistd.h>\nint main(void){ return setresuid(0,0,0) ? 3 : 0; }\n",
+    )
+    .unwrap();
+    let suid = dir.path("suid");
+    let built = Command::new("cc").arg("-o").arg(&suid).arg(&src).status();
+    assert!(
+        built.is_ok_and(|s| s.success()),
+        "a C compiler (cc) must be installed"
+    );
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let fake = FakeAuthority::start();
+    for (mode, want) in [(Mode::Userns, 3), (Mode::Fallback, 0)] {
+        let home = Dir::new();
+        std::fs::set_permissions(home.0.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut c = agent_command(mode, &fake.url(), &format!("contain-suid-{mode:?}"), &home);
+        c.arg("--").arg(&suid);
+        let mut child = spawn(c);
+        let (status, err) = wait_agent(&mut child, T);
+        assert_eq!(status.code(), Some(want), "{mode:?}: {err}");
+    }
 }
