@@ -38,9 +38,12 @@ use crate::time::clock::BootInstant;
 pub const KILL_LEAD: Duration = Duration::from_millis(20);
 
 /// What a process of the tree adds to the kill lead: its share of the
-/// kernel's teardown on a busy two-CPU host (2,000 processes took up to
-/// 170 ms after `cgroup.kill`), with about twice that as margin.
-pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(200);
+/// kernel's teardown on a busy two-CPU host, sized for the slowest stop,
+/// the fallback's walk (2,000 processes of `nobody`, each in a session of
+/// its own, took up to 433 ms from the first SIGKILL to the last death in
+/// #31's figures, and 300-450 ms in `agent_contain`'s test), with margin;
+/// `cgroup.kill` and a PID namespace take about half of that.
+pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(400);
 
 /// What a GiB of private resident memory (anonymous pages: freed one by
 /// one at exit) adds to the kill lead (4 GiB took up to 450 ms), with
