@@ -317,7 +317,13 @@ impl Authority {
             Authority::Serve { port, db, child } => {
                 *child = Some(
                     guarded(&bin())
-                        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db"])
+                        .args([
+                            "serve",
+                            "--no-auth",
+                            "--listen",
+                            &format!("127.0.0.1:{port}"),
+                            "--db",
+                        ])
                         .arg(&*db)
                         .stdin(Stdio::null())
                         .stdout(Stdio::null())

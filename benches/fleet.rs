@@ -77,7 +77,7 @@ impl Conn {
         body: &str,
     ) -> std::io::Result<(u16, String)> {
         let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         self.s.write_all(req.as_bytes()).await?;
@@ -196,6 +196,7 @@ fn main() {
     let mut server = Command::new(&bin)
         .args([
             "serve",
+            "--no-auth",
             "--listen",
             "127.0.0.1:0",
             "--max-connections",

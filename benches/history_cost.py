@@ -26,8 +26,12 @@ def main():
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     with tempfile.TemporaryDirectory() as d:
         db = os.path.join(d, "leases.db")
+        # Builds from before --no-auth existed run without it.
+        helptext = subprocess.run([binary, "serve", "--help"], capture_output=True,
+                                  text=True).stdout
+        no_auth = ["--no-auth"] if "--no-auth" in helptext else []
         serve = subprocess.Popen(
-            [binary, "serve", "--listen", "127.0.0.1:0", "--db", db],
+            [binary, "serve", *no_auth, "--listen", "127.0.0.1:0", "--db", db],
             stderr=subprocess.PIPE, text=True)
         try:
             addr = None

@@ -333,6 +333,7 @@ fn network(seconds: u64, dir: &Path) -> Outcome {
         .cmd('a', b.to_str().expect("utf-8 path"))
         .args([
             "serve",
+            "--no-auth",
             "--insecure-listen",
             "--listen",
             "10.98.0.1:7878",

@@ -81,7 +81,7 @@ fn measure(
     for i in 0..n {
         let body = format!(r#"{{"task":"bench-{round}-{i}","holder":"h","ttl_ms":60000}}"#);
         let raw = format!(
-            "POST /v1/acquire HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
         let t = Instant::now();
@@ -110,6 +110,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let mut args: Vec<String> = [
         "serve",
+        "--no-auth",
         "--listen",
         "127.0.0.1:0",
         "--max-connections",

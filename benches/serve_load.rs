@@ -43,7 +43,7 @@ impl Conn {
     /// POST on the kept-alive connection; returns (status, body).
     fn post(&mut self, path: &str, body: &str) -> (u16, String) {
         let req = format!(
-            "POST {path} HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         self.w.write_all(req.as_bytes()).unwrap();
@@ -88,7 +88,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bench.db");
     let mut server = Command::new(env!("CARGO_BIN_EXE_leaseagent"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(&db)
         .stderr(Stdio::piped())
         .spawn()
@@ -143,7 +143,7 @@ fn main() {
     );
 
     let mut m = TcpStream::connect(&addr).unwrap();
-    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+    m.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut text = String::new();
     m.read_to_string(&mut text).unwrap();

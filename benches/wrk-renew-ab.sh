@@ -23,7 +23,10 @@ command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; e
 one() { # bin -> "rate p99 max steal"
   local bin=$1 dir pid addr grant id tok out
   dir=$(mktemp -d)
-  "$bin" serve --listen 127.0.0.1:0 --db "$dir/db" 2> "$dir/log" &
+  # No auth file: said explicitly (builds from before --no-auth run without it).
+  local no_auth=
+  "$bin" serve --help | grep -q -- --no-auth && no_auth=--no-auth
+  "$bin" serve $no_auth --listen 127.0.0.1:0 --db "$dir/db" 2> "$dir/log" &
   pid=$!
   for _ in $(seq 200); do
     addr=$(sed -n 's|.*listening on http://\([^ ]*\).*|\1|p' "$dir/log")
@@ -31,7 +34,7 @@ one() { # bin -> "rate p99 max steal"
     sleep 0.05
   done
   [ -n "$addr" ] || { echo "serve did not start: $(cat "$dir/log")" >&2; kill "$pid"; exit 1; }
-  grant=$(curl -s "http://$addr/v1/acquire" -d '{"task":"bench","holder":"wrk","ttl_ms":600000}')
+  grant=$(curl -s -H "Content-Type: application/json" "http://$addr/v1/acquire" -d '{"task":"bench","holder":"wrk","ttl_ms":600000}')
   id=$(echo "$grant" | sed 's/.*"lease_id":"\([^"]*\)".*/\1/')
   tok=$(echo "$grant" | sed 's/.*"token":\([0-9]*\).*/\1/')
   steal0=$(awk '/^cpu /{print $9}' /proc/stat)

@@ -14,7 +14,10 @@ trap cleanup EXIT
 
 start() { # scheme extra-args...
   local scheme=$1; shift
-  "$bin" serve --listen 127.0.0.1:0 --db "$dir/db-$RANDOM" "$@" 2> "$dir/serve.log" &
+  # No auth file: said explicitly (builds from before --no-auth run without it).
+  local no_auth=
+  "$bin" serve --help | grep -q -- --no-auth && no_auth=--no-auth
+  "$bin" serve $no_auth --listen 127.0.0.1:0 --db "$dir/db-$RANDOM" "$@" 2> "$dir/serve.log" &
   pid=$!
   for _ in $(seq 100); do
     addr=$(sed -n "s|.*listening on $scheme://\([^ ]*\).*|\1|p" "$dir/serve.log")
@@ -28,7 +31,7 @@ stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
 run() { # label scheme curl-args...
   local label=$1 scheme=$2; shift 2
   local grant
-  grant=$(curl -sk "$@" "$url/v1/acquire" -d '{"task":"bench","holder":"wrk","ttl_ms":600000}')
+  grant=$(curl -sk -H "Content-Type: application/json" "$@" "$url/v1/acquire" -d '{"task":"bench","holder":"wrk","ttl_ms":600000}')
   local id tok
   id=$(echo "$grant" | sed 's/.*"lease_id":"\([^"]*\)".*/\1/')
   tok=$(echo "$grant" | sed 's/.*"token":\([0-9]*\).*/\1/')

@@ -3,8 +3,8 @@
 //! of these; nothing else picks a number.
 //!
 //! [`TABLE`] is the table's only wording: the README's and
-//! `docs/failures.md`'s tables are rendered from it ([`markdown`]; the
-//! `docs_generated` integration test holds them to it, and
+//! `docs/failures.md`'s tables are rendered from it ([`markdown`]; the unit
+//! test `tests::the_docs_carry_the_table` holds them to it, and
 //! `LEASEAGENT_BLESS=1` rewrites them), the man page's EXIT STATUS section
 //! is rendered from it, and the run path's `--help` carries its one-line
 //! summary (held to it by `cmd`'s tests).

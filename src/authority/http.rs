@@ -35,6 +35,7 @@ use super::trust::ClientTrust;
 use crate::protocol::v1::{
     AcquireBody, ErrorBody, ErrorCode, GrantBody, LeaseRefBody, ReleaseBody, RenewBody,
 };
+use crate::time::ms;
 
 pub use super::transport::BODY_LIMIT;
 
@@ -137,11 +138,6 @@ fn renew_status(what: &str, status: u16, body: &[u8]) -> RenewError {
     RenewError::Transient(f)
 }
 
-/// A duration in whole milliseconds, as the protocol sends it.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// A body that is a JSON object of `T`'s shape (anything else: `None`).
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -195,9 +191,9 @@ impl LeaseClient for HttpAuthority {
         let body = AcquireBody {
             task: req.task.clone(),
             holder: req.holder.clone(),
-            ttl_ms: millis(req.ttl),
+            ttl_ms: ms(req.ttl),
             on_expiry: req.on_expiry.as_str().to_string(),
-            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| millis(req.grace)),
+            grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| ms(req.grace)),
         };
         let a = self
             .post("/v1/acquire", &body, timeout)
@@ -375,12 +371,35 @@ pub mod operator {
         OperatorError::Failed(transport::trust_failure(&a.base, &f, timeout).unwrap_or(f))
     }
 
+    /// Most bytes one listing or history reads, all its pages together: a
+    /// hostile authority's endless pages once made `leaseagent leases` take
+    /// 1.5 GB.
+    pub const MAX_READ_BYTES: u64 = LISTING_LIMIT;
+    /// Most leases one listing keeps.
+    pub const MAX_LEASES: usize = 200_000;
+
     /// `GET path` (a listing page): the body of a 200, else the
-    /// authority's error.
-    fn get(a: &HttpAuthority, path: &str, timeout: Duration) -> Result<String, OperatorError> {
+    /// authority's error. `budget` is what is left of
+    /// [`MAX_READ_BYTES`]; the body counts against it.
+    fn get(
+        a: &HttpAuthority,
+        path: &str,
+        timeout: Duration,
+        budget: &mut u64,
+    ) -> Result<String, OperatorError> {
         let answer = a
-            .call(path, None, timeout, LISTING_LIMIT)
-            .map_err(|f| no_answer(a, f, timeout))?;
+            .call(path, None, timeout, LISTING_LIMIT.min(*budget))
+            .map_err(|f| match f.kind {
+                FailureKind::TooLarge => failed(
+                    FailureKind::TooLarge,
+                    format!(
+                        "the authority's answers come to more than {MAX_READ_BYTES} bytes in \
+                         all; stopped"
+                    ),
+                ),
+                _ => no_answer(a, f, timeout),
+            })?;
+        *budget = budget.saturating_sub(answer.body.len() as u64);
         ok_body(answer)
     }
 
@@ -442,12 +461,13 @@ pub mod operator {
     pub fn leases(a: &HttpAuthority, timeout: Duration) -> Result<Vec<LeaseInfo>, OperatorError> {
         let mut all = Vec::new();
         let mut after: Option<String> = None;
+        let mut budget = MAX_READ_BYTES;
         for _ in 0..MAX_PAGES {
             let path = match &after {
                 None => "/v1/leases".to_string(),
                 Some(task) => format!("/v1/leases?after={}", percent_encode(task)),
             };
-            let text = get(a, &path, timeout)?;
+            let text = get(a, &path, timeout, &mut budget)?;
             let page = serde_json::from_str::<LeasesBody>(&text).map_err(|e| {
                 failed(
                     FailureKind::Malformed,
@@ -455,6 +475,12 @@ pub mod operator {
                 )
             })?;
             all.extend(page.leases);
+            if all.len() > MAX_LEASES {
+                return Err(failed(
+                    FailureKind::TooLarge,
+                    format!("the authority lists more than {MAX_LEASES} leases; stopped"),
+                ));
+            }
             match page.next_after {
                 None => return Ok(all),
                 Some(next) if after.as_ref().is_some_and(|a| next.as_str() <= a.as_str()) => {
@@ -487,6 +513,7 @@ pub mod operator {
     ) -> Result<Vec<Attempt>, OperatorError> {
         let mut all = Vec::new();
         let mut after: Option<String> = None;
+        let mut budget = MAX_READ_BYTES;
         let task_q = task
             .map(|t| format!("task={}&", percent_encode(t)))
             .unwrap_or_default();
@@ -495,7 +522,7 @@ pub mod operator {
                 None => format!("/v1/history?{task_q}limit=1000"),
                 Some(c) => format!("/v1/history?{task_q}limit=1000&after={}", percent_encode(c)),
             };
-            let text = get(a, &path, timeout)?;
+            let text = get(a, &path, timeout, &mut budget)?;
             let page = serde_json::from_str::<HistoryBody>(&text)
                 .map_err(|e| failed(FailureKind::Malformed, format!("malformed history: {e}")))?;
             for at in page.attempts {

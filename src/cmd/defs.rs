@@ -150,6 +150,7 @@ pub trait Operating: Sized + 'static {
 
     /// The operator commands' `--authority`.
     const AUTHORITY: Flag<Self> = Flag::value("authority", "URL", "Lease authority")
+        .url()
         .env("LEASEAGENT_AUTHORITY")
         .default_note("the embedded per-host authority")
         .reads(|a, v| {
@@ -188,6 +189,7 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     "URL",
                     "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
                 )
+                .url()
                 .env("LEASEAGENT_AUTHORITY")
                 .default_note("the embedded per-host authority")
                 .reads(|a, v| {
@@ -433,13 +435,19 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
             Flag::value(
                 "auth-file",
                 "FILE",
-                "The principals (TOML; re-read on SIGHUP); without it, anyone may do anything",
+                "The principals (TOML; re-read on SIGHUP); required unless --no-auth",
             )
             .complete(Complete::Files)
             .reads(|a, v| {
                 a.auth_file = Some(v.into());
                 Ok(())
             }),
+            Flag::switch(
+                "no-auth",
+                "Run without --auth-file: every client that reaches the listener (every local \
+                 user on loopback) may take, revoke and clear any lease",
+            )
+            .sets(|a| a.no_auth = true),
             Flag::switch(
                 "insecure-listen",
                 "Allow a non-loopback --listen without TLS and an auth file",
@@ -466,6 +474,28 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "max-unauthenticated-connections",
+                "N",
+                "Most open connections that made no authenticated request yet (/healthz, \
+                 probes), at most half of --max-connections; past this, one answer, then closed",
+            )
+            .default_value("1024")
+            .reads(|a, v| {
+                a.max_unauthenticated = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
+                "server-name",
+                "NAME",
+                "A name clients reach this server by (the Host header), besides the listen \
+                 address and the certificate's names; repeatable",
+            )
+            .repeatable()
+            .reads(|a, v| {
+                a.server_names.push(text(v)?);
+                Ok(())
+            }),
+            Flag::value(
                 "max-leases",
                 "N",
                 "Most live leases overall; past this, acquires get 503 unavailable",
@@ -487,6 +517,17 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
                 Ok(())
             }),
             Flag::value(
+                "max-new-tasks-per-hour",
+                "N",
+                "Most distinct tasks one principal may create (acquire a task that has no \
+                 row) in an hour; past this, 429 (with an auth file)",
+            )
+            .default_value("10000")
+            .reads(|a, v| {
+                a.max_new_tasks_per_hour = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
                 "history-max-age",
                 "DUR",
                 "Run history: finished attempts older than this are deleted",
@@ -504,6 +545,29 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
             .default_value("100000")
             .reads(|a, v| {
                 a.history.max_rows = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
+                "history-max-rows-per-principal",
+                "N",
+                "Run history: at most this many attempts of one principal are kept, so one \
+                 principal's churn cannot push out another's (without an auth file: \
+                 --history-max-rows)",
+            )
+            .default_value("25000")
+            .reads(|a, v| {
+                a.history.max_rows_per_principal = number(v)?;
+                Ok(())
+            }),
+            Flag::value(
+                "metrics-max-tasks",
+                "N",
+                "/metrics names at most this many tasks per per-task metric, the most alarming \
+                 first; the rest are one series with task=\"(other)\"",
+            )
+            .default_value("1000")
+            .reads(|a, v| {
+                a.metrics_max_tasks = number(v)?;
                 Ok(())
             }),
             Flag::value(
@@ -549,8 +613,22 @@ Examples:
 /// `serve`'s rules between flags.
 fn serve(args: crate::serve::ServeArgs) -> Result<Command, UsageError> {
     let refuse = |msg: &str| Err(UsageError::Words(msg.to_string()));
+    match (&args.auth_file, args.no_auth) {
+        (None, false) => {
+            return refuse(
+                "serve needs --auth-file FILE (principals with roles and tokens; `leaseagent \
+                 token new` makes tokens), or --no-auth to let every client that reaches it, every \
+                 local user on loopback, take, revoke and clear any lease",
+            );
+        }
+        (Some(_), true) => return refuse("--auth-file and --no-auth: give one of them"),
+        _ => {}
+    }
     if args.history.max_rows == 0 {
         return refuse("--history-max-rows must be at least 1");
+    }
+    if args.history.max_rows_per_principal == 0 {
+        return refuse("--history-max-rows-per-principal must be at least 1");
     }
     if args.tls_cert.is_some() != args.tls_key.is_some() {
         return refuse("--tls-cert and --tls-key go together: give both or neither");

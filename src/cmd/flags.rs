@@ -116,6 +116,12 @@ pub struct Spec {
     pub required: bool,
     /// What a shell offers for the value.
     pub complete: Complete,
+    /// May be given more than once on a subcommand: the reader is called
+    /// for each value, in order.
+    pub repeatable: bool,
+    /// A URL: one typed on the command line with a `user:password@` part
+    /// is refused (argv is visible to every local user in `ps`).
+    pub url: bool,
 }
 
 impl Spec {
@@ -188,6 +194,8 @@ impl Flag<()> {
                 default: Default::None,
                 env: None,
                 required: false,
+                repeatable: false,
+                url: false,
                 complete: Complete::Nothing,
             },
             kind: PhantomData,
@@ -245,6 +253,18 @@ impl<K> Draft<K> {
     /// Shown as the default; the command computes it.
     pub const fn default_note(mut self, n: &'static str) -> Self {
         self.spec.default = Default::Note(n);
+        self
+    }
+
+    /// A URL: a password in it is refused on the command line.
+    pub const fn url(mut self) -> Self {
+        self.spec.url = true;
+        self
+    }
+
+    /// May be given more than once: its reader sees each value in order.
+    pub const fn repeatable(mut self) -> Self {
+        self.spec.repeatable = true;
         self
     }
 

@@ -294,10 +294,11 @@ mod tests {
 
     #[test]
     fn serve_publish_and_check_build_their_arguments() {
-        let Command::Serve(a) = cmd(&["serve", "--listen", "127.0.0.1:0", "--db=x.db"], &no_env)
-        else {
+        let argv = ["serve", "--listen", "127.0.0.1:0", "--db=x.db", "--no-auth"];
+        let Command::Serve(a) = cmd(&argv, &no_env) else {
             panic!("not serve")
         };
+        assert!(a.no_auth && a.auth_file.is_none());
         assert_eq!(a.listen, "127.0.0.1:0");
         assert_eq!(a.db, std::path::PathBuf::from("x.db"));
         assert_eq!(a.max_connections, 16384);
@@ -313,6 +314,8 @@ mod tests {
             "d",
             "--listen",
             "l",
+            "--auth-file",
+            "a.toml",
         ];
         let Command::Serve(a) = cmd(&argv, &no_env) else {
             panic!("not serve")

@@ -19,7 +19,8 @@
 //!   typed. A flag that is not given is not read: its field keeps the
 //!   typed arguments' `Default`.
 //! - Subcommands: `--` ends the flags (what follows is positional); a flag
-//!   given twice is an error. The run path ([`Syntax::Run`]): everything
+//!   given twice is an error unless it is `.repeatable()` (its reader is
+//!   then called for each value, in order). The run path ([`Syntax::Run`]): everything
 //!   after the first `--` is the COMMAND (required), nothing positional may
 //!   come before it, and a flag given twice keeps its last value.
 //! - An optional value (`--wait [DUR]`) is `--wait=DUR`, or the next word
@@ -74,6 +75,8 @@ struct Typed<'d, A: 'static> {
     def: &'d CommandDef<A>,
     /// Indexed like [`CommandDef::flags`].
     given: Vec<Option<Given>>,
+    /// The second and later values of repeatable flags: (flag index, value).
+    more: Vec<(usize, Given)>,
     positionals: Vec<OsString>,
 }
 
@@ -88,11 +91,13 @@ pub fn parse<A: Default>(
     let mut t = Typed {
         def,
         given: vec![None; def.flags().count()],
+        more: Vec::new(),
         positionals: Vec::new(),
     };
     if let Some(special) = take_args(&mut t, opts)? {
         return Ok(special);
     }
+    refuse_passwords_in_argv(&t)?;
     apply_env(&mut t, env);
     if let Syntax::Run(_) = def.syntax
         && trailing.is_none()
@@ -147,6 +152,10 @@ fn take_args<A>(t: &mut Typed<A>, opts: &[OsString]) -> Result<Option<Parsed<A>>
             continue;
         };
         let given = take_value(&mut p, flag)?;
+        if t.given[idx].is_some() && flag.spec.repeatable {
+            t.more.push((idx, given));
+            continue;
+        }
         if t.given[idx].is_some() && matches!(def.syntax, Syntax::Sub) {
             return Err(usage_error(format!(
                 "--{} given more than once (see {} --help)",
@@ -217,6 +226,58 @@ fn lexopt_error<A>(def: &CommandDef<A>, e: lexopt::Error) -> UsageError {
     }
 }
 
+/// A URL flag typed with a `user:password@` part: refused before anything
+/// is read, since every local user sees argv (`ps`, `/proc/PID/cmdline`)
+/// for as long as the process runs. (From the environment, readable only
+/// by the same user and root, the part is dropped with a warning.)
+fn refuse_passwords_in_argv<A>(t: &Typed<A>) -> Result<(), UsageError> {
+    let more = t.more.iter().map(|(i, g)| (*i, Some(g)));
+    let given = t.given.iter().enumerate().map(|(i, g)| (i, g.as_ref()));
+    for (i, g) in given.chain(more) {
+        let (Some(flag), Some(Given::Value(v))) = (t.def.flags().nth(i), g) else {
+            continue;
+        };
+        let v = v.to_string_lossy();
+        if flag.spec.url && has_password(&v) {
+            return Err(usage_error(format!(
+                "--{}: `{}` carries a password, which every local user could read in ps; give \
+                 credentials in files: --auth-token-file, or --etcd-user with \
+                 --etcd-password-file",
+                flag.spec.long,
+                crate::authority::trust::redact_url(&v)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A `user:password@` part (not a bare `user@`) before the URL's host.
+fn has_password(url: &str) -> bool {
+    let redacted = crate::authority::trust::redact_url(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let host = redacted.get(scheme.len() + 3..).unwrap_or("");
+    // What redaction took away: `user:password@`.
+    let userinfo = rest.strip_suffix(host).unwrap_or("");
+    userinfo.contains(':')
+}
+
+#[cfg(test)]
+#[test]
+fn a_password_is_told_from_a_user_and_from_an_at_in_a_path() {
+    for (url, pw) in [
+        ("https://u:pw@h:1/", true),
+        ("etcds://u:p@ss@a:1,b:2", true),
+        ("http://user:pa/ss@127.0.0.1:1", true),
+        ("http://user@h:1", false),
+        ("http://h:1", false),
+        ("sqlite:/a@b", false),
+    ] {
+        assert_eq!(has_password(url), pw, "{url}");
+    }
+}
+
 /// Absent or empty flags with an environment variable take its value when
 /// it is set and not empty.
 fn apply_env<A>(t: &mut Typed<A>, env: Env) {
@@ -274,24 +335,19 @@ fn check_required<A>(t: &Typed<A>) -> Result<(), UsageError> {
 fn read<A: Default>(t: Typed<A>, trailing: Option<Vec<OsString>>) -> Result<A, UsageError> {
     let def = t.def;
     let mut a = A::default();
-    for (flag, given) in def.flags().zip(t.given) {
+    for (idx, (flag, given)) in def.flags().zip(t.given).enumerate() {
         let given = match (given, flag.spec.default) {
             (Some(g), _) => g,
             (None, super::flags::Default::Value(d)) => Given::Value(d.into()),
             (None, _) => continue,
         };
-        let long = flag.spec.long;
-        let wrap = |source| UsageError::Value { flag: long, source };
-        match (flag.read, given) {
-            (Read::Switch(f), _) => f(&mut a),
-            (Read::Value(f), Given::Value(v)) => f(&mut a, v).map_err(wrap)?,
-            (Read::Optional(f), Given::Value(v)) => f(&mut a, Some(v)).map_err(wrap)?,
-            (Read::Optional(f), Given::Present) => f(&mut a, None).map_err(wrap)?,
-            // `take_value` gives a value to every `Value::Required` flag,
-            // and `Draft` gives those a `Read::Value`.
-            (Read::Value(_), Given::Present) => {
-                return Err(usage_error(format!("--{long} needs a value")));
-            }
+        let more = t
+            .more
+            .iter()
+            .filter(|(i, _)| *i == idx)
+            .map(|(_, g)| g.clone());
+        for given in std::iter::once(given).chain(more) {
+            read_one(&mut a, flag, given)?;
         }
     }
     for (p, v) in def.positionals.iter().zip(t.positionals) {
@@ -304,6 +360,24 @@ fn read<A: Default>(t: Typed<A>, trailing: Option<Vec<OsString>>) -> Result<A, U
         f(&mut a, command);
     }
     Ok(a)
+}
+
+/// One value of one flag into the typed arguments.
+fn read_one<A>(a: &mut A, flag: &Flag<A>, given: Given) -> Result<(), UsageError> {
+    let long = flag.spec.long;
+    let wrap = |source| UsageError::Value { flag: long, source };
+    match (flag.read, given) {
+        (Read::Switch(f), _) => f(a),
+        (Read::Value(f), Given::Value(v)) => f(a, v).map_err(wrap)?,
+        (Read::Optional(f), Given::Value(v)) => f(a, Some(v)).map_err(wrap)?,
+        (Read::Optional(f), Given::Present) => f(a, None).map_err(wrap)?,
+        // `take_value` gives a value to every `Value::Required` flag,
+        // and `Draft` gives those a `Read::Value`.
+        (Read::Value(_), Given::Present) => {
+            return Err(usage_error(format!("--{long} needs a value")));
+        }
+    }
+    Ok(())
 }
 
 /// Test: every flag and positional of `def` reaches the typed arguments.

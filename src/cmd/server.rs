@@ -11,7 +11,8 @@
 //! megabyte of code; linked into the agent it sits between the agent's own
 //! functions, and the kernel maps a binary's cached pages 64 KiB around each
 //! page fault, so code the agent never runs still counted in its RSS.
-//! `docs/design.md` ("Two binaries") has the figures.
+//! `docs/design.md` ("Two binaries") has the reasons, `docs/benchmarks.md`
+//! ("Agent memory") the figures.
 //!
 //! The server binary is looked up next to `/proc/self/exe`, never on
 //! `$PATH`: an inherited `PATH` is outside input, and a server of another

@@ -57,6 +57,12 @@ pub enum EngineError {
         CapScope::Global => "the authority's limit",
     })]
     TooManyLeases { scope: CapScope, limit: u64 },
+    /// An acquire would create a task (no row exists) past the principal's
+    /// limit of distinct new tasks in an hour (HTTP 429, like its own lease
+    /// cap): made-up task names cannot grow the tables, the status page and
+    /// `/metrics` faster than that.
+    #[error("too many new tasks: this principal created {limit} distinct tasks in the last hour")]
+    TooManyNewTasks { limit: u64 },
     /// Operator call with nothing to act on.
     #[error("{0}")]
     NotFound(String),

@@ -24,11 +24,19 @@
 //!   people only; lease arithmetic stays on the boot clock. An expiry's
 //!   wall time is derived from the boot clock (`now - how long ago it
 //!   expired`), so a wall-clock jump shifts displayed times, never leases.
-//! - Bounded: each grant deletes rows more than `max_rows` tokens older
-//!   than itself (tokens are dense: one per grant) and up to
-//!   [`AGE_PRUNE_BATCH`] of the oldest finished rows older than `max_age`,
-//!   in its own transaction, so the table never grows past its bounds by
-//!   more than a batch and no call pays for a large cleanup.
+//! - Bounded per principal and in total, so one principal's churn cannot
+//!   push out another's records (a principal granting in a loop used to
+//!   delete everyone's history, since the bound was global). Each row
+//!   carries its principal's attempt number (`pseq`, one more than that
+//!   principal's newest row): a grant deletes its principal's rows more
+//!   than `max_rows_per_principal` attempts older (an index range, usually
+//!   one row). Every [`TOTAL_PRUNE_EVERY`]th token, the grant also counts
+//!   all rows and deletes the oldest past `max_rows` (the total can exceed
+//!   `max_rows` only when many principals keep many rows; then the oldest
+//!   go, whoever's they are). And each grant deletes up to
+//!   [`AGE_PRUNE_BATCH`] of the oldest finished rows older than `max_age`.
+//!   All in the grant's transaction: the table never grows past its bounds
+//!   by more than a batch, and no call pays for a large cleanup.
 //!
 //! This file is the history's rules ([`ops`]: which writes a change of a
 //! task's row makes) and its shapes; a store keeps them (`Txn::record`,
@@ -47,15 +55,23 @@ use super::rules::{Lease, Phase, TaskRow};
 pub struct Bounds {
     /// Finished attempts older than this (by acquire time) are deleted.
     pub max_age: Duration,
-    /// At most this many attempts are kept.
+    /// At most this many attempts are kept (give or take
+    /// [`TOTAL_PRUNE_EVERY`]).
     pub max_rows: u64,
+    /// At most this many attempts of one principal are kept.
+    pub max_rows_per_principal: u64,
 }
 
-/// The defaults: 30 days, 100,000 attempts (about 10 MB, see docs/history.md).
+/// The defaults: 30 days, 100,000 attempts (about 10 MB, see
+/// docs/history.md), 25,000 of one principal.
 pub const DEFAULT_BOUNDS: Bounds = Bounds {
     max_age: Duration::from_secs(30 * 24 * 3600),
     max_rows: 100_000,
+    max_rows_per_principal: 25_000,
 };
+
+/// How often (in tokens) a grant counts the whole history for `max_rows`.
+pub const TOTAL_PRUNE_EVERY: u64 = 64;
 
 impl Default for Bounds {
     fn default() -> Self {

@@ -27,7 +27,16 @@ pub struct Api {
     pub default_max_leases: u64,
     /// The status page (`GET /`) and its per-minute figures.
     pub status: Arc<super::status::Status>,
+    /// Most tasks named in each per-task family of `/metrics`.
+    pub metrics_max_tasks: usize,
+    /// Seals `/v1/history` cursors (`super::cursor`).
+    pub cursors: super::cursor::Sealer,
 }
+
+/// Most history rows one `/v1/history` request reads, in scope or not: a
+/// reader whose tasks are rare pages on with the cursor instead of making
+/// one request scan the whole history.
+const HISTORY_SCAN: usize = 10_000;
 
 type Obj = Map<String, Value>;
 
@@ -141,7 +150,8 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::TooManyLeases {
             scope: CapScope::Principal,
             ..
-        } => error(ErrorCode::TooManyLeases, &msg),
+        }
+        | EngineError::TooManyNewTasks { .. } => error(ErrorCode::TooManyLeases, &msg),
         EngineError::TooManyLeases {
             scope: CapScope::Global,
             ..
@@ -355,6 +365,9 @@ impl Api {
             Ok(p) => p,
             Err(r) => return Routed::Now(r),
         };
+        // It spoke for a principal (any request but /healthz, without an
+        // auth file): its connection leaves the unauthenticated pool.
+        req.authenticate();
         let (ep, action) = match Self::endpoint(req) {
             Ok(x) => x,
             Err(r) => return Routed::Now(r),
@@ -393,6 +406,7 @@ impl Api {
                     &api.conns,
                     &api.auth.stats,
                     &|t| who.covers(t),
+                    api.metrics_max_tasks,
                 )
                 .into_bytes(),
             })),
@@ -469,9 +483,14 @@ impl Api {
                     Ok(n) if (1..=MAX_PAGE).contains(&n) => limit = n,
                     _ => return bad(format!("`limit` must be an integer from 1 to {MAX_PAGE}")),
                 },
-                "after" => match v.parse::<u64>() {
-                    Ok(n) => after = Some(n),
-                    Err(_) => return bad("`after` must be a cursor from `next_after`"),
+                "after" => match self.cursors.open(&who.name, v) {
+                    Some(n) => after = Some(n),
+                    None => {
+                        return bad(
+                            "`after` must be a `next_after` cursor this server gave this \
+                             principal",
+                        );
+                    }
                 },
                 "task" => match percent_decode(v) {
                     Some(t) => {
@@ -488,19 +507,28 @@ impl Api {
                 _ => return bad(format!("unknown query parameter `{k}`")),
             }
         }
-        let page = match self.engine.history_page(task.as_deref(), after, limit) {
-            Ok(p) => p,
+        let scan = super::status::history_in_scope(
+            &self.engine,
+            (task.as_deref(), after),
+            limit,
+            HISTORY_SCAN,
+            &|t| who.covers(t),
+        );
+        let (page, resume) = match scan {
+            Ok(x) => x,
             Err(e) => return engine_error(e),
         };
-        let next_after = (page.len() == limit)
-            .then(|| page.last().map(|r| r.token.to_string()))
-            .flatten();
+        let next_after = match resume {
+            None => None,
+            Some(t) => match self.cursors.seal(&who.name, t) {
+                Some(c) => Some(c),
+                None => {
+                    return error(ErrorCode::Unavailable, "no random bytes for the cursor");
+                }
+            },
+        };
         let body = HistoryBody {
-            attempts: page
-                .iter()
-                .filter(|r| who.covers(&r.task))
-                .map(|r| r.attempt())
-                .collect(),
+            attempts: page.iter().map(|r| r.attempt()).collect(),
             next_after,
         };
         match serde_json::to_string(&body) {

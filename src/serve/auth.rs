@@ -3,8 +3,9 @@
 //!
 //! - A principal is found by its bearer token (compared by sha256, so the
 //!   file holds no secret) or, with mutual TLS, by the names of its
-//!   verified client certificate (its DNS SANs, or its CN when it has no
-//!   DNS SAN) equal to `cert_name`. A request that two principals match is
+//!   verified client certificate (its DNS SANs as written, or its CN only
+//!   when it has no subjectAltName extension: `certnames.rs`) equal to
+//!   `cert_name`. A request that two principals match is
 //!   refused (401), never settled by their order in the file: the order of
 //!   entries must not decide who is operator.
 //! - The file is read at start (an error there stops `serve`) and again on

@@ -68,7 +68,8 @@ use tokio::time::Instant;
 
 use crate::time::ms;
 
-/// How long a connection past a limit may wait before sending its request.
+/// How long a connection past a limit, or one on probation (the
+/// unauthenticated pool full), may wait before sending its request.
 const OVER_LIMIT_IDLE: Duration = Duration::from_secs(2);
 
 /// How long a TLS handshake may take, from the accept: long enough for a
@@ -85,10 +86,20 @@ pub struct Request {
     pub query: Option<String>,
     /// The bearer token of `Authorization: Bearer …`, if any.
     pub bearer: Option<String>,
-    /// The verified client certificate's names (DNS SANs, or the CN when it
-    /// has none), with mutual TLS.
+    /// The verified client certificate's names (its DNS SANs as written,
+    /// or its CN when it has no subjectAltName extension), with mutual TLS.
     pub cert_names: Arc<Vec<String>>,
     pub body: Bytes,
+    /// Set by the handler when the request spoke for a principal: the
+    /// connection then moves to the authenticated pool.
+    pub authenticated: AtomicBool,
+}
+
+impl Request {
+    /// Notes that the request spoke for a principal.
+    pub fn authenticate(&self) {
+        self.authenticated.store(true, Ordering::Relaxed);
+    }
 }
 
 /// An answer.
@@ -123,10 +134,16 @@ impl Response {
 pub struct Limits {
     pub max_connections: usize,
     pub max_per_peer: usize,
+    /// Most connections that have not (yet) made an authenticated request,
+    /// within `max_connections` (see the module doc).
+    pub max_unauthenticated: usize,
     pub max_head: usize,
     pub max_body: usize,
     pub request_timeout: Duration,
     pub idle_timeout: Duration,
+    /// Idle time allowed between requests on a connection that has made no
+    /// authenticated request.
+    pub unauthenticated_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -134,10 +151,12 @@ impl Default for Limits {
         Limits {
             max_connections: 16_384,
             max_per_peer: 1024,
+            max_unauthenticated: 1024,
             max_head: 16 * 1024,
             max_body: 64 * 1024,
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            unauthenticated_idle_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -197,14 +216,16 @@ impl ConnState {
         s
     }
 
-    fn deadline(&self, limits: &Limits) -> u64 {
+    /// When the connection is closed unless bytes come: `request_timeout`
+    /// after a request's first byte, else `idle` after the last answer.
+    fn deadline(&self, limits: &Limits, idle: Duration) -> u64 {
         let started = self.started_ms.load(Ordering::Relaxed);
         if started != 0 {
             started.saturating_add(ms(limits.request_timeout))
         } else {
             self.last_ms
                 .load(Ordering::Relaxed)
-                .saturating_add(ms(limits.idle_timeout))
+                .saturating_add(ms(idle))
         }
     }
 
@@ -363,12 +384,17 @@ async fn linger_close<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, eof: bool) {
 /// Connection figures for `/metrics`.
 #[derive(Default)]
 pub struct ConnStats {
-    /// Open connections within the limits.
+    /// Open connections within the limits (both pools).
     pub open: AtomicU64,
+    /// Of those, connections in the unauthenticated pool.
+    pub unauthenticated: AtomicU64,
     /// Connections past `max_connections` (answered once, then closed).
     pub over_limit: AtomicU64,
     /// Connections closed at once for being past their peer's limit.
     pub refused_peer: AtomicU64,
+    /// Connections taken on probation (the unauthenticated pool full) that
+    /// made no authenticated request: answered once, then closed.
+    pub unauthenticated_closed: AtomicU64,
 }
 
 /// Open connections per peer address, and in all.
@@ -378,13 +404,61 @@ struct Peers {
     stats: Arc<ConnStats>,
 }
 
+/// How a connection is counted. It starts unauthenticated (or on
+/// probation, or over the limit) and moves to `AUTH` at its first
+/// authenticated request; it never moves back.
+mod pool {
+    /// Past `max_connections`: one answer (503 except `/healthz`), then
+    /// closed. Counted only against its peer's limit.
+    pub const OVER: u8 = 0;
+    /// The unauthenticated pool was full: one request, served; closed after
+    /// it unless it authenticated (and the global limit has room). Counted
+    /// only against its peer's limit until then.
+    pub const PROBATION: u8 = 1;
+    /// In the unauthenticated pool (and in `open`).
+    pub const UNAUTH: u8 = 2;
+    /// Authenticated (in `open`).
+    pub const AUTH: u8 = 3;
+}
+
 /// A connection's slot; released on drop.
 struct Slot {
     peers: Arc<Peers>,
     ip: IpAddr,
-    /// Past the global limit: answer one request (503 except `/healthz`),
-    /// then close. Not counted in `open`.
-    over: bool,
+    pool: std::sync::atomic::AtomicU8,
+    max_connections: usize,
+}
+
+impl Slot {
+    fn pool(&self) -> u8 {
+        self.pool.load(Ordering::Relaxed)
+    }
+
+    /// The connection made an authenticated request: into the
+    /// authenticated pool (a connection on probation only if the global
+    /// limit has room).
+    fn promote(&self) {
+        let stats = &self.peers.stats;
+        match self.pool() {
+            pool::UNAUTH => {
+                stats.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+                self.pool.store(pool::AUTH, Ordering::Relaxed);
+            }
+            pool::PROBATION if take(&stats.open, self.max_connections) => {
+                self.pool.store(pool::AUTH, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One more of `counter` if it is below `max`.
+fn take(counter: &AtomicU64, max: usize) -> bool {
+    counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (usize::try_from(n).unwrap_or(usize::MAX) < max).then_some(n + 1)
+        })
+        .is_ok()
 }
 
 impl Peers {
@@ -400,28 +474,46 @@ impl Peers {
         }
         *n += 1;
         drop(map);
-        let open = &self.stats.open;
-        let admitted = open
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
-                (usize::try_from(total).unwrap_or(usize::MAX) < limits.max_connections)
-                    .then_some(total + 1)
-            })
-            .is_ok();
-        if !admitted {
-            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+        let stats = &self.stats;
+        let max_unauth = limits.max_unauthenticated.min(limits.max_connections);
+        let pool = if take(&stats.unauthenticated, max_unauth) {
+            if take(&stats.open, limits.max_connections) {
+                pool::UNAUTH
+            } else {
+                stats.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+                pool::OVER
+            }
+        } else if usize::try_from(stats.open.load(Ordering::Relaxed))
+            .is_ok_and(|open| open < limits.max_connections)
+        {
+            pool::PROBATION
+        } else {
+            pool::OVER
+        };
+        if pool == pool::OVER {
+            stats.over_limit.fetch_add(1, Ordering::Relaxed);
         }
         Some(Slot {
             peers: self.clone(),
             ip,
-            over: !admitted,
+            pool: std::sync::atomic::AtomicU8::new(pool),
+            max_connections: limits.max_connections,
         })
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if !self.over {
-            self.peers.stats.open.fetch_sub(1, Ordering::Relaxed);
+        let stats = &self.peers.stats;
+        match self.pool() {
+            pool::UNAUTH => {
+                stats.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+                stats.open.fetch_sub(1, Ordering::Relaxed);
+            }
+            pool::AUTH => {
+                stats.open.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
         let mut map = self.peers.by_ip.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.ip) {
@@ -438,6 +530,8 @@ pub struct Server {
     pub limits: Limits,
     pub handler: Arc<dyn Handler>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The names `Host` may carry (`super::guard`).
+    pub names: Arc<super::guard::HostNames>,
     peers: Arc<Peers>,
 }
 
@@ -447,11 +541,13 @@ impl Server {
         handler: Arc<dyn Handler>,
         tls: Option<tokio_rustls::TlsAcceptor>,
         stats: Arc<ConnStats>,
+        names: Arc<super::guard::HostNames>,
     ) -> Self {
         Server {
             limits,
             handler,
             tls,
+            names,
             peers: Arc::new(Peers {
                 by_ip: Mutex::default(),
                 stats,
@@ -492,6 +588,13 @@ pub async fn run(
             drop(tcp);
             continue;
         };
+        let local = match tcp.local_addr() {
+            Ok(a) => a.ip(),
+            Err(e) => {
+                log::warn!("accept: {e}");
+                continue;
+            }
+        };
         // Off the accepting reactor, onto the serving loop's.
         let tcp = match tcp.into_std() {
             Ok(t) => t,
@@ -504,7 +607,7 @@ pub async fn run(
         let (srv, sd) = (server.clone(), shutdown.clone());
         let serve = async move {
             match TcpStream::from_std(tcp) {
-                Ok(tcp) => connection(tcp, peer, slot, srv, sd).await,
+                Ok(tcp) => connection(tcp, (peer, local), slot, srv, sd).await,
                 Err(e) => log::warn!("registering a connection from {peer}: {e}"),
             }
             drop(guard);
@@ -556,74 +659,20 @@ mod tokio_util_lite {
     }
 }
 
-/// The names a verified client certificate is known by: its DNS SANs, or
-/// its subject CN only when it has no DNS SAN (trust.md: a CN never adds
-/// to the SANs, so a certificate issued for `worker-1` with CN `ops` is
-/// `worker-1` alone).
-fn cert_names(der: &rustls_pki_types::CertificateDer<'_>) -> Vec<String> {
-    let Ok(cert) = webpki::EndEntityCert::try_from(der) else {
-        return Vec::new();
-    };
-    let sans: Vec<String> = cert.valid_dns_names().map(str::to_string).collect();
-    if !sans.is_empty() {
-        return sans;
-    }
-    common_name(cert.subject()).into_iter().collect()
-}
-
-/// Reads one DER TLV: (tag, contents, rest).
-fn der_tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, b) = b.split_first()?;
-    let (&l0, mut b) = b.split_first()?;
-    let len = if l0 < 0x80 {
-        usize::from(l0)
-    } else {
-        let n = usize::from(l0 & 0x7f);
-        if n == 0 || n > 4 || b.len() < n {
-            return None;
-        }
-        let mut len = 0usize;
-        for &x in &b[..n] {
-            len = (len << 8) | usize::from(x);
-        }
-        b = &b[n..];
-        len
-    };
-    if b.len() < len {
-        return None;
-    }
-    Some((tag, &b[..len], &b[len..]))
-}
-
-/// The subject's commonName (OID 2.5.4.3), from the Name's contents
-/// (a sequence of SETs of SEQUENCE { OID, value }).
-fn common_name(mut name: &[u8]) -> Option<String> {
-    const CN: &[u8] = &[0x55, 0x04, 0x03];
-    while let Some((_, set, rest)) = der_tlv(name) {
-        name = rest;
-        let mut set = set;
-        while let Some((_, atv, rest)) = der_tlv(set) {
-            set = rest;
-            let (tag, oid, value) = der_tlv(atv)?;
-            if tag == 0x06 && oid == CN {
-                let (_, v, _) = der_tlv(value)?;
-                return std::str::from_utf8(v).ok().map(str::to_string);
-            }
-        }
-    }
-    None
-}
-
 async fn connection(
     tcp: TcpStream,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, IpAddr),
     slot: Slot,
     server: Arc<Server>,
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
+    let conn = Conn {
+        slot: Arc::new(slot),
+        local,
+    };
     match &server.tls {
-        None => serve_io(tcp, Arc::new(Vec::new()), slot, server, shutdown).await,
+        None => serve_io(tcp, Arc::new(Vec::new()), conn, server, shutdown).await,
         Some(acceptor) => {
             let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
             let tls = match hs.await {
@@ -642,9 +691,9 @@ async fn connection(
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .map(cert_names)
+                .map(|c| super::certnames::principal_names(c))
                 .unwrap_or_default();
-            serve_io(tls, Arc::new(names), slot, server, shutdown).await;
+            serve_io(tls, Arc::new(names), conn, server, shutdown).await;
         }
     }
 }
@@ -682,12 +731,19 @@ fn plain_length(v: &HeaderValue) -> Option<u64> {
     std::str::from_utf8(b).ok()?.parse().ok()
 }
 
+/// A connection's slot and the address it arrived on.
+#[derive(Clone)]
+struct Conn {
+    slot: Arc<Slot>,
+    local: IpAddr,
+}
+
 async fn serve_request(
     req: hyper::Request<Incoming>,
     server: Arc<Server>,
     state: Arc<ConnState>,
     names: Arc<Vec<String>>,
-    over: bool,
+    conn: Conn,
 ) -> Result<hyper::Response<Body>, Infallible> {
     let refuse =
         |status: u16, code: &str, msg: &str| Ok(to_hyper(Response::error(status, code, msg), true));
@@ -720,6 +776,15 @@ async fn serve_request(
             &format!("request body over {max_body} bytes"),
         );
     }
+    if let Err(r) = super::guard::check(
+        req.method(),
+        req.uri(),
+        req.headers(),
+        &server.names,
+        conn.local,
+    ) {
+        return refuse(r.status, r.code, &r.message);
+    }
     let method = req.method().as_str().to_string();
     let path = req.uri().path().to_string();
     let query = req.uri().query().map(str::to_string);
@@ -745,8 +810,10 @@ async fn serve_request(
         bearer,
         cert_names: names,
         body,
+        authenticated: AtomicBool::new(false),
     };
-    let resp = if over && request.path != "/healthz" {
+    let slot = &conn.slot;
+    let resp = if slot.pool() == pool::OVER && request.path != "/healthz" {
         let code = crate::protocol::v1::ErrorCode::Overloaded;
         Response::error(code.status(), code.as_str(), "too many open connections")
     } else {
@@ -759,14 +826,37 @@ async fn serve_request(
             },
         }
     };
+    if request.authenticated.load(Ordering::Relaxed) {
+        slot.promote();
+    }
+    // Past the global limit, or on probation and still unauthenticated:
+    // this was its one answer.
+    let close = match slot.pool() {
+        pool::OVER => true,
+        pool::PROBATION => {
+            let stats = &slot.peers.stats;
+            stats.unauthenticated_closed.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        _ => false,
+    };
     state.answered();
-    Ok(to_hyper(resp, over))
+    Ok(to_hyper(resp, close))
+}
+
+/// How long a connection in `pool` may stay idle between requests.
+fn idle_allowed(limits: &Limits, pool: u8) -> Duration {
+    match pool {
+        pool::AUTH => limits.idle_timeout,
+        pool::UNAUTH => limits.unauthenticated_idle_timeout.min(limits.idle_timeout),
+        _ => OVER_LIMIT_IDLE.min(limits.idle_timeout),
+    }
 }
 
 async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: S,
     names: Arc<Vec<String>>,
-    slot: Slot,
+    conn: Conn,
     server: Arc<Server>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -776,10 +866,11 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         state: state.clone(),
         prev: [0; 3],
     };
-    let over = slot.over;
+    let slot = conn.slot.clone();
+    let over = slot.pool() == pool::OVER;
     let (srv, st) = (server.clone(), state.clone());
     let service = hyper::service::service_fn(move |req| {
-        serve_request(req, srv.clone(), st.clone(), names.clone(), over)
+        serve_request(req, srv.clone(), st.clone(), names.clone(), conn.clone())
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(!over)
@@ -788,14 +879,13 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .header_read_timeout(None)
         .serve_connection(TokioIo::new(watched), service);
     let mut conn = std::pin::pin!(conn);
-    // A connection past a limit gets a short while to send its one
-    // request: a hog cannot pile up idle descriptors beyond its share.
-    let short = Limits {
-        idle_timeout: OVER_LIMIT_IDLE.min(server.limits.idle_timeout),
-        ..server.limits.clone()
-    };
-    let limits = if over { &short } else { &server.limits };
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(instant_at(state.deadline(limits))));
+    // A connection past a limit (or on probation) gets a short while to
+    // send its one request, one not yet authenticated a shorter idle time
+    // than an agent's: a hog cannot pile up idle descriptors beyond its
+    // share.
+    let limits = &server.limits;
+    let deadline = || state.deadline(limits, idle_allowed(limits, slot.pool()));
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(instant_at(deadline())));
     let mut stop = std::pin::pin!(async move {
         let _ = shutdown.wait_for(|s| *s).await;
     });
@@ -817,7 +907,7 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         }
         // The deadline moves as requests come and go: re-arm the one timer.
         loop {
-            let mut at = instant_at(state.deadline(limits));
+            let mut at = instant_at(deadline());
             if let Some(d) = stop_deadline {
                 at = at.min(d);
             }
@@ -827,8 +917,7 @@ async fn serve_io<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             match timer.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(()) => {
-                    if stop_deadline.is_some_and(|d| Instant::now() >= d)
-                        || now_ms() >= state.deadline(limits)
+                    if stop_deadline.is_some_and(|d| Instant::now() >= d) || now_ms() >= deadline()
                     {
                         return Poll::Ready(());
                     }
@@ -867,14 +956,50 @@ mod tests {
         // Another peer still gets a real slot; past the global limit, a
         // connection is answered once and does not count against it.
         let ok = peers.admit(b, &limits).unwrap();
-        assert!(!ok.over);
+        assert_eq!(ok.pool(), pool::UNAUTH);
         let over = peers.admit(c, &limits).unwrap();
-        assert!(over.over);
+        assert_eq!(over.pool(), pool::OVER);
         assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
         drop(over);
         assert_eq!(peers.stats.open.load(Ordering::Relaxed), 3);
         drop(held);
-        assert!(!peers.admit(c, &limits).unwrap().over);
+        assert_ne!(peers.admit(c, &limits).unwrap().pool(), pool::OVER);
+    }
+
+    #[test]
+    fn unauthenticated_connections_have_a_pool_of_their_own() {
+        let peers = Arc::new(Peers::default());
+        let limits = Limits {
+            max_connections: 4,
+            max_per_peer: 100,
+            max_unauthenticated: 2,
+            ..Limits::default()
+        };
+        let ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let stats = peers.stats.clone();
+        // Two idle unauthenticated connections fill their pool...
+        let idle: Vec<Slot> = (0..2).map(|_| peers.admit(ip, &limits).unwrap()).collect();
+        assert!(idle.iter().all(|s| s.pool() == pool::UNAUTH));
+        // ...the next ones are on probation: counted nowhere but their peer.
+        let probation: Vec<Slot> = (0..10).map(|_| peers.admit(ip, &limits).unwrap()).collect();
+        assert!(probation.iter().all(|s| s.pool() == pool::PROBATION));
+        assert_eq!(stats.open.load(Ordering::Relaxed), 2);
+        // An agent's connection authenticates: it takes a real slot...
+        probation[0].promote();
+        probation[1].promote();
+        assert_eq!(probation[0].pool(), pool::AUTH);
+        assert_eq!(stats.open.load(Ordering::Relaxed), 4);
+        // ...until the global limit, which unauthenticated ones never fill.
+        probation[2].promote();
+        assert_eq!(probation[2].pool(), pool::PROBATION);
+        // An unauthenticated connection that authenticates leaves its pool.
+        idle[0].promote();
+        assert_eq!(stats.unauthenticated.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.open.load(Ordering::Relaxed), 4);
+        drop(idle);
+        drop(probation);
+        assert_eq!(stats.open.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.unauthenticated.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -919,16 +1044,5 @@ mod tests {
         assert!(scanned(&[b"GET / HTTP/1.1\n\n"]).0);
         // A LF in the body after a proper head is not the head's business.
         assert_eq!(scanned(&[head, b"{\n}"]), (false, false));
-    }
-
-    #[test]
-    fn common_name_is_found_in_a_subject() {
-        // SET { SEQ { OID 2.5.4.10 (O), UTF8 "acme" } }, SET { SEQ { OID 2.5.4.3, UTF8 "w1" } }
-        let subject = [
-            0x31, 0x0d, 0x30, 0x0b, 0x06, 0x03, 0x55, 0x04, 0x0a, 0x0c, 0x04, b'a', b'c', b'm',
-            b'e', 0x31, 0x0b, 0x30, 0x09, 0x06, 0x03, 0x55, 0x04, 0x03, 0x0c, 0x02, b'w', b'1',
-        ];
-        assert_eq!(common_name(&subject).as_deref(), Some("w1"));
-        assert_eq!(common_name(&subject[..15]), None);
     }
 }

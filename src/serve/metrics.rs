@@ -190,6 +190,7 @@ pub fn render(
     conns: &ConnStats,
     auth: &AuthStats,
     covers: &dyn Fn(&str) -> bool,
+    max_tasks: usize,
 ) -> String {
     let sources = Sources {
         up: engine.healthy(),
@@ -202,41 +203,82 @@ pub fn render(
     for f in FAMILIES {
         write_family(&mut out, f, &sources);
     }
-    write_tasks(&mut out, engine, covers);
+    write_tasks(&mut out, engine, covers, max_tasks);
     write_latency(&mut out, latency);
     out
 }
 
 /// The per-task gauges: seconds held for an operator (since the lease
-/// expired), and when the task last succeeded.
-fn write_tasks(out: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool) {
+/// expired), and when the task last succeeded. Each names at most
+/// `max_tasks` tasks, the most alarming first (held longest, succeeded
+/// longest ago); the rest are one series `task="(other)"` carrying their
+/// most alarming value, so an alert on either still fires, and a client
+/// that makes up task names cannot make the scrape grow without bound.
+fn write_tasks(
+    out: &mut String,
+    engine: &BatchedEngine,
+    covers: &dyn Fn(&str) -> bool,
+    max_tasks: usize,
+) {
     let now = crate::time::wall_ms();
-    let name = "leaseagent_task_held_for_operator_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Seconds since the lease of a task held for an operator expired.\n# TYPE {name} gauge"
-    );
-    for (info, since) in engine
+    let mut held: Vec<(String, f64)> = engine
         .held_for_operator()
         .into_iter()
         .filter(|(i, _)| covers(&i.task))
-    {
-        let secs = since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e3);
-        let _ = writeln!(out, "{name}{{task=\"{}\"}} {secs}", info.task);
-    }
-    let name = "leaseagent_task_last_success_timestamp_seconds";
-    let _ = writeln!(
+        .map(|(i, since)| {
+            let secs = since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e3);
+            (i.task, secs)
+        })
+        .collect();
+    // Longest held first.
+    held.sort_by(|a, b| b.1.total_cmp(&a.1));
+    write_task_family(
         out,
-        "# HELP {name} When the task's last attempt reporting `succeeded` was released (Unix time).\n# TYPE {name} gauge"
+        "leaseagent_task_held_for_operator_seconds",
+        "Seconds since the lease of a task held for an operator expired.",
+        held,
+        max_tasks,
     );
-    for (task, ms) in engine
+    let mut last: Vec<(String, f64)> = engine
         .last_successes()
         .into_iter()
         .filter(|(t, _)| covers(t))
-    {
-        let _ = writeln!(out, "{name}{{task=\"{task}\"}} {}", ms as f64 / 1e3);
+        .map(|(t, ms)| (t, ms as f64 / 1e3))
+        .collect();
+    // Longest ago first.
+    last.sort_by(|a, b| a.1.total_cmp(&b.1));
+    write_task_family(
+        out,
+        "leaseagent_task_last_success_timestamp_seconds",
+        "When the task's last attempt reporting `succeeded` was released (Unix time).",
+        last,
+        max_tasks,
+    );
+}
+
+/// The series of one per-task family, most alarming first: `max_tasks`
+/// named, then the first of the rest (the most alarming of them) as
+/// `task="(other)"`.
+fn write_task_family(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: Vec<(String, f64)>,
+    max_tasks: usize,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+    let mut rest = series.into_iter();
+    for (task, v) in rest.by_ref().take(max_tasks) {
+        let _ = writeln!(out, "{name}{{task=\"{task}\"}} {v}");
+    }
+    if let Some((_, v)) = rest.next() {
+        let _ = writeln!(out, "{name}{{task=\"{OTHER_TASKS}\"}} {v}");
     }
 }
+
+/// The `task` label of the series that stands for the tasks past the
+/// bound (not a valid task name, so never a real task's).
+pub const OTHER_TASKS: &str = "(other)";
 
 fn write_family(out: &mut String, f: &Family, sources: &Sources) {
     let name = f.name;
@@ -315,7 +357,7 @@ mod tests {
         for us in [10, 60, 300, 300, 4_000, 2_000_000] {
             latency.observe(Duration::from_micros(us));
         }
-        let got = render(&e, &latency, &conns, &auth, &|_| true);
+        let got = render(&e, &latency, &conns, &auth, &|_| true, 1000);
         e.shutdown();
         assert_eq!(got, EXPECTED);
     }
@@ -398,4 +440,20 @@ leaseagent_request_duration_seconds_bucket{le="+Inf"} 6
 leaseagent_request_duration_seconds_sum 2.00467
 leaseagent_request_duration_seconds_count 6
 "##;
+
+    #[test]
+    fn a_per_task_family_names_the_most_alarming_and_sums_up_the_rest() {
+        let series: Vec<(String, f64)> = (0..5).map(|i| (format!("t{i}"), f64::from(i))).collect();
+        let mut out = String::new();
+        write_task_family(&mut out, "m", "h", series.clone(), 2);
+        assert_eq!(
+            out,
+            "# HELP m h\n# TYPE m gauge\nm{task=\"t0\"} 0\nm{task=\"t1\"} 1\n\
+             m{task=\"(other)\"} 2\n"
+        );
+        let mut all = String::new();
+        write_task_family(&mut all, "m", "h", series, 5);
+        assert!(!all.contains("(other)"), "{all}");
+        assert_eq!(all.lines().count(), 7);
+    }
 }

@@ -11,6 +11,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod certnames;
+pub mod cursor;
+pub mod guard;
 pub mod http;
 pub mod loops;
 pub mod metrics;
@@ -41,22 +44,38 @@ pub struct ServeArgs {
     pub client_ca: Option<PathBuf>,
     /// `--auth-file`: the principals.
     pub auth_file: Option<PathBuf>,
+    /// `--no-auth`: run without an auth file, said explicitly (the command
+    /// line refuses neither-nor and both).
+    pub no_auth: bool,
+    /// `--server-name` (repeatable): names the `Host` header may carry
+    /// besides the listen address (`guard`).
+    pub server_names: Vec<String>,
     /// `--insecure-listen`.
     pub insecure_listen: bool,
     /// `--max-connections`: most open connections in all.
     pub max_connections: usize,
     /// `--max-connections-per-peer`: most open connections from one address.
     pub max_connections_per_peer: usize,
+    /// `--max-unauthenticated-connections`: most open connections that have
+    /// made no authenticated request (at most half of `--max-connections`).
+    pub max_unauthenticated: usize,
+    /// `--max-new-tasks-per-hour`: most distinct tasks one principal may
+    /// create in an hour (with an auth file).
+    pub max_new_tasks_per_hour: u64,
+    /// `--metrics-max-tasks`: most tasks named in each per-task family of
+    /// `/metrics` (the rest in one `task="(other)"` series).
+    pub metrics_max_tasks: usize,
     /// `--max-leases`: the most live leases overall (`None`: no limit).
     pub max_leases: Option<u64>,
     /// `--max-leases-per-principal`: the cap of a principal whose entry in
     /// the auth file has no `max_leases` (without an auth file, of all
     /// clients together).
     pub max_leases_per_principal: u64,
-    /// `--history-max-age`, `--history-max-rows`: how much run history is kept.
+    /// `--history-max-age`, `--history-max-rows`,
+    /// `--history-max-rows-per-principal`: how much run history is kept.
     pub history: crate::engine::history::Bounds,
     /// `--status-listen`: a loopback address serving the status page
-    /// without credentials.
+    /// without credentials (every task, to every local user: docs/history.md).
     pub status_listen: Option<String>,
     /// `--status-held-alert`: a task held for an operator longer than this
     /// is shown red on the status page.
@@ -70,6 +89,10 @@ pub const LISTENING: &str = "leaseagent serve: listening on ";
 /// The line printed to stderr once the status listener listens; followed
 /// by `http://ADDR`.
 pub const STATUS_LISTENING: &str = "leaseagent serve: status page on ";
+
+/// Most connections the status listener keeps open (it serves one page to
+/// people, never a fleet).
+const STATUS_MAX_CONNECTIONS: usize = 64;
 
 /// Why `serve` could not start (or stopped listening): exit 125 with one
 /// line that names the flag or file at fault.
@@ -163,6 +186,8 @@ pub enum ServeError {
     },
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error("the kernel's random numbers: {0}")]
+    Random(#[source] std::io::Error),
     #[error("starting the event loops: {0}")]
     Loops(#[source] std::io::Error),
     #[error("installing signal handlers: {0}")]
@@ -197,14 +222,19 @@ fn raise_nofile() {
     }
 }
 
-fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, ServeError> {
+/// The TLS acceptor (`None` without `--tls-cert`), and the names in the
+/// server certificate (for `guard::HostNames`).
+type Tls = (Option<tokio_rustls::TlsAcceptor>, Option<certnames::Names>);
+
+fn tls_config(args: &ServeArgs) -> Result<Tls, ServeError> {
     use rustls_pki_types::PrivateKeyDer;
     use rustls_pki_types::pem::PemObject;
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let key_pem = read_key_file(key)?;
     let chain = read_certs("--tls-cert", cert)?;
+    let names = chain.first().and_then(|c| certnames::read(c));
     let pkey = PrivateKeyDer::from_pem_slice(&key_pem).map_err(pem_error("--tls-key", key))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
@@ -236,7 +266,44 @@ fn tls_config(args: &ServeArgs) -> Result<Option<tokio_rustls::TlsAcceptor>, Ser
         .with_single_cert(chain, pkey)
         .map_err(ServeError::CertKey)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    Ok((
+        Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        names,
+    ))
+}
+
+/// The names `Host` may carry besides the address a connection arrived on
+/// (`guard`): the `--listen` host when it is a name or a specific address,
+/// every `--server-name`, and the server certificate's DNS and IP names.
+fn host_names(args: &ServeArgs, cert: Option<&certnames::Names>) -> guard::HostNames {
+    let mut names = guard::HostNames::default();
+    let host = match args.listen.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => args.listen.as_str(),
+    };
+    if host
+        .parse::<IpAddr>()
+        .map_or(true, |ip| !ip.is_unspecified())
+    {
+        names.add(host);
+    }
+    for n in &args.server_names {
+        names.add(n);
+    }
+    if let Some(c) = cert {
+        for n in &c.dns {
+            names.add(n);
+        }
+        for ip in &c.ips {
+            names.add(&ip.to_string());
+        }
+        if !c.has_san {
+            for cn in &c.cns {
+                names.add(cn);
+            }
+        }
+    }
+    names
 }
 
 /// A [`ServeError::Pem`] for the file `flag` names.
@@ -313,15 +380,30 @@ pub fn main(args: ServeArgs) -> ExitCode {
 
 /// The server's lifecycle, one named step each.
 fn serve(args: &ServeArgs) -> Result<(), ServeError> {
-    let tls = tls_config(args)?;
+    let (tls, cert_names) = tls_config(args)?;
     let auth = load_auth(args)?;
     let addr = listen_address(args, tls.is_some(), &auth)?;
     let status_addr = status_address(args)?;
+    let names = Arc::new(host_names(args, cert_names.as_ref()));
     raise_nofile();
     let engine = open_engine(args)?;
     let rt = build_runtime()?;
     let stop_rx = watch_signals(auth.clone())?;
-    run(args, (addr, status_addr), tls, auth, engine, rt, stop_rx)
+    let listeners = Listeners {
+        addr,
+        status_addr,
+        tls,
+        names,
+    };
+    run(args, listeners, auth, engine, rt, stop_rx)
+}
+
+/// Where and how `serve` listens.
+struct Listeners {
+    addr: SocketAddr,
+    status_addr: Option<SocketAddr>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    names: Arc<guard::HostNames>,
 }
 
 /// Resolves `--status-listen`: loopback only, whatever else is configured.
@@ -379,9 +461,21 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
         path: args.db.clone(),
         source,
     })?;
+    let mut history = args.history;
+    if args.auth_file.is_none() {
+        // Every client is one principal: the per-principal bound would
+        // only shrink the one history there is.
+        history.max_rows_per_principal = history.max_rows;
+    }
     let limits = crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
-        history: args.history,
+        history,
+        // Without an auth file every client is one principal: no cap on
+        // the tasks all of them create together.
+        max_new_tasks_per_hour: args
+            .auth_file
+            .is_some()
+            .then_some(args.max_new_tasks_per_hour),
     };
     // The store behind the engine's storage seam: the SQLite file.
     SqliteStore::open(&args.db)
@@ -435,17 +529,36 @@ fn watch_signals(auth: Arc<auth::Auth>) -> Result<tokio::sync::watch::Receiver<b
 /// what the engine's writer has queued.
 fn run(
     args: &ServeArgs,
-    (addr, status_addr): (SocketAddr, Option<SocketAddr>),
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    listeners: Listeners,
     auth: Arc<auth::Auth>,
     engine: Arc<BatchedEngine>,
     rt: tokio::runtime::Runtime,
     stop_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
+    let Listeners {
+        addr,
+        status_addr,
+        tls,
+        names,
+    } = listeners;
     let limits = http::Limits {
         max_connections: args.max_connections.max(1),
         max_per_peer: args.max_connections_per_peer.max(1),
+        // Never more than half of all slots: the other half is for
+        // connections that speak for a principal.
+        max_unauthenticated: args
+            .max_unauthenticated
+            .min(args.max_connections / 2)
+            .max(1),
         ..http::Limits::default()
+    };
+    // The status listener answers only unauthenticated requests: a small
+    // budget of its own.
+    let status_limits = http::Limits {
+        max_connections: limits.max_connections.min(STATUS_MAX_CONNECTIONS),
+        max_per_peer: limits.max_per_peer.min(STATUS_MAX_CONNECTIONS),
+        max_unauthenticated: limits.max_connections.min(STATUS_MAX_CONNECTIONS),
+        ..limits.clone()
     };
     let conns = Arc::new(http::ConnStats::default());
     let status = Arc::new(status::Status::new(&engine, args.status_held_alert));
@@ -456,6 +569,8 @@ fn run(
         conns: conns.clone(),
         default_max_leases: args.max_leases_per_principal,
         status: status.clone(),
+        metrics_max_tasks: args.metrics_max_tasks,
+        cursors: cursor::Sealer::new().map_err(ServeError::Random)?,
     });
     let status_only = Arc::new(status::StatusOnly {
         engine: engine.clone(),
@@ -485,11 +600,12 @@ fn run(
                 let local = l.local_addr().map_err(status_err)?;
                 eprintln!("{STATUS_LISTENING}http://{local}");
                 let stats = Arc::new(http::ConnStats::default());
-                let server = http::Server::new(limits.clone(), status_only, None, stats);
+                let server =
+                    http::Server::new(status_limits, status_only, None, stats, names.clone());
                 Some((l, Arc::new(server)))
             }
         };
-        let server = Arc::new(http::Server::new(limits, api, tls, conns));
+        let server = Arc::new(http::Server::new(limits, api, tls, conns, names));
         let drain = Duration::from_secs(3);
         let main = http::run(listener, server, stop_rx.clone(), drain, &handles);
         match status_server {

@@ -31,15 +31,18 @@ use std::time::{Duration, Instant};
 use super::http::{ConnStats, Response};
 use crate::engine::batched::BatchedEngine;
 use crate::engine::history::rfc3339;
-use crate::lease::LeaseState;
+use crate::lease::{LeaseInfo, LeaseState};
 use crate::time::duration::format as human;
 use crate::time::{ms, wall_ms};
 
 /// How often the page reloads itself.
 pub const REFRESH_SECS: u64 = 2;
-/// Most leases and attempts shown.
+/// Most rows shown in the held-for-an-operator and the leases sections
+/// (the rest counted).
 const MAX_ROWS: usize = 200;
 const RECENT: usize = 30;
+/// Most history rows read to find the [`RECENT`] attempts in scope.
+const RECENT_SCAN: usize = 10_000;
 
 /// A counter sample: when, grants, renewal/release refusals, acquires refused.
 #[derive(Clone, Copy)]
@@ -133,8 +136,12 @@ impl Status {
             headers: vec![
                 (
                     "content-security-policy",
-                    "default-src 'none'; style-src 'unsafe-inline'".to_string(),
+                    "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+                        .to_string(),
                 ),
+                // For browsers that predate frame-ancestors: no page may
+                // frame this one (clickjacking, reading it through a frame).
+                ("x-frame-options", "DENY".to_string()),
                 ("x-content-type-options", "nosniff".to_string()),
                 ("cache-control", "no-store".to_string()),
             ],
@@ -189,7 +196,7 @@ impl Status {
         covers: &dyn Fn(&str) -> bool,
         now: u64,
     ) {
-        let held: Vec<_> = engine
+        let mut held: Vec<_> = engine
             .held_for_operator()
             .into_iter()
             .filter(|(i, _)| covers(&i.task))
@@ -199,6 +206,8 @@ impl Status {
             h.push_str("<p class=\"none\" id=\"held-none\">none</p>");
             return;
         }
+        let rest = held.len().saturating_sub(MAX_ROWS);
+        held.truncate(MAX_ROWS);
         h.push_str(
             "<table id=\"held\"><tr><th>task</th><th>holder</th><th>token</th>\
              <th>held for</th><th>to free it</th></tr>",
@@ -223,16 +232,52 @@ impl Status {
             );
         }
         h.push_str("</table>");
+        more_rows(h, "held-more", rest, "leaseagent leases");
+    }
+}
+
+/// "and N more" under a section cut at [`MAX_ROWS`].
+fn more_rows(h: &mut String, id: &str, rest: usize, command: &str) {
+    if rest > 0 {
+        let _ = write!(
+            h,
+            "<p class=\"none\" id=\"{id}\">and {rest} more: see <code>{command}</code></p>"
+        );
+    }
+}
+
+/// The leases in scope, in task order, not held for an operator: the
+/// first [`MAX_ROWS`] and how many more. Scope is applied before the cut
+/// (a reader whose tasks sort late still sees them), reading the engine a
+/// page at a time (its lock is let go between pages).
+fn leases_in_scope(
+    engine: &BatchedEngine,
+    covers: &dyn Fn(&str) -> bool,
+) -> (Vec<LeaseInfo>, usize) {
+    let mut shown = Vec::new();
+    let mut rest = 0usize;
+    let mut after: Option<String> = None;
+    loop {
+        let page = engine.leases_page(after.as_deref(), crate::engine::MAX_PAGE);
+        for l in page.leases {
+            if l.state == LeaseState::HeldForOperator || !covers(&l.task) {
+                continue;
+            }
+            if shown.len() < MAX_ROWS {
+                shown.push(l);
+            } else {
+                rest += 1;
+            }
+        }
+        match page.next_after {
+            Some(next) if after.as_ref() != Some(&next) => after = Some(next),
+            _ => return (shown, rest),
+        }
     }
 }
 
 fn leases_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
-    let page = engine.leases_page(None, MAX_ROWS);
-    let leases: Vec<_> = page
-        .leases
-        .into_iter()
-        .filter(|l| l.state != LeaseState::HeldForOperator && covers(&l.task))
-        .collect();
+    let (leases, rest) = leases_in_scope(engine, covers);
     h.push_str("<h2>Held now</h2>");
     if leases.is_empty() {
         h.push_str("<p class=\"none\" id=\"leases-none\">no lease is held</p>");
@@ -257,24 +302,18 @@ fn leases_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
         );
     }
     h.push_str("</table>");
-    if page.next_after.is_some() {
-        let _ = write!(
-            h,
-            "<p class=\"none\">first {MAX_ROWS} tasks only: see <code>leaseagent leases</code></p>"
-        );
-    }
+    more_rows(h, "leases-more", rest, "leaseagent leases");
 }
 
 fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
     h.push_str("<h2>Recent attempts</h2>");
-    let recent = match engine.history_page(None, None, RECENT) {
-        Ok(r) => r,
+    let recent = match history_in_scope(engine, (None, None), RECENT, RECENT_SCAN, covers) {
+        Ok((r, _)) => r,
         Err(e) => {
             let _ = write!(h, "<p>history unavailable: {}</p>", esc(&e.to_string()));
             return;
         }
     };
-    let recent: Vec<_> = recent.into_iter().filter(|r| covers(&r.task)).collect();
     if recent.is_empty() {
         h.push_str("<p class=\"none\" id=\"recent-none\">none yet</p>");
         return;
@@ -301,6 +340,43 @@ fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
         );
     }
     h.push_str("</table>");
+}
+
+/// Up to `limit` attempts that `covers` accepts, newest first, below
+/// `before` (of `task`, or of all), reading at most `max_scan` rows; and
+/// the token to resume below when more may remain (the last row read,
+/// which may be out of scope: `/v1/history` only gives it out sealed).
+/// Scope is applied before the cut: a page is never emptied by rows the
+/// caller may not see. Used by the page and by `/v1/history`.
+pub fn history_in_scope(
+    engine: &BatchedEngine,
+    (task, mut before): (Option<&str>, Option<u64>),
+    limit: usize,
+    max_scan: usize,
+    covers: &dyn Fn(&str) -> bool,
+) -> Result<(Vec<crate::engine::history::Record>, Option<u64>), crate::engine::EngineError> {
+    const CHUNK: usize = 500;
+    let mut out = Vec::new();
+    let mut scanned = 0;
+    while scanned < max_scan {
+        let want = CHUNK.min(max_scan - scanned);
+        let rows = engine.history_page(task, before, want)?;
+        let more = rows.len() == want;
+        for r in rows {
+            scanned += 1;
+            before = Some(r.token);
+            if covers(&r.task) {
+                out.push(r);
+                if out.len() == limit {
+                    return Ok((out, before));
+                }
+            }
+        }
+        if !more {
+            return Ok((out, None));
+        }
+    }
+    Ok((out, before))
 }
 
 /// The handler of `--status-listen`: the page, for everyone, and nothing

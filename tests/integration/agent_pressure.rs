@@ -240,6 +240,7 @@ fn a_job_flooding_a_shaped_link_does_not_cost_the_lease() {
         net.cmd(1, bin().to_str().unwrap())
             .args([
                 "serve",
+                "--no-auth",
                 "--insecure-listen",
                 "--listen",
                 "0.0.0.0:7878",

@@ -577,7 +577,7 @@ fn serve_without_its_server_binary_names_the_missing_file() {
     let lone = dir.path().join("leaseagent");
     std::fs::copy(support::authority::bin(), &lone).unwrap();
     let out = std::process::Command::new(&lone)
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(dir.path().join("l.db"))
         .output()
         .unwrap();

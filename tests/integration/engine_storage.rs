@@ -243,7 +243,7 @@ fn serve_refuses_to_start_on_a_corrupt_row() {
     c.execute("UPDATE tasks SET token = -1", []).unwrap();
     drop(c);
     let out = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(&db)
         .stdin(Stdio::null())
         .output()

@@ -49,7 +49,7 @@ fn healthy(addr: &str) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .is_err()
     {
         return false;
@@ -69,7 +69,7 @@ pub(crate) fn start_serve(dir: &Path) -> Serve {
         let addr = format!("127.0.0.1:{port}");
         let log = std::fs::File::create(dir.join(format!("serve-{attempt}.log"))).unwrap();
         let mut child = Command::new(bin())
-            .args(["serve", "--listen", &addr, "--db"])
+            .args(["serve", "--no-auth", "--listen", &addr, "--db"])
             .arg(dir.join("authority.db"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -248,7 +248,7 @@ fn history_is_bounded_by_count_and_by_age() {
     });
     // Bad bounds are usage errors naming the flag.
     let out = Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
         .arg(&p2)
         .args(["--history-max-rows", "0"])
         .output()
@@ -269,7 +269,7 @@ fn sha(token: &str) -> String {
 
 fn get_as(addr: &str, path: &str, token: &str) -> (u16, Value) {
     let raw = format!(
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     );
     let (st, body) = raw_request(addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
     (st, serde_json::from_slice(&body).unwrap_or(Value::Null))
@@ -278,7 +278,7 @@ fn get_as(addr: &str, path: &str, token: &str) -> (u16, Value) {
 fn post_as(addr: &str, path: &str, token: &str, body: &Value) -> (u16, Value) {
     let b = body.to_string();
     let raw = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
         b.len()
     );
     let (st, body) = raw_request(addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
@@ -338,7 +338,7 @@ fn history_is_scoped_like_the_listing() {
     // The status page on the main listener: the reader role, the same scope.
     let page = |token: &str| {
         let raw = format!(
-            "GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+            "GET / HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
         );
         let (st, body) = raw_request(&s.addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
         (st, String::from_utf8_lossy(&body).into_owned())
@@ -351,7 +351,7 @@ fn history_is_scoped_like_the_listing() {
     assert_eq!(page("agent-token").0, 403);
     assert_eq!(page("wrong-token").0, 401);
     // So are the per-task metrics.
-    let raw = "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer reader-token\r\nConnection: close\r\n\r\n";
+    let raw = "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer reader-token\r\nConnection: close\r\n\r\n";
     let (st, body) = raw_request(&s.addr, raw.as_bytes(), Duration::from_secs(10)).unwrap();
     let text = String::from_utf8_lossy(&body);
     assert_eq!(st, 200);
@@ -368,6 +368,7 @@ fn the_status_listener_is_loopback_only_and_serves_only_the_page() {
     let out = Command::new(bin())
         .args([
             "serve",
+            "--no-auth",
             "--listen",
             "127.0.0.1:0",
             "--status-listen",
@@ -401,7 +402,7 @@ fn the_status_listener_is_loopback_only_and_serves_only_the_page() {
     };
     let get = |path: &str, method: &str| {
         let raw = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
         raw_request(&status, raw.as_bytes(), Duration::from_secs(10)).unwrap()
     };

@@ -38,6 +38,7 @@ mod history;
 mod layout;
 mod partition_netns;
 mod serve_attack;
+mod serve_browser;
 mod serve_trust;
 mod status_page;
 mod systemd_deb;

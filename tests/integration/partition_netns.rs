@@ -184,6 +184,7 @@ fn a_cut_agent_stops_before_serve_expires_it_and_its_late_write_is_refused() {
         net.cmd(1, bin())
             .args([
                 "serve",
+                "--no-auth",
                 "--insecure-listen",
                 "--listen",
                 "0.0.0.0:7878",

@@ -436,6 +436,7 @@ fn serve_refuses(db: &Path, args: &[&str]) -> (Option<i32>, String) {
         .arg(db)
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
+        .args(crate::support::authority::no_auth_unless_given(args))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -534,7 +535,7 @@ fn serve_db_and_tls_key_are_opened_without_symlinks_and_created_0600() {
     {
         let mut c = Command::new("sh");
         c.arg("-c")
-            .arg("umask 022; exec \"$0\" serve --listen 127.0.0.1:0 --db \"$1\"")
+            .arg("umask 022; exec \"$0\" serve --no-auth --listen 127.0.0.1:0 --db \"$1\"")
             .arg(bin())
             .arg(&db)
             .stdin(Stdio::null())

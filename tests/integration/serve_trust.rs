@@ -146,7 +146,7 @@ pub(crate) fn http_req(method: &str, path: &str, token: Option<&str>, body: &str
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -198,7 +198,7 @@ impl Pki {
         write_file(self.dir.path(), "ca.pem", &self.ca.pem(), 0o644)
     }
 
-    /// A leaf: (cert path, key path, cert DER, key DER).
+    /// A leaf: (cert path, key path).
     pub(crate) fn leaf(
         &self,
         file: &str,
@@ -206,7 +206,6 @@ impl Pki {
         cn: &str,
         server: bool,
     ) -> (PathBuf, PathBuf) {
-        let key = rcgen::KeyPair::generate().unwrap();
         let mut p =
             rcgen::CertificateParams::new(dns.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
@@ -214,6 +213,30 @@ impl Pki {
             p.subject_alt_names
                 .push(rcgen::SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
         }
+        self.sign(file, p, cn, server)
+    }
+
+    /// A client leaf with exactly these subjectAltNames (any kind, any
+    /// text) and CN: (cert path, key path).
+    pub(crate) fn leaf_sans(
+        &self,
+        file: &str,
+        sans: Vec<rcgen::SanType>,
+        cn: &str,
+    ) -> (PathBuf, PathBuf) {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = sans;
+        self.sign(file, p, cn, false)
+    }
+
+    fn sign(
+        &self,
+        file: &str,
+        mut p: rcgen::CertificateParams,
+        cn: &str,
+        server: bool,
+    ) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
         p.distinguished_name.push(rcgen::DnType::CommonName, cn);
         p.extended_key_usages = vec![if server {
             rcgen::ExtendedKeyUsagePurpose::ServerAuth
@@ -481,8 +504,9 @@ fn sighup_rereads_the_auth_file_and_keeps_the_old_one_if_bad() {
     ka.set_read_timeout(Some(T)).unwrap();
     let mut r = BufReader::new(ka.try_clone().unwrap());
     let mut ka_get = |tok: &str| -> u16 {
-        let req =
-            format!("GET /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n\r\n");
+        let req = format!(
+            "GET /v1/leases HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {tok}\r\n\r\n"
+        );
         ka.write_all(req.as_bytes()).unwrap();
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
@@ -547,6 +571,7 @@ fn listening_beyond_loopback_needs_tls_and_an_auth_file_or_insecure_listen() {
             .args(["serve", "--listen", listen, "--db"])
             .arg(&db)
             .args(flags)
+            .args(crate::support::authority::no_auth_unless_given(flags))
             .output()
             .unwrap()
     };
@@ -639,14 +664,14 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
     let s = Serve::start(&["--listen", "127.0.0.1:0"]);
     let body = r#"{"task":"smuggle","holder":"h","ttl_ms":5000}"#;
     let second = format!(
-        "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     let cases: Vec<(&str, String, u16)> = vec![
         (
             "space before the colon",
             format!(
-                "POST /v1/renew HTTP/1.1\r\nHost: x\r\nContent-Length : {}\r\n\r\n{second}",
+                "POST /v1/renew HTTP/1.1\r\nHost: localhost\r\nContent-Length : {}\r\n\r\n{second}",
                 second.len()
             ),
             400,
@@ -654,7 +679,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "chunked",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
                 body.len()
             ),
             411,
@@ -662,7 +687,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "space before the colon of Transfer-Encoding",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding : chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
                 body.len()
             ),
             400,
@@ -670,7 +695,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "+N",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: +{}\r\n\r\n{body}",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: +{}\r\n\r\n{body}",
                 body.len()
             ),
             400,
@@ -678,7 +703,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "leading zeros",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 0{}\r\n\r\n{body}",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0{}\r\n\r\n{body}",
                 body.len()
             ),
             400,
@@ -686,7 +711,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "bare LF",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\nContent-Length: {}\r\n\r\n{body}",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             ),
             400,
@@ -694,20 +719,21 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
         (
             "conflicting lengths",
             format!(
-                "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nContent-Length: 2\r\n\r\n{body}",
+                "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nContent-Length: 2\r\n\r\n{body}",
                 body.len()
             ),
             400,
         ),
         (
             "too large",
-            "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n".to_string(),
+            "POST /v1/acquire HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000000\r\n\r\n"
+                .to_string(),
             413,
         ),
         (
             "head too large",
             format!(
-                "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+                "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Big: {}\r\n\r\n",
                 "a".repeat(40_000)
             ),
             431,
@@ -736,7 +762,7 @@ fn bad_framing_is_refused_and_the_connection_closed_cleanly() {
     // HEAD: the head of GET, no body.
     let (out, clean) = raw_exchange(
         &s.addr,
-        b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"HEAD /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
     let text = String::from_utf8_lossy(&out);
     assert!(clean && text.starts_with("HTTP/1.1 200"), "{text}");
@@ -877,15 +903,48 @@ fn healthz_is_answered_while_renewals_saturate_the_server() {
     assert!(renewed > 0);
 }
 
+/// Reads one answer from a keep-alive connection (head, then
+/// `Content-Length` bytes of body).
+pub(crate) fn keep_alive_answer(s: &mut impl Read) -> Answer {
+    let mut raw = Vec::new();
+    let mut b = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut b).unwrap();
+        assert_eq!(
+            n,
+            1,
+            "closed in the head: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    raw.extend_from_slice(&body);
+    parse_answer(&raw)
+}
+
 #[test]
 fn a_dribbling_request_is_cut_off_but_an_idle_keep_alive_connection_stays() {
     let s = Serve::start(&["--listen", "127.0.0.1:0"]);
     let mut idle = TcpStream::connect(&s.addr).unwrap();
     idle.set_read_timeout(Some(T)).unwrap();
+    // An agent's connection: one request that speaks for a principal (any
+    // but /healthz without an auth file), kept open. (A connection that
+    // never made one is unauthenticated and closed after a shorter idle
+    // time: serve_browser.rs.)
+    idle.write_all(b"GET /v1/leases HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    assert_eq!(keep_alive_answer(&mut idle).status, 200);
     let mut slow = TcpStream::connect(&s.addr).unwrap();
     slow.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
-    slow.write_all(b"POST /v1/renew HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"POST /v1/renew HTTP/1.1\r\nHost: localhost\r\n")
         .unwrap();
     let start = Instant::now();
     // One header byte a second: the request never completes.

@@ -558,3 +558,29 @@ fn assert_forgotten_files(sd: &Systemd) {
         assert!(!sd.path(p).exists(), "{p} left after remove");
     }
 }
+
+/// postinst leaves an existing /etc/leaseagent's mode alone (it reset it
+/// to 0755, exposing env files an administrator had closed), and the
+/// packaged serve unit starts (it says `--no-auth`, which serve now needs
+/// without an auth file).
+#[test]
+fn install_keeps_the_mode_of_an_existing_config_dir_and_serve_starts() {
+    let deb = deb();
+    let sd = fresh_root();
+    let etc = sd.path("/etc/leaseagent");
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let log = install(&sd, &deb);
+    let mode = std::fs::metadata(&etc).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o750, "postinst changed the mode\n{log}");
+    let serve = "leaseagent-serve.service";
+    sd.systemctl(&["start", serve]);
+    crate::support::authority::poll("serve listening", Duration::from_secs(30), || {
+        let j = sd.journal(serve);
+        assert_ne!(sd.prop(serve, "ActiveState"), "failed", "{j}");
+        j.contains("leaseagent serve: listening on").then_some(())
+    });
+    assert_eq!(sd.prop(serve, "ActiveState"), "active");
+    sd.systemctl(&["stop", serve]);
+    apt(&sd, &["purge", "leaseagent"]);
+}

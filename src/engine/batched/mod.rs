@@ -252,6 +252,12 @@ impl BatchedEngine {
             if grantable {
                 st.check_caps(&self.limits, spec, now, &self.writer)?;
             }
+            if let Some(limit) = self.limits.max_new_tasks_per_hour
+                && !st.rows.contains_key(&spec.task)
+                && !st.allow_new_task(spec, now, limit)
+            {
+                return Err(EngineError::TooManyNewTasks { limit });
+            }
             let token = st
                 .last_issued
                 .checked_add(1)
@@ -599,6 +605,7 @@ mod tests {
     use crate::engine::sqlite::SqliteStore;
     use crate::lease::ExpiryPolicy;
     use rusqlite::Connection;
+    use state::NEW_TASK_WINDOW_MS;
 
     fn spec(task: &str, principal: &str, ttl_ms: u64, policy: ExpiryPolicy) -> AcquireSpec {
         AcquireSpec {
@@ -671,6 +678,43 @@ mod tests {
         e.renew(&g.lease_id, g.token, "alice").unwrap();
         e.release(&g.lease_id, g.token, "alice").unwrap();
         assert!(e.leases().is_empty());
+        e.shutdown();
+    }
+
+    #[test]
+    fn a_principal_creates_a_bounded_number_of_distinct_tasks_an_hour() {
+        let d = tempfile::tempdir().unwrap();
+        let e = open(
+            &d,
+            Limits {
+                max_new_tasks_per_hour: Some(3),
+                ..Limits::default()
+            },
+        );
+        let s = |task: &str, p: &str| spec(task, p, 30_000, ExpiryPolicy::Redispatch);
+        let mut grants = Vec::new();
+        for t in ["a", "b", "c"] {
+            grants.push(e.acquire(&s(t, "p")).unwrap());
+        }
+        assert!(matches!(
+            e.acquire(&s("d", "p")),
+            Err(EngineError::TooManyNewTasks { limit: 3 })
+        ));
+        assert!(!e.state.lock().unwrap().rows.contains_key("d"));
+        // Released (its row compacted) and taken again: the same task,
+        // counted once.
+        let a = grants.remove(0);
+        e.release(&a.lease_id, a.token, "p").unwrap();
+        assert!(!e.state.lock().unwrap().rows.contains_key("a"));
+        e.acquire(&s("a", "p")).unwrap();
+        // Another principal has its own count.
+        e.acquire(&s("d", "q")).unwrap();
+        // An hour later the first ones have aged out.
+        let mut st = e.state.lock().unwrap();
+        let later = boot_ms() + NEW_TASK_WINDOW_MS;
+        assert!(!st.allow_new_task(&s("e", "p"), boot_ms(), 3));
+        assert!(st.allow_new_task(&s("e", "p"), later, 3));
+        drop(st);
         e.shutdown();
     }
 

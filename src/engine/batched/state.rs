@@ -16,7 +16,7 @@
 //!   history then, with the time it happened; a hold is written as `held`
 //!   then too, so it survives a restart.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 
 use crate::engine::error::{CapScope, EngineError};
@@ -37,6 +37,21 @@ pub struct Limits {
     pub max_live_leases: Option<u64>,
     /// How much run history is kept.
     pub history: history::Bounds,
+    /// Most distinct tasks one principal may create (acquire while the
+    /// task has no row) in an hour; `None`: no limit.
+    pub max_new_tasks_per_hour: Option<u64>,
+}
+
+/// The window of [`Limits::max_new_tasks_per_hour`].
+pub(super) const NEW_TASK_WINDOW_MS: u64 = 3_600_000;
+
+/// The tasks one principal created in the last hour: in order of creation
+/// (to let them age out) and as a set (a task created again within the
+/// hour, after its row was compacted, counts once).
+#[derive(Default)]
+pub(super) struct NewTasks {
+    order: VecDeque<(u64, String)>,
+    seen: HashSet<String>,
 }
 
 pub(super) struct MemRow {
@@ -55,6 +70,8 @@ pub(super) struct State {
     total: u64,
     /// When expired leases were last reclaimed (boot-clock ms).
     last_reclaim_ms: Option<u64>,
+    /// Tasks created in the last hour, by principal.
+    new_tasks: HashMap<String, NewTasks>,
 }
 
 impl State {
@@ -67,6 +84,7 @@ impl State {
             occupied: HashMap::new(),
             total: 0,
             last_reclaim_ms: None,
+            new_tasks: HashMap::new(),
         };
         for row in rows {
             if row.last_token > last_issued {
@@ -181,6 +199,29 @@ impl State {
             }
         }
         None
+    }
+
+    /// Whether `spec.principal` may create `spec.task` (which has no row)
+    /// now, under `limit` distinct new tasks an hour; counts it if so.
+    pub(super) fn allow_new_task(&mut self, spec: &AcquireSpec, now: u64, limit: u64) -> bool {
+        let e = self.new_tasks.entry(spec.principal.clone()).or_default();
+        while let Some((t, _)) = e.order.front() {
+            if now.saturating_sub(*t) < NEW_TASK_WINDOW_MS {
+                break;
+            }
+            if let Some((_, task)) = e.order.pop_front() {
+                e.seen.remove(&task);
+            }
+        }
+        if e.seen.contains(&spec.task) {
+            return true;
+        }
+        if e.order.len() as u64 >= limit {
+            return false;
+        }
+        e.order.push_back((now, spec.task.clone()));
+        e.seen.insert(spec.task.clone());
+        true
     }
 
     /// Checks the caps for a grant of `spec.task` (reclaiming expired

@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::engine::api::MAX_PAGE;
 use crate::engine::error::{Context, StoreError, to_i64};
-use crate::engine::history::{AGE_PRUNE_BATCH, Bounds, Op, Record};
+use crate::engine::history::{AGE_PRUNE_BATCH, Bounds, Op, Record, TOTAL_PRUNE_EVERY};
 use crate::lease::{Ended, Outcome};
 use crate::time::ms;
 
@@ -23,13 +23,19 @@ pub fn apply(conn: &Connection, op: &Op, bounds: Bounds) -> Result<(), StoreErro
             at_ms,
         } => {
             let (t, at) = (to_i64(*token)?, to_i64(*at_ms)?);
+            let pseq: i64 = conn
+                .prepare_cached(
+                    "SELECT COALESCE(MAX(pseq), 0) + 1 FROM history WHERE principal = ?1",
+                )
+                .and_then(|mut st| st.query_row(params![principal], |r| r.get(0)))
+                .ctx("numbering an attempt")?;
             conn.prepare_cached(
-                "INSERT OR REPLACE INTO history(token, task, holder, principal, acquired_at)
-                 VALUES(?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO history(token, task, holder, principal, acquired_at, pseq)
+                 VALUES(?1, ?2, ?3, ?4, ?5, ?6)",
             )
-            .and_then(|mut st| st.execute(params![t, task, holder, principal, at]))
+            .and_then(|mut st| st.execute(params![t, task, holder, principal, at, pseq]))
             .ctx("recording an attempt")?;
-            prune(conn, *token, *at_ms, bounds)
+            prune(conn, (*token, principal, pseq), *at_ms, bounds)
         }
         Op::End {
             token,
@@ -63,13 +69,32 @@ pub fn apply(conn: &Connection, op: &Op, bounds: Bounds) -> Result<(), StoreErro
 
 /// Deletes what is past the bounds, as seen from a grant of `token` at
 /// wall time `now_ms` (bounded work, see `engine/history.rs`).
-fn prune(conn: &Connection, token: u64, now_ms: u64, bounds: Bounds) -> Result<(), StoreError> {
-    let keep_from = token.saturating_sub(bounds.max_rows);
-    if keep_from > 0 {
-        let k = to_i64(keep_from)?;
-        conn.prepare_cached("DELETE FROM history WHERE token <= ?1")
-            .and_then(|mut st| st.execute(params![k]))
+fn prune(
+    conn: &Connection,
+    (token, principal, pseq): (u64, &str, i64),
+    now_ms: u64,
+    bounds: Bounds,
+) -> Result<(), StoreError> {
+    let per = to_i64(bounds.max_rows_per_principal.min(bounds.max_rows))?;
+    if pseq > per {
+        conn.prepare_cached("DELETE FROM history WHERE principal = ?1 AND pseq <= ?2")
+            .and_then(|mut st| st.execute(params![principal, pseq - per]))
+            .ctx("pruning a principal's history")?;
+    }
+    if token % TOTAL_PRUNE_EVERY == 0 {
+        let rows: i64 = conn
+            .prepare_cached("SELECT COUNT(*) FROM history")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
+            .ctx("counting history")?;
+        let over = rows - to_i64(bounds.max_rows)?;
+        if over > 0 {
+            conn.prepare_cached(
+                "DELETE FROM history WHERE token IN
+                   (SELECT token FROM history ORDER BY token LIMIT ?1)",
+            )
+            .and_then(|mut st| st.execute(params![over]))
             .ctx("pruning history by count")?;
+        }
     }
     let cutoff = to_i64(now_ms.saturating_sub(ms(bounds.max_age)))?;
     let batch = to_i64(AGE_PRUNE_BATCH)?;
@@ -219,12 +244,13 @@ pub fn times(conn: &Connection, token: u64) -> Result<Option<(u64, Option<u64>)>
 mod tests {
     use super::*;
     use crate::engine::history::{DEFAULT_BOUNDS, rfc3339};
-    use crate::engine::sqlite::schema::HISTORY;
+    use crate::engine::sqlite::schema::{HISTORY, HISTORY_PSEQ};
     use std::time::Duration;
 
     fn db() -> Connection {
         let c = Connection::open_in_memory().unwrap();
         c.execute_batch(HISTORY).unwrap();
+        c.execute_batch(HISTORY_PSEQ).unwrap();
         c
     }
 
@@ -234,6 +260,7 @@ mod tests {
         let bounds = Bounds {
             max_age: Duration::from_secs(3600),
             max_rows: 5,
+            max_rows_per_principal: 100,
         };
         for t in 1..=12u64 {
             let task = if t % 2 == 0 { "even" } else { "odd" };
@@ -337,5 +364,68 @@ mod tests {
             page(&c, None, None, 10),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    fn begin(c: &Connection, token: u64, principal: &str, bounds: Bounds) {
+        let op = Op::Begin {
+            task: format!("{principal}-task"),
+            token,
+            holder: "h".into(),
+            principal: principal.into(),
+            at_ms: 1_000_000 + token,
+        };
+        apply(c, &op, bounds).unwrap();
+    }
+
+    fn rows_of(c: &Connection, principal: &str) -> Vec<u64> {
+        page(c, None, None, 1000)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.principal == principal)
+            .map(|r| r.token)
+            .collect()
+    }
+
+    #[test]
+    fn one_principal_s_churn_keeps_to_its_own_rows() {
+        let c = db();
+        let bounds = Bounds {
+            max_age: Duration::from_secs(3600),
+            max_rows: 50,
+            max_rows_per_principal: 10,
+        };
+        for t in 1..=5 {
+            begin(&c, t, "quiet", bounds);
+        }
+        // 3,100 attempts of another principal, as in the report.
+        for t in 6..=3105 {
+            begin(&c, t, "churn", bounds);
+        }
+        assert_eq!(rows_of(&c, "quiet"), vec![5, 4, 3, 2, 1]);
+        assert_eq!(
+            rows_of(&c, "churn"),
+            (3096..=3105).rev().collect::<Vec<_>>()
+        );
+        // The total bound: many principals, each within its own bound, are
+        // cut to max_rows (at the next multiple of TOTAL_PRUNE_EVERY),
+        // oldest first.
+        let mut t = 3106;
+        for p in 0..10 {
+            for _ in 0..10 {
+                begin(&c, t, &format!("p{p}"), bounds);
+                t += 1;
+            }
+        }
+        while t % TOTAL_PRUNE_EVERY != 1 {
+            begin(&c, t, "p0", bounds);
+            t += 1;
+        }
+        let all = page(&c, None, None, 1000).unwrap();
+        assert_eq!(all.len(), 50);
+        assert_eq!(all[0].token, t - 1);
+        // The oldest went first: the quiet principal's and the churn's.
+        assert!(rows_of(&c, "quiet").is_empty());
+        assert!(rows_of(&c, "churn").is_empty());
+        assert_eq!(rows_of(&c, "p9").len(), 10);
     }
 }

@@ -55,14 +55,21 @@ CREATE TABLE IF NOT EXISTS history(
 );
 CREATE INDEX IF NOT EXISTS history_task ON history(task, token);";
 
-/// Columns added after the first schema; added to older files on open.
-const ADDED: [(&str, &str); 3] = [
+/// The history's per-principal attempt number (`pseq`, see `history.rs`)
+/// and its index: added to every file, new ones included, on open.
+pub const HISTORY_PSEQ: &str = "ALTER TABLE history ADD COLUMN pseq INTEGER;
+CREATE INDEX IF NOT EXISTS history_principal ON history(principal, pseq);";
+
+/// Columns added after the first schema; added to older files on open
+/// (each to the table its statement names).
+const ADDED: [(&str, &str); 4] = [
     ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
     ("lease_key", "ALTER TABLE tasks ADD COLUMN lease_key TEXT"),
     (
         "held",
         "ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
     ),
+    ("pseq", HISTORY_PSEQ),
 ];
 
 /// Opens (creating if needed) the database at `path`. The busy handler is
@@ -142,26 +149,31 @@ pub fn schema_current(conn: &Connection) -> Result<bool, StoreError> {
     Ok(v == SCHEMA_VERSION)
 }
 
+/// The column names of `table`.
+fn columns(tx: &Transaction<'_>, table: &str) -> Result<Vec<String>, StoreError> {
+    let mut st = tx
+        .prepare("SELECT name FROM pragma_table_info(?1)")
+        .ctx("reading the schema")?;
+    let names = st
+        .query_map([table], |r| r.get::<_, String>(0))
+        .ctx("reading the schema")?;
+    let mut have = Vec::new();
+    for n in names {
+        have.push(n.ctx("reading the schema")?);
+    }
+    Ok(have)
+}
+
 /// Creates the tables, adds columns missing from an older file, and starts
 /// the token sequence from the highest per-task counter.
 pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA).ctx("creating the schema")?;
     tx.execute_batch(HISTORY)
         .ctx("creating the history table")?;
-    let mut have = Vec::new();
-    {
-        let mut st = tx
-            .prepare("SELECT name FROM pragma_table_info('tasks')")
-            .ctx("reading the schema")?;
-        let names = st
-            .query_map([], |r| r.get::<_, String>(0))
-            .ctx("reading the schema")?;
-        for n in names {
-            have.push(n.ctx("reading the schema")?);
-        }
-    }
     for (col, sql) in ADDED {
-        if !have.iter().any(|h| h == col) {
+        // "ALTER TABLE <table> ADD COLUMN ...": the table is the third word.
+        let table = sql.split_whitespace().nth(2).unwrap_or("tasks");
+        if !columns(tx, table)?.iter().any(|h| h == col) {
             tx.execute_batch(sql).ctx("adding a column")?;
         }
     }

@@ -25,12 +25,15 @@ pub struct Spawned {
 
 /// Starts `leaseagent serve --db DB ARGS...` and waits (up to 30 s) for its
 /// listening line, whatever the scheme.
+/// Without `--auth-file` in ARGS it adds `--no-auth` (serve refuses to run
+/// without either).
 pub fn spawn_serve(db: &Path, args: &[std::ffi::OsString]) -> Spawned {
     let mut child = Command::new(bin())
         .arg("serve")
         .arg("--db")
         .arg(db)
         .args(args)
+        .args(no_auth_unless_given(args))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -195,7 +198,7 @@ pub fn request(
     timeout: Duration,
 ) -> std::io::Result<(u16, Vec<u8>)> {
     let mut raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();
@@ -241,4 +244,14 @@ pub fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
 /// Polls `f` until it returns Some, or panics at the deadline.
 pub fn poll<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
     super::poll_every(what, timeout, Duration::from_millis(25), f)
+}
+
+/// `["--no-auth"]` unless `args` has `--auth-file` or `--no-auth`: what a
+/// test that starts serve without principals must say.
+pub fn no_auth_unless_given<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Vec<&'static str> {
+    let given = args.iter().any(|a| {
+        let a = a.as_ref().to_string_lossy();
+        a == "--no-auth" || a == "--auth-file" || a.starts_with("--auth-file=")
+    });
+    if given { Vec::new() } else { vec!["--no-auth"] }
 }

@@ -29,7 +29,7 @@ _leaseagent() {
             compopt -o filenames 2>/dev/null
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return 0 ;;
-        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --user" | "run --etcd-user" | "serve --listen" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --history-max-age" | "serve --history-max-rows" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
+        "run --authority" | "run --task" | "run --ttl" | "run --heartbeat" | "run --grace" | "run --holder" | "run --on-expiry" | "run --expiry-grace" | "run --clock-drift" | "run --renew-priority" | "run --user" | "run --etcd-user" | "serve --listen" | "serve --max-connections" | "serve --max-connections-per-peer" | "serve --max-unauthenticated-connections" | "serve --server-name" | "serve --max-leases" | "serve --max-leases-per-principal" | "serve --max-new-tasks-per-hour" | "serve --history-max-age" | "serve --history-max-rows" | "serve --history-max-rows-per-principal" | "serve --metrics-max-tasks" | "serve --status-listen" | "serve --status-held-alert" | "publish --token" | "publish --lock-timeout" | "check --min-remaining" | "leases --authority" | "leases --etcd-user" | "revoke --authority" | "revoke --etcd-user" | "clear --authority" | "clear --etcd-user" | "history --authority" | "history --since" | "history --etcd-user")
             return 0 ;; # a value: nothing to offer
     esac
     case $sub in
@@ -41,7 +41,7 @@ _leaseagent() {
             fi ;;
         serve)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W "--listen --db --tls-cert --tls-key --client-ca --auth-file --insecure-listen --max-connections --max-connections-per-peer --max-leases --max-leases-per-principal --history-max-age --history-max-rows --status-listen --status-held-alert -h --help -V --version" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "--listen --db --tls-cert --tls-key --client-ca --auth-file --no-auth --insecure-listen --max-connections --max-connections-per-peer --max-unauthenticated-connections --server-name --max-leases --max-leases-per-principal --max-new-tasks-per-hour --history-max-age --history-max-rows --history-max-rows-per-principal --metrics-max-tasks --status-listen --status-held-alert -h --help -V --version" -- "$cur")
             fi ;;
         publish)
             if [[ $cur == -* ]]; then

@@ -30,14 +30,20 @@ _leaseagent() {
                 '--tls-cert=[Serve HTTPS with this PEM certificate chain (with --tls-key)]:FILE:_files' \
                 '--tls-key=[The PEM private key of --tls-cert]:FILE:_files' \
                 '--client-ca=[Require client certificates signed by these PEM CAs (mutual TLS)]:FILE:_files' \
-                '--auth-file=[The principals (TOML; re-read on SIGHUP); without it, anyone may do anything]:FILE:_files' \
+                '--auth-file=[The principals (TOML; re-read on SIGHUP); required unless --no-auth]:FILE:_files' \
+                '--no-auth[Run without --auth-file: every client that reaches the listener (every local user on loopback) may take, revoke and clear any lease]' \
                 '--insecure-listen[Allow a non-loopback --listen without TLS and an auth file]' \
                 '--max-connections=[Most open connections; past this, one answer (503) and closed]:N: ' \
                 '--max-connections-per-peer=[Most open connections from one IP address; past this, closed at once (before TLS)]:N: ' \
+                '--max-unauthenticated-connections=[Most open connections that made no authenticated request yet (/healthz, probes), at most half of --max-connections; past this, one answer, then closed]:N: ' \
+                '--server-name=[A name clients reach this server by (the Host header), besides the listen address and the certificate'\''s names; repeatable]:NAME: ' \
                 '--max-leases=[Most live leases overall; past this, acquires get 503 unavailable]:N: ' \
                 '--max-leases-per-principal=[Most live leases of one principal without `max_leases` in the auth file (all clients are one principal without an auth file); past this, 429]:N: ' \
+                '--max-new-tasks-per-hour=[Most distinct tasks one principal may create (acquire a task that has no row) in an hour; past this, 429 (with an auth file)]:N: ' \
                 '--history-max-age=[Run history: finished attempts older than this are deleted]:DUR: ' \
                 '--history-max-rows=[Run history: at most this many attempts are kept]:N: ' \
+                '--history-max-rows-per-principal=[Run history: at most this many attempts of one principal are kept, so one principal'\''s churn cannot push out another'\''s (without an auth file: --history-max-rows)]:N: ' \
+                '--metrics-max-tasks=[/metrics names at most this many tasks per per-task metric, the most alarming first; the rest are one series with task="(other)"]:N: ' \
                 '--status-listen=[Also serve the status page (GET /, read-only, no credentials) on this loopback address, e.g. 127.0.0.1:7879]:ADDR: ' \
                 '--status-held-alert=[The status page shows a task held for an operator longer than this in red]:DUR: ' \
                 '-h[Print help]' \
