@@ -1,6 +1,6 @@
 //! What a job does *to* its guardians (#31): it stops them, kills them,
-//! traces them, writes into their descriptors through `/proc`, lowers their
-//! `RLIMIT_NOFILE` to 0. In each containment mode the machine offers, the
+//! traces them, writes into their descriptors through `/proc`, raises
+//! their `oom_score_adj`, lowers their `RLIMIT_NOFILE` to 0. In each containment mode the machine offers, the
 //! job's whole tree (its leader and a `setsid` escapee, both TERM-ignoring
 //! clock-jobs) must be dead before the authority could expire the lease,
 //! and nothing released while any of it lived:
@@ -58,6 +58,12 @@ fn attack(name: &str) -> String {
             "{FIND}; for f in /proc/$K/fd/* /proc/$A/fd/*; do \
                if printf 'X exit 0\\nG\\n' 2>/dev/null > \"$f\"; then echo \"$f\" >> \"$DIR/opened\"; fi; \
              done; echo tried > \"$DIR/procfd\""
+        ),
+        // The OOM killer's first choice: both guardians.
+        "oom" => format!(
+            "{FIND}; for p in $K $A; do \
+               if echo 1000 2>/dev/null > /proc/$p/oom_score_adj; then echo $p >> \"$DIR/raised\"; fi; \
+             done; echo tried > \"$DIR/oom\""
         ),
         "nofile" => format!(
             "{FIND}; prlimit --pid $K --nofile=0:0 2>/dev/null; prlimit --pid $A --nofile=0:0 2>/dev/null; \
@@ -225,6 +231,14 @@ fn attack_then_silence(mode: Mode, name: &str) {
             "strace attached to a guardian: {}",
             std::fs::read_to_string(dir.path("strace.err")).unwrap_or_default()
         ),
+        "oom" => {
+            assert!(dir.path("oom").exists(), "the attack ran");
+            assert!(
+                !dir.path("raised").exists(),
+                "the job raised a guardian's oom_score_adj: {}",
+                std::fs::read_to_string(dir.path("raised")).unwrap_or_default()
+            );
+        }
         "procfd" => assert!(
             !dir.path("opened").exists(),
             "the job opened a guardian's descriptor through /proc: {}",
@@ -324,7 +338,17 @@ fn pidns_user_nofile_zero_on_the_guardians_is_refused() {
     attack_then_silence(Mode::PidnsUser, "nofile");
 }
 
+#[test]
+fn pidns_user_oom_score_adj_of_the_guardians_is_refused() {
+    attack_then_silence(Mode::PidnsUser, "oom");
+}
+
 // ------------------------------------- nobody, a user namespace of its own
+
+#[test]
+fn userns_oom_score_adj_of_the_guardians_is_refused() {
+    attack_then_silence(Mode::Userns, "oom");
+}
 
 #[test]
 fn userns_stop_of_both_guardians_is_refused() {
@@ -361,6 +385,11 @@ fn fallback_ptrace_of_both_guardians_is_refused() {
 #[test]
 fn fallback_writes_into_the_guardians_fds_are_refused() {
     attack_then_silence(Mode::Fallback, "procfd");
+}
+
+#[test]
+fn fallback_oom_score_adj_of_the_guardians_is_refused() {
+    attack_then_silence(Mode::Fallback, "oom");
 }
 
 #[test]
