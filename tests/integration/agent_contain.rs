@@ -50,7 +50,7 @@ fn attack(name: &str) -> String {
         // PTRACE_SEIZE + PTRACE_INTERRUPT of both (strace attaches so).
         "ptrace" => format!(
             "{FIND}; (strace -o /dev/null -p $K -p $A 2>\"$DIR/strace.err\" &); sleep 0.3; \
-             test -s \"$DIR/strace.err\" && grep -q 'ptrace(PTRACE_SEIZE' \"$DIR/strace.err\" && echo refused > \"$DIR/ptrace\""
+             grep -q 'ptrace(PTRACE_SEIZE' \"$DIR/strace.err\" && ! grep -q attached \"$DIR/strace.err\" && echo refused > \"$DIR/ptrace\""
         ),
         // A forged Arm (deadline +1 h) and forged reports ("exit 0", tree
         // gone) into every descriptor of both.
