@@ -7,14 +7,17 @@
 //!
 //! N agents (`--agents`, default 6) compete for K tasks (`--tasks`, default 2)
 //! against `leaseagent serve` or a 3-member etcd cluster (`--authority
-//! serve|etcd|both`, default both, the time split between them). Each agent
+//! serve|etcd|both`, default both, the time split between them), or three
+//! `serve` replicas on one PostgreSQL store (`--authority replicas`: the
+//! agents are given every replica; a PostgreSQL 15 started as `nobody` by
+//! the tests' harness, `tests/integration/support/postgres.rs`). Each agent
 //! reaches the authority through its own loopback TCP proxy, so it can be
 //! partitioned alone. Every job (this binary re-executed with `--job`) writes
 //! rows through the fenced SQLite store (`FencedStore`, one shared database:
 //! the sink) until it is stopped or superseded.
 //!
 //! Faults, one every 0.3-1.5 s at random: kill -9 and restart of the authority
-//! (serve, or one etcd member); SIGSTOP of an agent for 1-8 s, then SIGCONT
+//! (serve, one etcd member, or one replica, the leader or a standby); SIGSTOP of an agent for 1-8 s, then SIGCONT
 //! (its job keeps running: a zombie once the lease is gone); kill -9 of an
 //! agent; a partition of one agent (its proxy stops forwarding, bytes wait,
 //! nothing is reset) for 1-8 s. An agent that ended is restarted after a
@@ -46,6 +49,13 @@ use std::time::{Duration, Instant};
 use leaseagent::fence::sqlite::SqliteStore;
 use leaseagent::fence::{FenceError, FencedStore};
 use leaseagent_testkit::alive;
+
+#[allow(
+    dead_code,
+    reason = "the integration tests' PostgreSQL harness, of which the soak uses a part"
+)]
+#[path = "../tests/integration/support/postgres.rs"]
+mod postgres;
 
 const TTL_S: u64 = 3;
 
@@ -82,7 +92,8 @@ fn main() {
         "serve" => vec!["serve"],
         "etcd" => vec!["etcd"],
         "both" => vec!["serve", "etcd"],
-        w => panic!("--authority serve|etcd|both, not {w}"),
+        "replicas" => vec!["replicas"],
+        w => panic!("--authority serve|etcd|both|replicas, not {w}"),
     };
     checker_self_test();
     let each = Duration::from_secs_f64(minutes * 60.0 / kinds.len() as f64);
@@ -263,6 +274,13 @@ enum Authority {
         cluster: String,
         members: Vec<Member>,
     },
+    /// `serve` replicas on one PostgreSQL store (fixed ports: a restarted
+    /// replica is where the agents' URLs say).
+    Replicas {
+        ports: Vec<u16>,
+        children: Vec<Option<Child>>,
+        pg: postgres::Postgres,
+    },
 }
 
 impl Authority {
@@ -272,6 +290,11 @@ impl Authority {
                 port: free_port(),
                 db: dir.join("authority.sqlite3"),
                 child: None,
+            },
+            "replicas" => Authority::Replicas {
+                ports: (0..3).map(|_| free_port()).collect(),
+                children: (0..3).map(|_| None).collect(),
+                pg: postgres::Postgres::start(),
             },
             _ => {
                 let members: Vec<Member> = (0..3)
@@ -305,6 +328,10 @@ impl Authority {
     fn upstreams(&self) -> Vec<SocketAddr> {
         match self {
             Authority::Serve { port, .. } => vec![SocketAddr::from(([127, 0, 0, 1], *port))],
+            Authority::Replicas { ports, .. } => ports
+                .iter()
+                .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+                .collect(),
             Authority::Etcd { members, .. } => members
                 .iter()
                 .map(|m| SocketAddr::from(([127, 0, 0, 1], m.client)))
@@ -330,6 +357,24 @@ impl Authority {
                         .stderr(Stdio::null())
                         .spawn()
                         .expect("start serve"),
+                );
+            }
+            Authority::Replicas {
+                ports,
+                children,
+                pg,
+            } => {
+                children[i] = Some(
+                    guarded(&bin())
+                        .args(["serve", "--listen", &format!("127.0.0.1:{}", ports[i])])
+                        .args(["--store", &pg.url("postgres"), "--leader-ttl", "1s"])
+                        .arg("--store-password-file")
+                        .arg(&pg.password_file)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("start a serve replica"),
                 );
             }
             Authority::Etcd {
@@ -376,6 +421,7 @@ impl Authority {
     fn kill_one(&mut self, i: usize) {
         let c = match self {
             Authority::Serve { child, .. } => child,
+            Authority::Replicas { children, .. } => &mut children[i],
             Authority::Etcd { members, .. } => &mut members[i].child,
         };
         if let Some(mut c) = c.take() {
@@ -388,6 +434,7 @@ impl Authority {
     fn ended(&mut self) -> Vec<usize> {
         let children: Vec<&mut Option<Child>> = match self {
             Authority::Serve { child, .. } => vec![child],
+            Authority::Replicas { children, .. } => children.iter_mut().collect(),
             Authority::Etcd { members, .. } => members.iter_mut().map(|m| &mut m.child).collect(),
         };
         let mut out = Vec::new();
@@ -405,6 +452,11 @@ impl Authority {
     fn direct_url(&self) -> String {
         match self {
             Authority::Serve { port, .. } => format!("http://127.0.0.1:{port}"),
+            Authority::Replicas { ports, .. } => ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect::<Vec<_>>()
+                .join(","),
             Authority::Etcd { members, .. } => format!(
                 "etcd://{}",
                 members
@@ -427,7 +479,7 @@ impl Authority {
     /// Leases the authority still has (empty when all are released or expired).
     fn leases(&self) -> Option<Vec<String>> {
         let out = match self {
-            Authority::Serve { .. } => guarded(&bin())
+            Authority::Serve { .. } | Authority::Replicas { .. } => guarded(&bin())
                 .args(["leases", "--json", "--authority", &self.direct_url()])
                 .output()
                 .ok()?,
@@ -442,7 +494,7 @@ impl Authority {
         }
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         Some(match self {
-            Authority::Serve { .. } => {
+            Authority::Serve { .. } | Authority::Replicas { .. } => {
                 let v: serde_json::Value = serde_json::from_str(&text).ok()?;
                 let arr = v
                     .as_array()
@@ -729,6 +781,13 @@ fn soak(kind: &str, run_for: Duration, agents: usize, tasks: usize, seed: u64) -
                 report.attempts += 1;
                 let url = match kind {
                     "serve" => format!("http://{}", s.proxies[0].addr),
+                    // Every replica, each through this agent's own proxy.
+                    "replicas" => s
+                        .proxies
+                        .iter()
+                        .map(|p| format!("http://{}", p.addr))
+                        .collect::<Vec<_>>()
+                        .join(","),
                     _ => format!(
                         "etcd://{}",
                         s.proxies

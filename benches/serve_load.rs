@@ -11,6 +11,11 @@
 //!
 //! The load generator runs on the same machine as the server, so they share
 //! the CPUs; the figures are for both together.
+//!
+//! `LOAD_STORE=postgresql://USER@HOST:PORT/DB` (with
+//! `LOAD_STORE_PASSWORD_FILE=FILE`) runs `serve --store` on that PostgreSQL
+//! database instead of a SQLite file (one replica: the leader); "fsync'd
+//! commits" are then PostgreSQL's commits.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -87,13 +92,22 @@ fn main() {
     let secs = env("LOAD_SECS", 10);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bench.db");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_leaseagent"))
-        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
-        .arg(&db)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leaseagent"));
+    cmd.args(["serve", "--no-auth", "--listen", "127.0.0.1:0"]);
+    let store = std::env::var("LOAD_STORE").ok();
+    match &store {
+        Some(url) => {
+            cmd.args(["--store", url]);
+            if let Ok(f) = std::env::var("LOAD_STORE_PASSWORD_FILE") {
+                cmd.args(["--store-password-file", &f]);
+            }
+        }
+        None => {
+            cmd.arg("--db").arg(&db);
+        }
+    }
+    let mut server = Server(cmd.stderr(Stdio::piped()).spawn().unwrap());
+    let mut err = BufReader::new(server.0.stderr.take().unwrap());
     let mut line = String::new();
     err.read_line(&mut line).unwrap();
     let addr = line
@@ -105,6 +119,27 @@ fn main() {
         .unwrap()
         .to_string();
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    // A replica answers lease calls once it leads.
+    let leads = Instant::now() + Duration::from_secs(60);
+    while store.is_some() {
+        let mut h = TcpStream::connect(&addr).unwrap();
+        h.write_all(b"GET /healthz HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        h.read_to_string(&mut text).unwrap();
+        if text.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < leads,
+            "serve did not lead within 60 s: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "store: {}",
+        store.as_deref().unwrap_or("SQLite (a file on this disk)")
+    );
     println!(
         "server {addr}, {leases} leases, {clients} renewing clients, {granters} granting clients"
     );
@@ -199,6 +234,16 @@ fn main() {
         q(0.999),
         lat[lat.len() - 1]
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
+}
+
+/// The server, killed however the benchmark ends (a failed assertion
+/// included: it would otherwise hold the terminal's output open).
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

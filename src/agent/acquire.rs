@@ -117,10 +117,15 @@ impl Waiting {
         if let Some(until) = self.until {
             if let Some(mut queue) = auth.waiter() {
                 // Slices of at most a second keep signals and our own
-                // deadline noticed.
-                let slice = until.map_or(Duration::from_secs(1), |u| {
-                    sent.until(u).min(Duration::from_secs(1))
-                });
+                // deadline noticed; the first is an ask and no wait, so the
+                // user is told at once that the task is held and we wait.
+                let slice = if self.last_note.is_empty() {
+                    Duration::ZERO
+                } else {
+                    until.map_or(Duration::from_secs(1), |u| {
+                        sent.until(u).min(Duration::from_secs(1))
+                    })
+                };
                 return queue.acquire_wait(req, slice, self.timeout);
             }
         }
@@ -128,9 +133,11 @@ impl Waiting {
     }
 
     /// The one place that decides what follows an answer that is not a
-    /// grant, and says so: a request the authority rejects, a trust
-    /// problem or an authority that cannot answer ends the run (125); a
-    /// held task ends it (75) without `--wait` or once `--wait` ran out,
+    /// grant, and says so: a request the authority rejects or a trust
+    /// problem ends the run (125), and so does an authority that cannot
+    /// answer, unless `--wait` has time left (then it is asked again, and
+    /// 125 if the wait runs out on such a failure); a held task ends it
+    /// (75) without `--wait` or once `--wait` ran out,
     /// else it is asked for again after a pause (backoff from 100 ms
     /// doubling to 1 s, shortened to the authority's `retry_after`, ±20 %
     /// jitter, never past the end of the wait).
@@ -147,7 +154,7 @@ impl Waiting {
                 self.abandon(auth);
                 return Next::Exit(exit::AGENT_FAILED);
             }
-            AcquireError::Transient(f) => {
+            AcquireError::Transient(f) if !self.still_waiting() => {
                 log::error!(
                     "cannot acquire task {}: authority {} unreachable or broken: {f}",
                     cfg.task,
@@ -156,10 +163,27 @@ impl Waiting {
                 self.abandon(auth);
                 return Next::Exit(exit::AGENT_FAILED);
             }
+            // `--wait` waits through the authority's failures too (the
+            // contract): a restarting server or an etcd leader change must
+            // not end a wait that has time left. The place in a queue is
+            // kept.
+            AcquireError::Transient(f) => {
+                log::debug!("acquire of task {} failed: {f}", cfg.task);
+                None
+            }
             AcquireError::Held { retry_after, .. } => *retry_after,
             AcquireError::HeldForOperator { .. } => None,
         };
-        let note = refusal.to_string();
+        let (note, ran_out) = match &refusal {
+            AcquireError::Transient(_) => (
+                format!(
+                    "not answered: authority {} unreachable or broken",
+                    auth.url()
+                ),
+                exit::AGENT_FAILED,
+            ),
+            _ => (refusal.to_string(), exit::HELD),
+        };
         let Some(until) = self.until else {
             log::error!(
                 "task {} is {note}; not acquired (use --wait to wait for it)",
@@ -175,7 +199,7 @@ impl Waiting {
                 cfg.task,
                 crate::time::duration::format(now.saturating_since(self.started))
             );
-            return Next::Exit(exit::HELD);
+            return Next::Exit(ran_out);
         }
         if note != self.last_note {
             let limit = match until {
@@ -200,6 +224,12 @@ impl Waiting {
         }
         self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
         Next::AskAgain(pause)
+    }
+
+    /// Whether `--wait` was given and has time left.
+    fn still_waiting(&self) -> bool {
+        self.until
+            .is_some_and(|u| u.is_none_or(|u| BootInstant::now() < u))
     }
 
     /// Gives up the place in the authority's queue, if waiting kept one.
@@ -328,7 +358,13 @@ mod tests {
     fn every_way_out_of_a_wait_gives_the_place_up() {
         let wait = cfg(Some(Some(Duration::from_secs(30))));
         let ways: [(RunConfig, AcquireError, &[Sig], u8); 5] = [
-            (wait.clone(), failure(), &[], exit::AGENT_FAILED),
+            // The authority failing when the wait has run out.
+            (
+                cfg(Some(Some(Duration::ZERO))),
+                failure(),
+                &[],
+                exit::AGENT_FAILED,
+            ),
             (
                 wait.clone(),
                 AcquireError::Rejected("bad".into()),
@@ -362,6 +398,25 @@ mod tests {
         };
         assert_eq!(run(&cfg(None), &mut auth, &[]), Err(exit::AGENT_FAILED));
         assert_eq!(auth.calls, ["acquire"]);
+    }
+
+    #[test]
+    fn a_wait_goes_on_through_the_authoritys_failures_keeping_its_place() {
+        let mut auth = Scripted {
+            acquired: [
+                Err(failure()),
+                Err(held(Some(Duration::ZERO))),
+                Err(failure()),
+                Ok(grant(7, Duration::from_secs(30))),
+            ]
+            .into(),
+            queue: true,
+            ..Scripted::default()
+        };
+        let wait = cfg(Some(Some(Duration::from_secs(30))));
+        assert_eq!(run(&wait, &mut auth, &[]), Ok(7));
+        // Never abandoned: the place in the queue is kept.
+        assert_eq!(auth.calls, ["acquire_wait"; 4]);
     }
 
     #[test]

@@ -201,3 +201,48 @@ pub fn acquired_ms(a: &Attempt) -> u64 {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// This handle's waiter id (lease protocol v1, "Waiting": 32 hex digits
+/// from `/dev/urandom`, so no other caller can take its place), made at the
+/// first ask.
+pub fn waiter_id(slot: &mut Option<String>) -> Result<String, AcquireError> {
+    if let Some(id) = slot {
+        return Ok(id.clone());
+    }
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| {
+            AcquireError::Transient(Failure::new(
+                FailureKind::Connect,
+                format!("making a waiter id: {e}"),
+            ))
+        })?;
+    let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(slot.insert(id).clone())
+}
+
+/// How a client without a push from its authority waits in a queue: asks
+/// (`ask`, as the same waiter each time) every `every` until the answer is
+/// anything but `held` or `wait` has passed; then `held` with a zero
+/// `retry_after`: "still queued, call again" ([`Waiter::acquire_wait`]).
+pub fn ask_in_turn(
+    wait: Duration,
+    every: Duration,
+    mut ask: impl FnMut() -> Result<Grant, AcquireError>,
+) -> Result<Grant, AcquireError> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match ask() {
+            Err(AcquireError::Held { holder, .. }) if std::time::Instant::now() >= until => {
+                return Err(AcquireError::Held {
+                    holder,
+                    retry_after: Some(Duration::ZERO),
+                });
+            }
+            Err(AcquireError::Held { .. }) => std::thread::sleep(every),
+            other => return other,
+        }
+    }
+}

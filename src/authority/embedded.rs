@@ -31,11 +31,18 @@ use crate::engine::rules::AcquireSpec;
 pub struct EmbeddedAuthority {
     path: PathBuf,
     engine: Option<FileEngine>,
+    /// This handle's id in the engine's queue of waiters, made at its
+    /// first `--wait` ([`Waiter`]).
+    waiter: Option<String>,
 }
 
 impl EmbeddedAuthority {
     pub fn new(path: PathBuf) -> Self {
-        EmbeddedAuthority { path, engine: None }
+        EmbeddedAuthority {
+            path,
+            engine: None,
+            waiter: None,
+        }
     }
 
     /// Checkpoints the WAL if it has grown past the renewals' bound (never
@@ -119,12 +126,15 @@ impl Renewer for EmbeddedRenewer {
     }
 }
 
-impl LeaseClient for EmbeddedAuthority {
-    fn url(&self) -> String {
-        format!("sqlite:{}", self.path.display())
-    }
-
-    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+impl EmbeddedAuthority {
+    /// An acquire as `waiter` (its place in the engine's queue kept), or as
+    /// a newcomer (`None`).
+    fn acquire_as(
+        &mut self,
+        req: &AcquireRequest,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let spec = AcquireSpec {
             task: req.task.clone(),
@@ -145,7 +155,7 @@ impl LeaseClient for EmbeddedAuthority {
         let engine = self
             .engine(timeout)
             .map_err(|e| AcquireError::Transient(e.failure()))?;
-        match engine.acquire(&spec, timeout) {
+        match engine.acquire_queued(&spec, waiter, timeout) {
             Ok(g) => Ok(Grant {
                 lease_id: g.lease_id,
                 task: req.task.clone(),
@@ -166,7 +176,48 @@ impl LeaseClient for EmbeddedAuthority {
             Err(e) => Err(AcquireError::Transient(store_failure(&e))),
         }
     }
+}
 
+/// `--wait` on the embedded authority: asks every 100
+/// ms as the same waiter, so its place in the engine's queue is
+/// kept (and not forgotten) until it is granted or gives the place up.
+impl Waiter for EmbeddedAuthority {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let id = waiter_id(&mut self.waiter)?;
+        ask_in_turn(wait, ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        let Some(id) = self.waiter.take() else {
+            return;
+        };
+        let Ok(engine) = self.engine(timeout) else {
+            return;
+        };
+        // Best effort: a place not given up is forgotten anyway once it
+        // stops asking (`engine::sqlite::waiters::FORGET_AFTER_MS`).
+        if let Err(e) = engine.leave_queue(&id, timeout) {
+            log::debug!("leaving the queue: {e}");
+        }
+    }
+}
+
+/// How often a waiter asks again while it waits in the queue.
+const ASK_EVERY: Duration = Duration::from_millis(100);
+
+impl LeaseClient for EmbeddedAuthority {
+    fn url(&self) -> String {
+        format!("sqlite:{}", self.path.display())
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        self.acquire_as(req, None, timeout)
+    }
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
         let engine = self
             .engine(timeout)
@@ -211,9 +262,9 @@ impl LeaseClient for EmbeddedAuthority {
         Box::new(EmbeddedRenewer(EmbeddedAuthority::new(self.path.clone())))
     }
 
-    /// No queue: `--wait` asks again with its own backoff.
+    /// The engine's queue: a `--wait` keeps its place in arrival order.
     fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
-        None
+        Some(Box::new(self))
     }
 
     fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {

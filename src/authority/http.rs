@@ -22,11 +22,21 @@
 //! or `certificate`); during renewal and release they are transient like any
 //! other failure, but logged at error level since they rarely heal alone.
 //!
+//! Replicas (`--authority https://a:7878,https://b:7878`, the spec's
+//! "Replicas"): each call starts at the replica that answered last and,
+//! within its one timeout, goes on from a `503 not_leader` (to the leader
+//! it names, only if that is one of the URLs given: a hostile replica
+//! cannot send the agent elsewhere), a refused connection or a timeout to
+//! the next URL; which replica answered is logged when it changes. The
+//! deadline arithmetic does not change: to the agent a failover is
+//! renewals failing for a while.
+//!
 //! The operator calls live in [`operator`] (a module of their own so that
 //! the linker can keep their code away from an agent's: see
 //! `link/code-groups.ld`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::client::*;
@@ -42,11 +52,17 @@ pub use super::transport::BODY_LIMIT;
 /// The largest operator answer read (a listing page may be long).
 const LISTING_LIMIT: u64 = 64 << 20;
 
-/// A lease protocol v1 client.
+/// A lease protocol v1 client, of one authority or of its replicas.
 pub struct HttpAuthority {
-    base: String,
+    /// The base URLs given (`--authority a,b`), without trailing slashes.
+    bases: Vec<String>,
+    /// Which of them answered last (the next call starts there). Only this
+    /// handle's own: the renewer learns on its own.
+    current: AtomicUsize,
     agent: ureq::Agent,
     trust: Arc<ClientTrust>,
+    /// This handle's waiter id while `--wait` waits ([`Waiter`]).
+    waiter: Option<String>,
 }
 
 /// A response: status and (capped) body, or a transport failure.
@@ -56,19 +72,39 @@ struct Answer {
 }
 
 impl HttpAuthority {
+    /// `base`: one base URL, or several (the replicas of one authority)
+    /// separated by commas, as [`super::AuthoritySpec::Http`] holds them.
     pub fn with_trust(base: &str, trust: Arc<ClientTrust>) -> Self {
         HttpAuthority {
-            base: base.trim_end_matches('/').to_string(),
+            bases: base
+                .split(',')
+                .map(|b| b.trim_end_matches('/').to_string())
+                .collect(),
+            current: AtomicUsize::new(0),
             agent: super::transport::agent(&trust),
             trust,
+            waiter: None,
         }
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+    /// The replica the next call goes to first.
+    fn base(&self) -> &str {
+        let i = self.current.load(Ordering::Relaxed);
+        self.bases
+            .get(i)
+            .or(self.bases.first())
+            .map_or("", |b| b.as_str())
     }
 
     /// One call: `GET` when `body` is `None`, else `POST` of it as JSON.
+    ///
+    /// With several replicas, all within the one `timeout`: an answer
+    /// `503 not_leader` goes on to the leader it names if that is one of
+    /// the URLs given (a named URL that is not is never followed), else to
+    /// the next URL; so does a refused connection or a timeout (the latter
+    /// leaves no budget: the next call starts at the next URL). Each
+    /// replica is asked at most twice per call. The answer of the last
+    /// replica asked is the answer.
     fn call(
         &self,
         path: &str,
@@ -76,11 +112,66 @@ impl HttpAuthority {
         timeout: Duration,
         limit: u64,
     ) -> Result<Answer, Failure> {
-        let url = self.url(path);
+        let deadline = std::time::Instant::now() + timeout;
         let auth = self.trust.bearer_header();
-        let (status, body) =
-            super::transport::call(&self.agent, &url, body, auth.as_deref(), timeout, limit)?;
-        Ok(Answer { status, body })
+        let n = self.bases.len().max(1);
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut at = first;
+        for tries in 1.. {
+            let base = self.bases.get(at).map_or("", |b| b.as_str());
+            let url = format!("{base}{path}");
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let r = super::transport::call(&self.agent, &url, body, auth.as_deref(), left, limit)
+                .map(|(status, body)| Answer { status, body });
+            let next = match &r {
+                Ok(a) if a.status == ErrorCode::NotLeader.status() => {
+                    match error_body(&a.body).filter(|e| e.code() == Some(ErrorCode::NotLeader)) {
+                        Some(e) => Some(self.named(e.leader.flatten().as_deref(), at)),
+                        None => None,
+                    }
+                }
+                Err(f) if matches!(f.kind, FailureKind::Connect | FailureKind::Timeout) => {
+                    Some((at + 1) % n)
+                }
+                _ => None,
+            };
+            match next {
+                Some(to) if n > 1 => {
+                    self.current.store(to, Ordering::Relaxed);
+                    let why = match &r {
+                        Ok(_) => "does not lead".to_string(),
+                        Err(f) => f.message.clone(),
+                    };
+                    let out_of_time = std::time::Instant::now() >= deadline;
+                    if tries >= 2 * n || out_of_time {
+                        return r;
+                    }
+                    log::warn!(
+                        "authority {base}: {why}; trying {}",
+                        self.bases.get(to).map_or("", |b| b.as_str())
+                    );
+                    at = to;
+                }
+                _ => {
+                    if r.is_ok() && at != first {
+                        log::warn!("authority {base} answered (replica {} of {n})", at + 1);
+                    }
+                    return r;
+                }
+            }
+        }
+        Err(Failure::new(FailureKind::Other, "no replica asked"))
+    }
+
+    /// Where to go after replica `at` answered `not_leader` naming
+    /// `leader`: that replica if it is one of ours, else the next.
+    fn named(&self, leader: Option<&str>, at: usize) -> usize {
+        let named = leader.map(|l| l.trim_end_matches('/'));
+        self.bases
+            .iter()
+            .position(|b| Some(b.as_str()) == named)
+            .filter(|i| *i != at)
+            .unwrap_or((at + 1) % self.bases.len().max(1))
     }
 
     /// POSTs `body` as JSON to `path`.
@@ -182,22 +273,26 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     })
 }
 
-impl LeaseClient for HttpAuthority {
-    fn url(&self) -> String {
-        self.base.clone()
-    }
-
-    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+impl HttpAuthority {
+    /// An acquire as `waiter` (lease protocol v1, "Waiting": serve keeps
+    /// its place in the task's queue), or as a newcomer (`None`).
+    fn acquire_as(
+        &mut self,
+        req: &AcquireRequest,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
         let body = AcquireBody {
             task: req.task.clone(),
             holder: req.holder.clone(),
             ttl_ms: ms(req.ttl),
             on_expiry: req.on_expiry.as_str().to_string(),
             grace_ms: (req.on_expiry == ExpiryPolicy::Grace).then(|| ms(req.grace)),
+            waiter: waiter.map(str::to_owned),
         };
         let a = self
             .post("/v1/acquire", &body, timeout)
-            .map_err(|f| acquire_failure(&self.base, f, timeout))?;
+            .map_err(|f| acquire_failure(self.base(), f, timeout))?;
         match a.status {
             200 => {
                 let bytes = a.body;
@@ -249,6 +344,40 @@ impl LeaseClient for HttpAuthority {
             ))),
             s => Err(AcquireError::Transient(transient_status(s, &a.body))),
         }
+    }
+}
+
+/// `--wait` against a lease server: asks every [`ASK_EVERY`] as one
+/// waiter (a random id for the run), so a server that queues (serve does)
+/// keeps its place in arrival order; one that does not ignores the id. A
+/// place is never given up explicitly: the server forgets a waiter that
+/// stops asking.
+impl Waiter for HttpAuthority {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let id = waiter_id(&mut self.waiter)?;
+        ask_in_turn(wait, ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+    }
+
+    fn abandon_wait(&mut self, _timeout: Duration) {
+        self.waiter = None;
+    }
+}
+
+/// How often a waiter asks again while it waits.
+const ASK_EVERY: Duration = Duration::from_millis(250);
+
+impl LeaseClient for HttpAuthority {
+    fn url(&self) -> String {
+        self.bases.join(",")
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        self.acquire_as(req, None, timeout)
     }
 
     fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
@@ -302,15 +431,17 @@ impl LeaseClient for HttpAuthority {
     fn renewer(&mut self) -> Box<dyn Renewer> {
         let fresh = super::transport::agent(&self.trust);
         Box::new(Renewing(HttpAuthority {
-            base: self.base.clone(),
+            bases: self.bases.clone(),
+            current: AtomicUsize::new(self.current.load(Ordering::Relaxed)),
             agent: std::mem::replace(&mut self.agent, fresh),
             trust: self.trust.clone(),
+            waiter: None,
         }))
     }
 
-    /// No queue: `--wait` asks again with its own backoff.
+    /// A server's queue, if it keeps one: `--wait` asks as one waiter.
     fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
-        None
+        Some(Box::new(self))
     }
 
     fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
@@ -368,7 +499,7 @@ pub mod operator {
     /// A call that gave no answer: trust problems named (a probe included,
     /// `transport::trust_failure`), as at acquire.
     fn no_answer(a: &HttpAuthority, f: Failure, timeout: Duration) -> OperatorError {
-        OperatorError::Failed(transport::trust_failure(&a.base, &f, timeout).unwrap_or(f))
+        OperatorError::Failed(transport::trust_failure(a.base(), &f, timeout).unwrap_or(f))
     }
 
     /// Most bytes one listing or history reads, all its pages together: a
@@ -592,5 +723,126 @@ pub mod operator {
                 "etl%2Fa%20b%40c%3A1.x_y-z~"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod replica_tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A server answering every request `status` with `body`, counting them.
+    fn server(status: u16, body: String) -> (String, Arc<AtomicUsize>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            for sock in l.incoming() {
+                let Ok(sock) = sock else { return };
+                sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut r = BufReader::new(sock.try_clone().unwrap());
+                let mut len = 0usize;
+                let mut line = String::new();
+                while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                    line.clear();
+                }
+                let mut b = vec![0; len];
+                let _ = r.read_exact(&mut b);
+                h.fetch_add(1, Ordering::SeqCst);
+                let mut w = sock;
+                let _ = write!(
+                    w,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (url, hits)
+    }
+
+    fn not_leader(leader: &str) -> String {
+        format!(r#"{{"error":"not_leader","message":"m","leader":{leader}}}"#)
+    }
+
+    fn lease() -> LeaseRef {
+        LeaseRef {
+            lease_id: "id".into(),
+            token: 1,
+            task: "t".into(),
+        }
+    }
+
+    fn client(bases: &[&str]) -> HttpAuthority {
+        HttpAuthority::with_trust(&bases.join(","), Arc::new(ClientTrust::none()))
+    }
+
+    #[test]
+    fn a_standby_sends_the_call_on_to_the_leader_it_names_if_it_is_one_of_ours() {
+        let (leader, leader_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (other, other_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (standby, _) = server(503, not_leader(&format!("\"{leader}/\"")));
+        let mut c = client(&[&standby, &other, &leader]);
+        let r = c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(r.ttl, Duration::from_millis(5000));
+        assert_eq!(
+            leader_hits.load(Ordering::SeqCst),
+            1,
+            "the named leader answered"
+        );
+        assert_eq!(other_hits.load(Ordering::SeqCst), 0, "not the next URL");
+        // The next call starts at the replica that answered.
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(leader_hits.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_leader_named_that_was_not_given_is_never_followed() {
+        let (outsider, outsider_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (next, next_hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let (standby, _) = server(503, not_leader(&format!("\"{outsider}\"")));
+        let mut c = client(&[&standby, &next]);
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            outsider_hits.load(Ordering::SeqCst),
+            0,
+            "followed a URL not given"
+        );
+        assert_eq!(next_hits.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn refused_connections_go_to_the_next_url_and_all_standbys_end_transient() {
+        let dead = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let (leader, hits) = server(200, r#"{"ttl_ms":5000}"#.into());
+        let mut c = client(&[&dead, &leader]);
+        c.renew(&lease(), Duration::from_secs(5)).unwrap();
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        // Nobody leads: each asked at most twice, then a transient failure.
+        let (a, a_hits) = server(503, not_leader("null"));
+        let (b, b_hits) = server(503, not_leader("null"));
+        let mut c = client(&[&a, &b]);
+        match c.renew(&lease(), Duration::from_secs(5)) {
+            Err(RenewError::Transient(f)) => {
+                assert_eq!(f.kind, FailureKind::Status(503), "{f}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let (a, b) = (a_hits.load(Ordering::SeqCst), b_hits.load(Ordering::SeqCst));
+        assert!((1..=2).contains(&a) && (1..=2).contains(&b), "{a} {b}");
     }
 }

@@ -60,7 +60,8 @@ pub use client::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AuthoritySpec {
     /// `http://…` or `https://…`: lease protocol v1. Holds the base URL
-    /// without a trailing slash.
+    /// without a trailing slash; the replicas of one authority
+    /// (`https://a:7878,https://b:7878`) are several, joined by commas.
     Http(String),
     /// `etcd://host:port[,host:port…]` (plain HTTP to etcd's gateway).
     Etcd(Vec<String>),
@@ -80,6 +81,11 @@ pub enum UrlError {
     EmptyEndpoint(String),
     #[error("`{url}`: endpoint `{endpoint}` has no port")]
     NoPort { url: String, endpoint: String },
+    #[error(
+        "`{0}`: the replicas of an authority are http://… or https://… URLs separated by \
+         commas, all of one scheme"
+    )]
+    Replicas(String),
     #[error("`{0}`: expected sqlite:PATH")]
     NoPath(String),
     #[error(
@@ -123,13 +129,20 @@ fn refuse_cleartext(spec: &AuthoritySpec, trust: &trust::ClientTrust) -> Result<
         return Ok(());
     };
     let (url, hosts): (String, Vec<&str>) = match spec {
-        AuthoritySpec::Http(base) => match base.strip_prefix("http://") {
-            Some(rest) => {
-                let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-                (base.clone(), vec![trust::endpoint_host(&rest[..end])])
+        AuthoritySpec::Http(bases) => {
+            let hosts = bases
+                .split(',')
+                .filter_map(|base| base.strip_prefix("http://"))
+                .map(|rest| {
+                    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                    trust::endpoint_host(&rest[..end])
+                })
+                .collect::<Vec<_>>();
+            if hosts.is_empty() {
+                return Ok(());
             }
-            None => return Ok(()),
-        },
+            (bases.clone(), hosts)
+        }
         AuthoritySpec::Etcd(endpoints) => (
             format!("etcd://{}", endpoints.join(",")),
             endpoints.iter().map(|e| trust::endpoint_host(e)).collect(),
@@ -142,11 +155,22 @@ fn refuse_cleartext(spec: &AuthoritySpec, trust: &trust::ClientTrust) -> Result<
     Err(OpenError::Cleartext { flag, url })
 }
 
+/// A list of URLs, each with its `user:password@` part removed.
+fn redact_each(urls: &str) -> String {
+    urls.split(',')
+        .map(trust::redact_url)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl AuthoritySpec {
     /// Parses an `--authority` value. The error names what is wrong. A
     /// `user:password@` part is dropped (with a warning: credentials come
     /// from files, see `trust`) and never shown.
     pub fn parse(url: &str) -> Result<Self, UrlError> {
+        if url.contains(",http://") || url.contains(",https://") {
+            return Self::parse_replicas(url);
+        }
         let redacted = trust::redact_url(url);
         if redacted != url {
             // Parsed before logging is set up: written directly, in the
@@ -162,6 +186,9 @@ impl AuthoritySpec {
         {
             if rest.is_empty() || rest.starts_with('/') {
                 return Err(UrlError::NoHost(s.to_string()));
+            }
+            if rest.contains(',') {
+                return Err(UrlError::Replicas(redact_each(url)));
             }
             return Ok(AuthoritySpec::Http(s.trim_end_matches('/').to_string()));
         }
@@ -200,6 +227,25 @@ impl AuthoritySpec {
             return Ok(AuthoritySpec::Sqlite(path.into()));
         }
         Err(UrlError::UnknownScheme(s.to_string()))
+    }
+
+    /// `https://a:7878,https://b:7878`: the replicas of one authority, each
+    /// URL parsed (and redacted) alone; one scheme for all.
+    fn parse_replicas(url: &str) -> Result<Self, UrlError> {
+        let mut bases = Vec::new();
+        for part in url.split(',') {
+            match Self::parse(part.trim()) {
+                Ok(AuthoritySpec::Http(base)) => bases.push(base),
+                Ok(_) | Err(_) => {
+                    return Err(UrlError::Replicas(redact_each(url)));
+                }
+            }
+        }
+        let tls = bases.iter().filter(|b| b.starts_with("https://")).count();
+        if tls != 0 && tls != bases.len() {
+            return Err(UrlError::Replicas(bases.join(",")));
+        }
+        Ok(AuthoritySpec::Http(bases.join(",")))
     }
 
     /// The authority an `--authority` value names (the flag parser has
@@ -265,6 +311,48 @@ pub fn open(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_are_urls_of_one_scheme_separated_by_commas() {
+        assert_eq!(
+            AuthoritySpec::parse("https://a:7878/,https://b:7878").unwrap(),
+            AuthoritySpec::Http("https://a:7878,https://b:7878".into())
+        );
+        for bad in [
+            "http://a:1,b:2",
+            "http://a:1,https://b:2",
+            "https://a:1,etcd://b:2",
+            "https://a:1,https://",
+        ] {
+            assert!(
+                matches!(AuthoritySpec::parse(bad), Err(UrlError::Replicas(_))),
+                "{bad}: {:?}",
+                AuthoritySpec::parse(bad)
+            );
+        }
+        let e = AuthoritySpec::parse("http://u:pw@a:1,ftp://b")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("pw"), "{e}");
+        // A bearer token never goes in the clear to any of them.
+        let spec = AuthoritySpec::parse("http://127.0.0.1:1,http://10.0.0.2:1").unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let token = d.path().join("token");
+        std::fs::write(&token, "t0k3n-abcdefghijklmnop\n").unwrap();
+        std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let files = trust::TrustFiles {
+            auth_token_file: Some(token),
+            ..Default::default()
+        };
+        let trust = trust::ClientTrust::load(&files, false).unwrap();
+        assert!(matches!(
+            refuse_cleartext(&spec, &trust),
+            Err(OpenError::Cleartext { .. })
+        ));
+        let local = AuthoritySpec::parse("http://127.0.0.1:1,http://[::1]:2").unwrap();
+        assert!(refuse_cleartext(&local, &trust).is_ok());
+    }
 
     #[test]
     fn parses_every_scheme() {

@@ -102,8 +102,10 @@ pub enum TrustError {
 pub enum FileProblem {
     #[error("{0}")]
     Io(#[source] std::io::Error),
-    #[error("not a regular file")]
-    NotRegular,
+    /// The path, walked from `/`, leads through a link or a directory
+    /// another user controls, or not to a regular file.
+    #[error("{0}")]
+    Path(#[source] crate::sys::paths::PathError),
     /// A key, token or password file group or others may read.
     #[error(
         "refused: the file is readable by group or others (mode {:04o}); chmod 600 it",
@@ -278,15 +280,15 @@ fn file_error(flag: &'static str, path: &Path) -> impl Fn(FileProblem) -> TrustE
 /// it (`secret`), then reads it (bounded).
 fn read_file(flag: &'static str, path: &Path, secret: bool) -> Result<Vec<u8>, TrustError> {
     use std::io::Read;
-    use std::os::unix::fs::PermissionsExt;
     let fail = file_error(flag, path);
     let io = |e| fail(FileProblem::Io(e));
-    let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(fail(FileProblem::NotRegular));
-    }
-    let mode = meta.permissions().mode();
+    // Walked from `/` as the kernel's protected_symlinks rule would
+    // (crate::sys::walk): a link another user owns or can re-point is
+    // never followed, and no directory on the way is another user's.
+    let (fd, st) = crate::sys::paths::open_checked_file_following(path)
+        .map_err(|e| fail(FileProblem::Path(e)))?;
+    let file = std::fs::File::from(fd);
+    let mode = st.st_mode & 0o7777;
     if secret && mode & 0o044 != 0 {
         return Err(fail(FileProblem::Loose { mode }));
     }

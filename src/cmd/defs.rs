@@ -187,7 +187,16 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                 Flag::value(
                     "authority",
                     "URL",
-                    "Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...],\nsqlite:PATH",
+                    "Lease authority: http(s)://HOST:PORT[,URL...] (serve, or its replicas),\n\
+                     etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH",
+                )
+                .doc(
+                    "Lease authority. http(s)://HOST:PORT is lease protocol v1 (leaseagent serve); \
+                     several such URLs separated by commas are the replicas of one authority: a \
+                     call answered not_leader, refused or timed out goes on to the leader named \
+                     (if it is one of these URLs) or the next URL within the same try, and the log \
+                     says which replica answered. etcd(s)://HOST:PORT[,HOST:PORT...] is etcd; \
+                     sqlite:PATH an embedded database file.",
                 )
                 .url()
                 .env("LEASEAGENT_AUTHORITY")
@@ -380,8 +389,8 @@ fn ppm(v: OsString) -> Result<u32, BoxError> {
 /// `leaseagent serve`.
 pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
     name: "serve",
-    about: "The reference lease authority (lease protocol v1) with its state in SQLite",
-    usage: None,
+    about: "The reference lease authority (lease protocol v1) with its state in SQLite or PostgreSQL",
+    usage: Some("leaseagent serve [OPTIONS] --listen ADDR (--db PATH | --store URL)"),
     groups: &[Group {
         heading: None,
         flags: &[
@@ -398,12 +407,67 @@ pub static SERVE: CommandDef<crate::serve::ServeArgs> = CommandDef {
             Flag::value(
                 "db",
                 "PATH",
-                "SQLite database file holding tokens and leases (created if missing)",
+                "SQLite database file holding tokens and leases (created if missing); or --store",
             )
-            .required()
             .complete(Complete::Files)
             .reads(|a, v| {
                 a.db = v.into();
+                Ok(())
+            }),
+            Flag::value(
+                "store",
+                "URL",
+                "PostgreSQL store that several replicas share, one leading\n\
+                 (postgresql://USER@HOST[:PORT][,HOST[:PORT]...]/DB?sslmode=verify-full&sslrootcert=FILE)",
+            )
+            .doc(
+                "A PostgreSQL database (15 or later) in libpq's URL form that several \
+                 `leaseagent serve` replicas share; one of them leads and answers lease calls, the \
+                 others answer them `503 not_leader` naming the leader. The schema `leaseagent` is \
+                 created and migrated on start. The password never comes from the URL: see \
+                 --store-password-file and PGPASSFILE. A host that is not a loopback address or a \
+                 Unix socket needs `sslmode=verify-full` with `sslrootcert=FILE`. A store whose \
+                 standbys are not synchronous is refused (see --store-allow-async).",
+            )
+            .reads(|a, v| {
+                a.store = Some(text(v)?);
+                Ok(())
+            }),
+            Flag::value(
+                "store-password-file",
+                "FILE",
+                "The --store password (first line; mode 0600); else PGPASSFILE or ~/.pgpass",
+            )
+            .complete(Complete::Files)
+            .reads(|a, v| {
+                a.store_password_file = Some(v.into());
+                Ok(())
+            }),
+            Flag::switch(
+                "store-allow-async",
+                "Run on a --store whose standbys are asynchronous (a PostgreSQL failover may then \
+                 lose answered grants and issue their tokens again)",
+            )
+            .sets(|a| a.store_allow_async = true),
+            Flag::value(
+                "advertise",
+                "URL",
+                "The URL clients reach this replica at, which standbys name as the leader \
+                 (default: the --listen address)",
+            )
+            .reads(|a, v| {
+                a.advertise = Some(text(v)?);
+                Ok(())
+            }),
+            Flag::value(
+                "leader-ttl",
+                "DUR",
+                "With --store: how long leadership outlives its last confirmed renewal; a standby \
+                 takes over a silent leader after about this long",
+            )
+            .default_value("5s")
+            .reads(|a, v| {
+                a.leader_ttl = dur(v)?;
                 Ok(())
             }),
             Flag::value(
@@ -606,7 +670,13 @@ Examples:
     --auth-token-file /etc/leaseagent/token --task nightly-export -- ./export.sh
 
   # as a systemd service (systemd/leaseagent-serve.service)
-  systemctl enable --now leaseagent-serve.service",
+  systemctl enable --now leaseagent-serve.service
+
+  # replicas on one PostgreSQL store (one leads; agents are given every URL)
+  leaseagent serve --listen 0.0.0.0:7878 --advertise https://a.internal:7878 \\
+    --store 'postgresql://leases@db1,db2,db3/leases?sslmode=verify-full&sslrootcert=/etc/leaseagent/pg-ca.pem' \\
+    --store-password-file /etc/leaseagent/pg-password --tls-cert CERT --tls-key KEY --auth-file AUTH
+  leaseagent --authority https://a.internal:7878,https://b.internal:7878 --task nightly-export -- ./export.sh",
     finish: serve,
 };
 
@@ -635,6 +705,22 @@ fn serve(args: crate::serve::ServeArgs) -> Result<Command, UsageError> {
     }
     if args.client_ca.is_some() && args.tls_cert.is_none() {
         return refuse("--client-ca needs --tls-cert and --tls-key (mutual TLS is TLS)");
+    }
+    match (args.db.as_os_str().is_empty(), args.store.is_some()) {
+        (true, false) => return refuse("give --db PATH (SQLite) or --store URL (PostgreSQL)"),
+        (false, true) => return refuse("--db and --store are two stores: give one"),
+        _ => {}
+    }
+    if args.store.is_none() && (args.store_password_file.is_some() || args.store_allow_async) {
+        return refuse("--store-password-file and --store-allow-async go with --store");
+    }
+    if !(1..=600).contains(&args.leader_ttl.as_secs()) {
+        return refuse("--leader-ttl must be from 1s to 10m");
+    }
+    if let Some(a) = &args.advertise {
+        if !(a.starts_with("http://") || a.starts_with("https://")) || a.contains(',') {
+            return refuse("--advertise must be one http:// or https:// URL");
+        }
     }
     Ok(Command::Serve(args))
 }

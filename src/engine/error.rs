@@ -162,6 +162,35 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// The PostgreSQL store failed a call (the connection is dropped and
+    /// made again on the next one).
+    #[error("PostgreSQL store: {what}")]
+    Postgres {
+        what: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("PostgreSQL store: {what}: no answer within {} ms", after.as_millis())]
+    PgTimeout {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+    /// The store's schema was made by a newer leaseagent.
+    #[error(
+        "PostgreSQL store: schema version {found} is newer than this leaseagent knows ({known}): \
+         run the newer leaseagent-serve (or restore the database)"
+    )]
+    SchemaNewer { found: i64, known: i64 },
+    /// A newer leader exists: this replica's writes are refused, in the
+    /// same transaction that would have made them.
+    #[error(
+        "PostgreSQL store: another replica leads now (leader epoch {current}, this replica led \
+         epoch {mine}); nothing of this transaction was committed"
+    )]
+    Deposed { mine: u64, current: u64 },
+    /// The store could promote a standby that misses acknowledged commits.
+    #[error("PostgreSQL store: {0}")]
+    Replication(String),
 }
 
 impl StoreError {

@@ -18,10 +18,23 @@
 //! own `fdatasync`, the token ceiling) is this file's: the durability of
 //! one SQLite file on one host.
 //!
-//! Expiry is a column: boot-clock milliseconds plus the boot id they were
-//! measured under (`CLOCK_BOOTTIME` is one clock for the whole host, and it
-//! keeps counting through suspend). A row written under another boot id has
-//! expired: nothing on this host can still be running under it.
+//! Expiry is a column: boot-clock milliseconds plus the clock view they
+//! were measured under (`CLOCK_BOOTTIME` keeps counting through suspend),
+//! and the wall-clock time of the row's last write.
+//!
+//! Clock views: `CLOCK_BOOTTIME` is one clock for the whole host only
+//! within one time namespace and one boot id. A view is the boot id plus
+//! the time namespace's boot-clock offset (`time::clock::view`); a row is
+//! read under the reader's view (`sqlite::rows::foreign_expiry`): from the
+//! same boot in another time namespace (a CRIU restore, `unshare --time`)
+//! its expiry is translated exactly by the two offsets; from another boot
+//! id (a VM or a container with its own boot id sharing the directory, a
+//! file on a disk two hosts mount, or a reboot) it is held until its ttl
+//! has passed on the wall clock since its last write, plus a margin, and
+//! never read as expired at once: the holder may be alive on another
+//! clock, renewing. Before, such a row read as expired and a second agent
+//! was granted the task while the first job ran. The token ceiling stays
+//! keyed by the bare boot id: it is about power losses, not clocks.
 //!
 //! "Now" is read before waiting for the lock, so lock waits only make a
 //! renewal's new expiry earlier and a lease look more alive to an acquirer:
@@ -62,7 +75,14 @@
 //! - `pending` left behind (a process killed between its commit and its
 //!   sync, or a failed sync) makes the next grant sync again.
 //! - A process crash loses nothing the page cache holds: within one boot
-//!   the sequence in the page cache is the truth, and it only rises.
+//!   the sequence in the page cache is the truth, and it only rises,
+//!   unless an I/O error drops the cache (ext4 `errors=remount-ro`, a
+//!   writeback error): then the file goes back to its last synced state in
+//!   the same boot. Every grant raises a copy in memory of the highest
+//!   token answered (`witness.rs`) before its commit; a grant that finds
+//!   the sequence below it (or finds no copy to compare with) starts above
+//!   the ceiling and the copy, and syncs its reservation, as after a power
+//!   loss.
 //! - A power loss changes the boot id. WAL frames survive as a prefix
 //!   (cumulative checksums), an fdatasync covers every frame written before
 //!   it, a checkpoint syncs the database before it truncates the WAL, and
@@ -74,7 +94,11 @@
 //! token, so uniqueness does not need it, but the operator is told the
 //! change is done, and they are rare. Renewals and releases are not
 //! synced: after a power loss every lease of the previous boot has expired
-//! anyway (the boot id changed).
+//! anyway (the boot id changed); a release lost to an I/O error in the
+//! same boot brings its lease back until the lease's own expiry, as if
+//! its agent had died. The release of a `hold` lease is the exception: it
+//! is synced, as its grant was, or the lease would come back and end as
+//! held for an operator.
 //!
 //! Size: nothing checkpoints on close or inside a call. After a release (and
 //! after a renewal has been reported, see [`FileEngine::tidy`]) the WAL is
@@ -99,16 +123,27 @@ use super::gate::{self, Gate, GateError, Turn};
 use super::history::{self, Cause};
 use super::rules::{AcquireSpec, NewLease, Phase, TaskRow, lease_id, new_key, task_of};
 use super::sqlite::rows::{self, Ceiling, Expiry};
+use super::sqlite::waiters::Asking;
 use super::sqlite::{SqliteTxn, schema};
 use super::store::{HistoryRead, Txn};
+use super::witness::{Trust, Witness};
 use crate::time::{boot_ms, wall_ms};
 
 /// One process's handle on the shared database.
 pub struct FileEngine {
     conn: Connection,
     gate: Gate,
+    /// This boot's id: what the token ceiling is written under.
     boot_id: String,
+    /// This process's clock view (`time::clock::view`): what rows'
+    /// expiries are written under.
+    view: String,
     wal: Wal,
+    /// The database file (the memory copy is named after it).
+    db: PathBuf,
+    /// The memory copy of the highest token answered (`witness.rs`),
+    /// opened at the first grant (a heartbeat's engine never needs it).
+    witness: Option<Witness>,
 }
 
 /// How durable a commit is when the call answers.
@@ -129,6 +164,12 @@ enum Write {
     Nothing,
     /// The task's row.
     Row,
+    /// Only the waiters' queue (a waiter refused): committed without the
+    /// row, which must keep its writer's clock view and write time.
+    QueueOnly,
+    /// The task's row, the WAL synced after the commit: a grant the memory
+    /// copy could not record, a release of a lease under policy `hold`.
+    RowSynced,
     /// The task's row and a new token ceiling (pending): after the commit
     /// the WAL is synced, then the ceiling is marked durable.
     RowAndCeiling(u64),
@@ -147,15 +188,23 @@ fn next_token(
     last_issued: u64,
     ceiling: Option<&Ceiling>,
     boot_id: &str,
+    trust: Trust,
 ) -> Result<(u64, Option<u64>), EngineError> {
     const EXHAUSTED: EngineError = EngineError::Unavailable("the token sequence is exhausted");
-    let token = last_issued.checked_add(1).ok_or(EXHAUSTED)?;
+    let mut token = last_issued.checked_add(1).ok_or(EXHAUSTED)?;
+    if let Trust::Lost(answered) = trust {
+        // The disk lost writes the cache held (`witness.rs`): tokens up to
+        // `answered` were answered.
+        token = token.max(answered.checked_add(1).ok_or(EXHAUSTED)?);
+    }
     let Some(c) = ceiling else {
         return Ok((token, Some(token.saturating_add(BLOCK - 1))));
     };
-    if c.boot_id != boot_id {
-        // A power loss may have lost commits made after the last synced
-        // ceiling: every token up to it may have been answered.
+    if c.boot_id != boot_id || trust != Trust::Cache {
+        // A power loss, or an I/O error that dropped the page cache, may
+        // have lost commits made after the last synced ceiling: every token
+        // up to it may have been answered. (Without a memory copy, nothing
+        // tells a lost cache from a good one.)
         let token = token.max(c.value.checked_add(1).ok_or(EXHAUSTED)?);
         return Ok((token, Some(token.saturating_add(BLOCK - 1))));
     }
@@ -295,6 +344,7 @@ impl FileEngine {
     pub fn open(path: &Path, timeout: Duration) -> Result<Self, EngineError> {
         let deadline = deadline_in(timeout);
         let boot_id = crate::time::clock::boot_id().map_err(StoreError::BootId)?;
+        let view = crate::time::clock::view().map_err(StoreError::BootId)?;
         let mut conn = schema::connect(path)?;
         conn.busy_handler(Some(gate::busy_handler))
             .ctx("setting the busy handler")?;
@@ -332,11 +382,14 @@ impl FileEngine {
             conn,
             gate,
             boot_id,
+            view,
             wal: Wal {
                 path: PathBuf::from(wal),
                 fd: None,
                 syncs: 0,
             },
+            db: path.to_path_buf(),
+            witness: None,
         })
     }
 
@@ -392,11 +445,13 @@ impl FileEngine {
             conn,
             gate,
             boot_id,
+            view,
             wal,
+            ..
         } = self;
         gate::with_deadline(deadline, || {
             retrying(deadline, || {
-                let mut tx = SqliteTxn::boot(begin(conn, gate, deadline)?, boot_id);
+                let mut tx = SqliteTxn::boot(begin(conn, gate, deadline)?, view);
                 let mut row = tx.load(task)?;
                 let before = row.lease.clone();
                 let settled = row.settle(now);
@@ -406,7 +461,9 @@ impl FileEngine {
                     // The rules leave the row as it was when they refuse.
                     Err(e) => (Err(e), Write::Nothing),
                 };
-                if write != Write::Nothing || settled {
+                if write == Write::QueueOnly && !settled {
+                    tx.commit()?;
+                } else if write != Write::Nothing || settled {
                     tx.save(&row)?;
                     for op in history::ops(before.as_ref(), &row, cause, now) {
                         tx.record(&op, history::DEFAULT_BOUNDS)?;
@@ -417,6 +474,7 @@ impl FileEngine {
                             wal.sync()?;
                             mark_durable(conn, gate, deadline, ceiling, boot_id);
                         }
+                        Write::RowSynced => wal.sync()?,
                         _ if durability == Durability::Synced => wal.sync()?,
                         _ => {}
                     }
@@ -426,15 +484,38 @@ impl FileEngine {
         })
     }
 
+    /// Acquires as a newcomer: refused while anyone waits in the task's
+    /// queue ([`FileEngine::acquire_queued`]).
+    #[cfg(test)]
     pub fn acquire(
         &mut self,
         spec: &AcquireSpec,
         timeout: Duration,
     ) -> Result<Granted, EngineError> {
+        self.acquire_queued(spec, None, timeout)
+    }
+
+    /// Acquires as `waiter` (an id the caller keeps while it waits), or as a
+    /// newcomer (`None`). The task goes to the oldest waiter still asking
+    /// (`sqlite::waiters`): a waiter that is not first, or a newcomer while
+    /// anyone waits, is refused as held, and a waiter refused for any
+    /// reason keeps (or takes) its place.
+    pub fn acquire_queued(
+        &mut self,
+        spec: &AcquireSpec,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Granted, EngineError> {
         validate_acquire(spec)?;
         let now = boot_ms();
+        let view = self.view.clone();
         let key = new_key().map_err(StoreError::Random)?;
         let boot_id = self.boot_id.clone();
+        let db = &self.db;
+        let witness = self
+            .witness
+            .get_or_insert_with(|| Witness::open(db))
+            .clone();
         // A `hold` grant lost in a power loss would let the task run again
         // without an operator, though its job may have been cut off midway:
         // it is synced whatever the ceiling.
@@ -449,8 +530,62 @@ impl FileEngine {
             timeout,
             durability,
             |row, tx| {
+                let asking = Asking {
+                    view: &view,
+                    boot_ms: now,
+                    wall_ms: wall_ms(),
+                };
+                let queue = tx.waiters(&spec.task, asking)?;
+                let ahead = waiter.map_or(queue.len(), |w| {
+                    queue.iter().position(|q| q == w).unwrap_or(queue.len())
+                });
+                // Not this caller's turn: the rules' own refusal if the
+                // task is taken, else the queue's.
+                let free = row
+                    .lease
+                    .as_ref()
+                    .is_none_or(|l| matches!(l.phase(now), Phase::Free));
+                if !free || ahead > 0 {
+                    let refusal = if free {
+                        EngineError::Held {
+                            holder: format!(
+                                "{ahead} earlier waiter{}",
+                                if ahead == 1 { "" } else { "s" }
+                            ),
+                            retry_after_ms: 100,
+                        }
+                    } else {
+                        let mut probe = row.clone();
+                        let t = NewLease {
+                            token: row.last_token.saturating_add(1),
+                            key: key.clone(),
+                        };
+                        match probe.acquire(spec, now, t) {
+                            Err(e) => e,
+                            Ok(()) => EngineError::Unavailable("the task is both free and not"),
+                        }
+                    };
+                    return Ok(match waiter {
+                        Some(w) => {
+                            tx.join_waiters(&spec.task, w, asking)?;
+                            (Err(refusal), Write::QueueOnly)
+                        }
+                        None => (Err(refusal), Write::Nothing),
+                    });
+                }
+                if let Some(w) = waiter {
+                    tx.leave_waiters(&spec.task, w)?;
+                }
                 let ceiling = tx.ceiling()?;
-                let (token, reserve) = next_token(tx.last_issued()?, ceiling.as_ref(), &boot_id)?;
+                let last = tx.last_issued()?;
+                let trust = witness.trust(last);
+                if let Trust::Lost(answered) = trust {
+                    log::warn!(
+                        "the lease database lost writes (tokens up to {answered} were answered, it \
+                         says {last}; an I/O error dropped the page cache?): granting above them"
+                    );
+                }
+                let (token, reserve) = next_token(last, ceiling.as_ref(), &boot_id, trust)?;
                 row.acquire(
                     spec,
                     now,
@@ -460,24 +595,42 @@ impl FileEngine {
                     },
                 )?;
                 tx.set_last_issued(token)?;
+                // Raised before the commit, under the write lock: grants
+                // raise it in order, and a failed commit only leaves it high.
+                let recorded = witness.raise(token);
                 // Only a grant reserves: a refusal returned above.
                 let write = match reserve {
                     Some(c) => {
                         tx.save_ceiling(c, &boot_id)?;
                         Write::RowAndCeiling(c)
                     }
+                    None if !recorded => Write::RowSynced,
                     None => Write::Row,
                 };
                 Ok((
-                    Granted {
+                    Ok(Granted {
                         lease_id: lease_id(&key, &spec.task),
                         token,
                         ttl_ms: spec.ttl_ms,
-                    },
+                    }),
                     write,
                 ))
             },
-        )
+        )?
+    }
+
+    /// Gives up `waiter`'s places in every queue.
+    pub fn leave_queue(&mut self, waiter: &str, timeout: Duration) -> Result<(), EngineError> {
+        let deadline = deadline_in(timeout);
+        let FileEngine { conn, gate, .. } = self;
+        gate::with_deadline(deadline, || {
+            retrying(deadline, || {
+                let tx = begin(conn, gate, deadline)?;
+                super::sqlite::waiters::leave_all(&tx, waiter)?;
+                tx.commit().ctx("committing")?;
+                Ok(())
+            })
+        })
     }
 
     /// Renews for `principal` (the embedded authority has none: `""`).
@@ -527,8 +680,15 @@ impl FileEngine {
         let (key, task) = task_of(id)?;
         let cause = Cause::Release(outcome, exit_code);
         self.with_row(task, now, cause, timeout, Durability::Cached, |row, _| {
+            // A `hold` lease's grant was synced; its release is too, or a
+            // release lost to an I/O error or a power loss would bring the
+            // lease back, to end as held for an operator.
+            let hold = row
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.policy == crate::lease::ExpiryPolicy::Hold);
             row.release(key, token, principal, now)?;
-            Ok(((), Write::Row))
+            Ok(((), if hold { Write::RowSynced } else { Write::Row }))
         })
     }
 
@@ -581,7 +741,7 @@ impl FileEngine {
                     &self.conn,
                     after,
                     limit,
-                    Expiry::Boot(&self.boot_id),
+                    Expiry::Boot(&self.view),
                 )?)
             })
         })?;
@@ -611,7 +771,7 @@ impl FileEngine {
             retrying(deadline, || {
                 let mut page = HistoryRead::page(&mut self.conn, task, before, limit)?;
                 for r in page.iter_mut().filter(|r| r.ended.is_none()) {
-                    let row = rows::load(&self.conn, &r.task, Expiry::Boot(&self.boot_id))?;
+                    let row = rows::load(&self.conn, &r.task, Expiry::Boot(&self.view))?;
                     let end = match row.lease.as_ref().filter(|l| l.token == r.token) {
                         Some(l) if matches!(l.phase(now), Phase::Active { .. }) => {
                             continue;
@@ -691,6 +851,27 @@ mod tests {
             grace_ms: 0,
             max_leases: None,
         }
+    }
+
+    #[test]
+    fn a_sequence_below_the_memory_copy_grants_above_the_ceiling() {
+        let c = Ceiling {
+            value: 1024,
+            durable: true,
+            boot_id: "b".into(),
+        };
+        let next = |last, trust| next_token(last, Some(&c), "b", trust).unwrap();
+        assert_eq!(next(1, Trust::Cache), (2, None));
+        // Tokens up to 4 answered, the file says 1: above the ceiling.
+        assert_eq!(next(1, Trust::Lost(4)), (1025, Some(2048)));
+        // Nothing to compare with: the same, every grant.
+        assert_eq!(next(1, Trust::Unknown), (1025, Some(2048)));
+        assert_eq!(next(1030, Trust::Unknown), (1031, Some(2054)));
+        // No ceiling at all (a file that lost even its first one).
+        assert_eq!(
+            next_token(1, None, "b", Trust::Lost(4)).unwrap(),
+            (5, Some(1028))
+        );
     }
 
     #[test]

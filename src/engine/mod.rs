@@ -42,9 +42,11 @@ pub mod error;
 pub mod file;
 pub mod gate;
 pub mod history;
+pub mod postgres;
 pub mod rules;
 pub mod sqlite;
 pub mod store;
+pub mod witness;
 
 pub use api::{
     Granted, MAX_PAGE, parse_policy, validate_acquire, validate_grace, validate_holder,

@@ -37,6 +37,14 @@
 //! - SRC on another filesystem: a rename cannot be atomic there; refused
 //!   before anything is recorded ([`Error::CrossDevice`]).
 //! - A corrupt record is never guessed at: [`Error::CorruptRecord`].
+//! - DEST's directory swapped under the publisher (a symlink on its path
+//!   re-pointed between two directories): the directory is resolved once,
+//!   walked from `/` as the kernel's `protected_symlinks` rule would
+//!   (`crate::sys::walk`: a link another user owns or can re-point is
+//!   refused), and every later step (lock, record, rename, fsync) is
+//!   relative to that one descriptor, as SRC's rename is to its own
+//!   directory's. Resolved afresh at each step, a stale token could check
+//!   one directory's record and land in the other.
 //!
 //! The lock is advisory and local: every writer of DEST must go through this
 //! store, on a filesystem with working `flock` and `renameat2` (ext4, xfs,
@@ -44,13 +52,14 @@
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{FlockOperation, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, RenameFlags};
+
+use crate::sys::walk::{Dirs, Walk};
 
 use super::{FenceError, FencedStore, Superseded, admit};
 
@@ -226,7 +235,8 @@ impl DirStore {
     /// The highest token published to `name`, read without the lock.
     pub fn highest_of(&self, name: &OsStr) -> Result<Option<u64>, Error> {
         check_name(name)?;
-        read_record(&self.record_path(name))
+        let root = self.open_root()?;
+        read_record(&root, &hidden(name, RECORD_SUFFIX), &self.record_path(name))
     }
 
     /// Moves `src` (file, directory or symlink) to `ROOT/name` if `token` is
@@ -235,52 +245,55 @@ impl DirStore {
     pub fn publish(&self, src: &Path, name: &OsStr, token: u64) -> Result<Published, Error> {
         check_name(name)?;
         let dest = self.root.join(name);
-        let src_meta = match std::fs::symlink_metadata(src) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let root = self.open_root()?;
+        let source = |e: std::io::Error| Error::Source(src.to_path_buf(), e);
+        let src_at = WALK.parent(src).map_err(|e| match e {
+            crate::sys::walk::PathError::Open {
+                source: rustix::io::Errno::NOENT,
+                ..
+            } => Error::MissingSource(src.to_path_buf()),
+            e => source(std::io::Error::other(e)),
+        })?;
+        let src_st = match rustix::fs::statat(
+            &src_at.dir,
+            src_at.name.as_os_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => {
                 return Err(Error::MissingSource(src.to_path_buf()));
             }
-            Err(e) => return Err(Error::Source(src.to_path_buf(), e)),
+            Err(e) => return Err(source(e.into())),
         };
-        let root_meta =
-            std::fs::metadata(&self.root).map_err(|e| Error::DestDir(self.root.clone(), e))?;
-        if !root_meta.is_dir() {
-            return Err(Error::DestDir(
-                self.root.clone(),
-                std::io::Error::from(std::io::ErrorKind::NotADirectory),
-            ));
-        }
-        if src_meta.dev() != root_meta.dev() {
+        let root_st =
+            rustix::fs::fstat(&root).map_err(|e| Error::DestDir(self.root.clone(), e.into()))?;
+        if src_st.st_dev != root_st.st_dev {
             return Err(Error::CrossDevice {
                 src: src.to_path_buf(),
                 dest_dir: self.root.clone(),
             });
         }
 
-        let _lock = self.lock(name)?;
+        let _lock = self.lock(&root, name)?;
         let record = self.record_path(name);
-        let previous = read_record(&record)?;
+        let previous = read_record(&root, &hidden(name, RECORD_SUFFIX), &record)?;
         admit(token, previous)?;
-        self.write_record(name, &record, token)?;
+        self.write_record(&root, name, &record, token)?;
         if self.crash_after_record {
             std::process::abort();
         }
 
-        let moved = move_into_place(src, &src_meta, &dest)?;
-        sync_dir(&self.root).map_err(|e| Error::Sync(self.root.clone(), e))?;
-        let src_parent = parent_of(src);
-        if std::fs::canonicalize(&src_parent).ok() != std::fs::canonicalize(&self.root).ok() {
-            sync_dir(&src_parent).map_err(|e| Error::Sync(src_parent.clone(), e))?;
+        let from = (&src_at.dir, src_at.name.as_os_str());
+        let moved = move_into_place(from, src, &src_st, (&root, name), &dest)?;
+        rustix::fs::fsync(&root).map_err(|e| Error::Sync(self.root.clone(), e.into()))?;
+        let src_dir_st = rustix::fs::fstat(&src_at.dir).map_err(|e| source(e.into()))?;
+        if (src_dir_st.st_dev, src_dir_st.st_ino) != (root_st.st_dev, root_st.st_ino) {
+            rustix::fs::fsync(&src_at.dir).map_err(|e| Error::Sync(parent_of(src), e.into()))?;
         }
         let leftover = match moved {
-            Moved::Exchanged { old_is_dir } => {
-                let removed = if old_is_dir {
-                    std::fs::remove_dir_all(src)
-                } else {
-                    std::fs::remove_file(src)
-                };
-                removed.err().map(|e| (src.to_path_buf(), e))
-            }
+            Moved::Exchanged { old_is_dir } => remove_at(&src_at.dir, &src_at.name, old_is_dir)
+                .err()
+                .map(|e| (src.to_path_buf(), e)),
             Moved::Renamed { .. } => None,
         };
         Ok(Published {
@@ -293,11 +306,30 @@ impl DirStore {
         })
     }
 
+    /// DEST's directory, resolved once ([`WALK`]); every step of a
+    /// publication is relative to it.
+    fn open_root(&self) -> Result<OwnedFd, Error> {
+        WALK.dir(&self.root).map_err(|e| {
+            let io = match e {
+                crate::sys::walk::PathError::Open { source, .. } => source.into(),
+                crate::sys::walk::PathError::NotDirectory { .. } => {
+                    std::io::Error::from(std::io::ErrorKind::NotADirectory)
+                }
+                e => std::io::Error::other(e),
+            };
+            Error::DestDir(self.root.clone(), io)
+        })
+    }
+
     /// Takes the exclusive lock of `name`, waiting at most the lock timeout.
-    fn lock(&self, name: &OsStr) -> Result<std::fs::File, Error> {
+    fn lock(&self, root: &OwnedFd, name: &OsStr) -> Result<std::fs::File, Error> {
         let path = self.lock_path(name);
-        let file = open_side_file(&path, OFlags::CREATE | OFlags::WRONLY)
-            .map_err(|e| Error::Lock(path.clone(), e))?;
+        let file = open_side_file(
+            root,
+            &hidden(name, LOCK_SUFFIX),
+            OFlags::CREATE | OFlags::WRONLY,
+        )
+        .map_err(|e| Error::Lock(path.clone(), e))?;
         let deadline = Instant::now() + self.lock_timeout;
         let mut pause = Duration::from_millis(1);
         loop {
@@ -318,38 +350,48 @@ impl DirStore {
     /// Replaces the record with `token`: temp file, fsync, rename, fsync dir.
     /// The temp file has a random name and is created `O_EXCL | O_NOFOLLOW`
     /// relative to the open directory, so a planted link is never followed.
-    fn write_record(&self, name: &OsStr, record: &Path, token: u64) -> Result<(), Error> {
+    fn write_record(
+        &self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        record: &Path,
+        token: u64,
+    ) -> Result<(), Error> {
         let err = |e| Error::Record(record.to_path_buf(), e);
-        let dir: OwnedFd = rustix::fs::open(
-            &self.root,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| err(e.into()))?;
         let prefix = format!("{}-", hidden(name, TMP_SUFFIX).to_string_lossy());
-        let (mut f, tmp) = crate::sys::paths::create_temp(&dir, &prefix, 0o644).map_err(err)?;
+        let (mut f, tmp) = crate::sys::paths::create_temp(dir, &prefix, 0o644).map_err(err)?;
         let record_name = hidden(name, RECORD_SUFFIX);
         let written = f
             .write_all(format!("{token}\n").as_bytes())
             .and_then(|()| f.sync_all());
         drop(f);
         let renamed = written.and_then(|()| {
-            rustix::fs::renameat(&dir, tmp.as_str(), &dir, record_name.as_os_str())
+            rustix::fs::renameat(dir, tmp.as_str(), dir, record_name.as_os_str())
                 .map_err(std::io::Error::from)
         });
         if let Err(e) = renamed {
-            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), rustix::fs::AtFlags::empty());
+            let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
             return Err(err(e));
         }
-        rustix::fs::fsync(&dir).map_err(|e| err(e.into()))
+        rustix::fs::fsync(dir).map_err(|e| err(e.into()))
     }
 }
 
-/// Opens a side file (record, lock) without following a symlink and
-/// without blocking on a planted FIFO; it must be a regular file.
-fn open_side_file(path: &Path, flags: OFlags) -> std::io::Result<std::fs::File> {
-    let fd = rustix::fs::open(
-        path,
+/// How publish walks DEST's directory and SRC's: from `/`, following only
+/// the symlinks the kernel's `protected_symlinks` rule would trust; a sink
+/// directory may be shared, so directories themselves are not judged.
+const WALK: Walk = Walk {
+    dirs: Dirs::Any,
+    create: false,
+};
+
+/// Opens a side file (record, lock) in the store's directory without
+/// following a symlink and without blocking on a planted FIFO; it must be
+/// a regular file.
+fn open_side_file(dir: &OwnedFd, name: &OsStr, flags: OFlags) -> std::io::Result<std::fs::File> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
         flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o644),
     )
@@ -371,29 +413,66 @@ enum Moved {
     Exchanged { old_is_dir: bool },
 }
 
-fn move_into_place(src: &Path, src_meta: &std::fs::Metadata, dest: &Path) -> Result<Moved, Error> {
+fn move_into_place(
+    (src_dir, src_name): (&OwnedFd, &OsStr),
+    src: &Path,
+    src_st: &rustix::fs::Stat,
+    (dest_dir, dest_name): (&OwnedFd, &OsStr),
+    dest: &Path,
+) -> Result<Moved, Error> {
     let move_err = |e: std::io::Error| Error::Move {
         src: src.to_path_buf(),
         dest: dest.to_path_buf(),
         source: e,
     };
-    let cwd = rustix::fs::CWD;
-    match rustix::fs::renameat_with(cwd, src, cwd, dest, RenameFlags::NOREPLACE) {
+    let rename = |flags: RenameFlags| {
+        rustix::fs::renameat_with(src_dir, src_name, dest_dir, dest_name, flags)
+    };
+    match rename(RenameFlags::NOREPLACE) {
         Ok(()) => return Ok(Moved::Renamed { replaced: false }),
         Err(rustix::io::Errno::EXIST) => {}
         Err(e) => return Err(move_err(e.into())),
     }
-    let dest_meta = std::fs::symlink_metadata(dest).map_err(move_err)?;
-    if !src_meta.is_dir() && !dest_meta.is_dir() {
+    let dest_st = rustix::fs::statat(dest_dir, dest_name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| move_err(e.into()))?;
+    let is_dir = |st: &rustix::fs::Stat| st.st_mode & 0o170000 == 0o040000;
+    if !is_dir(src_st) && !is_dir(&dest_st) {
         // rename(2) replaces a non-directory atomically.
-        std::fs::rename(src, dest).map_err(move_err)?;
+        rename(RenameFlags::empty()).map_err(|e| move_err(e.into()))?;
         return Ok(Moved::Renamed { replaced: true });
     }
-    rustix::fs::renameat_with(cwd, src, cwd, dest, RenameFlags::EXCHANGE)
-        .map_err(|e| move_err(e.into()))?;
+    rename(RenameFlags::EXCHANGE).map_err(|e| move_err(e.into()))?;
     Ok(Moved::Exchanged {
-        old_is_dir: dest_meta.is_dir(),
+        old_is_dir: is_dir(&dest_st),
     })
+}
+
+/// Deletes the entry `name` of `dir` (a whole tree if `is_dir`), never
+/// following a symlink inside it.
+fn remove_at(dir: &OwnedFd, name: &OsStr, is_dir: bool) -> std::io::Result<()> {
+    if !is_dir {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(Into::into);
+    }
+    let sub = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut entries = Vec::new();
+    for e in rustix::fs::Dir::read_from(&sub)? {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        if n == b"." || n == b".." {
+            continue;
+        }
+        let child: OsString = std::os::unix::ffi::OsStringExt::from_vec(n.to_vec());
+        entries.push((child, e.file_type() == rustix::fs::FileType::Directory));
+    }
+    for (child, child_is_dir) in entries {
+        remove_at(&sub, &child, child_is_dir)?;
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).map_err(Into::into)
 }
 
 /// `.NAME` + suffix.
@@ -419,8 +498,8 @@ fn check_name(name: &OsStr) -> Result<(), Error> {
     Ok(())
 }
 
-fn read_record(path: &Path) -> Result<Option<u64>, Error> {
-    let read = open_side_file(path, OFlags::RDONLY).and_then(|f| {
+fn read_record(dir: &OwnedFd, name: &OsStr, path: &Path) -> Result<Option<u64>, Error> {
+    let read = open_side_file(dir, name, OFlags::RDONLY).and_then(|f| {
         use std::io::Read;
         let mut bytes: Vec<u8> = Vec::new();
         f.take(64).read_to_end(&mut bytes).map(|_| bytes)
@@ -446,11 +525,6 @@ fn parent_of(p: &Path) -> PathBuf {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     }
-}
-
-/// Makes a directory's entries durable.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Splits a DEST path into its store root and entry name.

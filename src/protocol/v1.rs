@@ -23,6 +23,10 @@ pub struct AcquireBody {
     pub on_expiry: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_ms: Option<u64>,
+    /// The caller's id while it waits ("Waiting"): 16 to 64 bytes of
+    /// `A-Z a-z 0-9 - _`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiter: Option<String>,
 }
 
 /// `POST /v1/renew` (and the lease part of release).
@@ -106,6 +110,17 @@ pub struct ErrorBody {
     pub retry_after_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
+    /// `not_leader`: the leader's URL as the replica knows it (`null`:
+    /// unknown). Outside input to a client: it follows only a URL it was
+    /// configured with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<Option<String>>,
+    /// `/healthz` of a replica that does not lead: `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<bool>,
+    /// A waiter's place in the task's queue, 1 for the first ("Waiting").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
 }
 
 impl ErrorBody {
@@ -148,6 +163,9 @@ pub enum ErrorCode {
     Overloaded,
     /// The principal holds as many leases as its cap allows (acquire).
     TooManyLeases,
+    /// A replica that does not lead (any lease call): transient, try the
+    /// leader it names or another replica.
+    NotLeader,
 }
 
 impl ErrorCode {
@@ -174,7 +192,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::BadRequest => 400,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::Unavailable | ErrorCode::Overloaded => 503,
+            ErrorCode::Unavailable | ErrorCode::Overloaded | ErrorCode::NotLeader => 503,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::Forbidden => 403,
             ErrorCode::TooManyLeases => 429,
@@ -194,6 +212,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::TooManyLeases => "too_many_leases",
+            ErrorCode::NotLeader => "not_leader",
         }
     }
 
@@ -212,6 +231,7 @@ impl ErrorCode {
             "forbidden" => ErrorCode::Forbidden,
             "overloaded" => ErrorCode::Overloaded,
             "too_many_leases" => ErrorCode::TooManyLeases,
+            "not_leader" => ErrorCode::NotLeader,
             _ => return None,
         })
     }
@@ -238,6 +258,7 @@ mod tests {
             (ErrorCode::Forbidden, 403),
             (ErrorCode::Overloaded, 503),
             (ErrorCode::TooManyLeases, 429),
+            (ErrorCode::NotLeader, 503),
         ];
         for (code, status) in all {
             assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
@@ -264,5 +285,23 @@ mod tests {
             serde_json::from_str(r#"{"error":"held","holder":"h","retry_after_ms":5}"#).unwrap();
         assert_eq!(held.code(), Some(ErrorCode::Held));
         assert_eq!(held.retry_after_ms, Some(5));
+        let nl: ErrorBody =
+            serde_json::from_str(r#"{"error":"not_leader","leader":"https://b:7878"}"#).unwrap();
+        assert_eq!(nl.code(), Some(ErrorCode::NotLeader));
+        assert_eq!(nl.leader, Some(Some("https://b:7878".into())));
+        let unknown: ErrorBody =
+            serde_json::from_str(r#"{"error":"not_leader","leader":null}"#).unwrap();
+        assert_eq!(
+            unknown.leader, None,
+            "null reads as absent: no leader to try"
+        );
+        let b = ErrorBody {
+            leader: Some(None),
+            ..ErrorBody::new(ErrorCode::NotLeader, "m")
+        };
+        assert_eq!(
+            serde_json::to_string(&b).unwrap(),
+            r#"{"error":"not_leader","message":"m","leader":null}"#
+        );
     }
 }

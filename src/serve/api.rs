@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use super::auth::{Action, Auth, Principal};
 use super::http::{Answer, Handler, Request, Response};
 use super::metrics::{self, Latency};
+use super::replica::{NotLeader, Replica, Term};
 use crate::engine::Granted;
 use crate::engine::batched::{BatchedEngine, COMMIT_WAIT, Queued};
 use crate::engine::rules::AcquireSpec;
@@ -19,7 +20,8 @@ use crate::protocol::v1::{ErrorBody, ErrorCode, HistoryBody, LeasesBody};
 
 /// The request handler of `serve`.
 pub struct Api {
-    pub engine: Arc<BatchedEngine>,
+    /// This replica: the engine of its term while it leads.
+    pub replica: Arc<Replica>,
     pub latency: Latency,
     pub auth: Arc<Auth>,
     pub conns: Arc<super::http::ConnStats>,
@@ -113,6 +115,17 @@ fn with_body(body: ErrorBody) -> Response {
     )
 }
 
+/// `409 held`, with a waiter's place in the queue when it has one.
+fn held(holder: String, retry_after_ms: u64, position: Option<u64>) -> Response {
+    with_body(ErrorBody {
+        message: Some(format!("the task is held by {holder}")),
+        holder: Some(holder),
+        retry_after_ms: Some(retry_after_ms),
+        position,
+        ..ErrorBody::new(ErrorCode::Held, "")
+    })
+}
+
 fn refusal(r: RefusalReason) -> Response {
     let message = match r {
         RefusalReason::Expired => "the lease expired before this request arrived",
@@ -129,12 +142,7 @@ fn engine_error(e: EngineError) -> Response {
         EngineError::Held {
             holder,
             retry_after_ms,
-        } => with_body(ErrorBody {
-            message: Some(format!("the task is held by {holder}")),
-            holder: Some(holder),
-            retry_after_ms: Some(retry_after_ms),
-            ..ErrorBody::new(ErrorCode::Held, "")
-        }),
+        } => held(holder, retry_after_ms, None),
         EngineError::HeldForOperator { holder, lease_id } => with_body(ErrorBody {
             message: Some(format!(
                 "lease {lease_id} of {holder} expired under policy hold; an operator must clear the task"
@@ -163,8 +171,20 @@ fn engine_error(e: EngineError) -> Response {
     }
 }
 
+/// A waiter id as lease protocol v1 defines it.
+fn valid_waiter(s: &str) -> bool {
+    (16..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 impl Api {
-    fn acquire(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
+    fn acquire(
+        &self,
+        engine: &BatchedEngine,
+        body: &[u8],
+        who: &Principal,
+    ) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
@@ -181,6 +201,17 @@ impl Api {
         };
         let grace_ms = opt_u64(&o, "grace_ms")?.unwrap_or(0);
         crate::engine::validate_grace(grace_ms).map_err(invalid)?;
+        // Lease protocol v1, "Waiting": the caller's place in the task's
+        // queue while it waits. `wait_ms` is checked, not needed: a waiter
+        // keeps its place by asking again.
+        let waiter = match field(&o, "waiter") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if valid_waiter(s) => Some(s.clone()),
+            Some(_) => {
+                return Err(bad("`waiter` must be 16 to 64 bytes of A-Z a-z 0-9 - _"));
+            }
+        };
+        opt_u64(&o, "wait_ms")?;
         let spec = AcquireSpec {
             task,
             principal: who.name.clone(),
@@ -190,7 +221,21 @@ impl Api {
             policy,
             grace_ms,
         };
-        let q = self.engine.acquire_queued(&spec).map_err(engine_error)?;
+        let q = match engine.acquire_queued(&spec, waiter.as_deref()) {
+            Ok(q) => q,
+            // A waiter is told its place ("Waiting").
+            Err(EngineError::Held {
+                holder,
+                retry_after_ms,
+            }) => {
+                let position = waiter
+                    .as_deref()
+                    .and_then(|w| engine.waiter_position(&spec.task, w))
+                    .and_then(|p| u64::try_from(p).ok());
+                return Err(held(holder, retry_after_ms, position));
+            }
+            Err(e) => return Err(engine_error(e)),
+        };
         Ok(Commit::Grant(q, spec.task))
     }
 
@@ -211,17 +256,24 @@ impl Api {
         Ok((id, token))
     }
 
-    fn renew(&self, body: &[u8], who: &Principal) -> Result<Response, Response> {
+    fn renew(
+        &self,
+        engine: &BatchedEngine,
+        body: &[u8],
+        who: &Principal,
+    ) -> Result<Response, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o, who)?;
-        let ttl = self
-            .engine
-            .renew(&id, token, &who.name)
-            .map_err(engine_error)?;
+        let ttl = engine.renew(&id, token, &who.name).map_err(engine_error)?;
         Ok(Response::json(200, format!("{{\"ttl_ms\":{ttl}}}")))
     }
 
-    fn release(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
+    fn release(
+        &self,
+        engine: &BatchedEngine,
+        body: &[u8],
+        who: &Principal,
+    ) -> Result<Commit, Response> {
         let o = object(body)?;
         let (id, token) = Self::lease_ref(&o, who)?;
         let outcome = req_str(&o, "outcome")?;
@@ -238,60 +290,76 @@ impl Api {
             },
             Some(_) => return Err(bad("`exit_code` must be null or a 32-bit integer")),
         };
-        let q = self
-            .engine
+        let q = engine
             .release_queued(&id, token, &who.name, Some(outcome), exit_code)
             .map_err(engine_error)?;
         Ok(Commit::Release(q))
     }
 
-    fn revoke(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
+    fn revoke(
+        &self,
+        engine: &BatchedEngine,
+        body: &[u8],
+        who: &Principal,
+    ) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
             return Err(forbidden());
         }
         let force = opt_bool(&o, "force")?;
-        let q = self
-            .engine
-            .revoke_queued(&task, force)
-            .map_err(engine_error)?;
+        let q = engine.revoke_queued(&task, force).map_err(engine_error)?;
         Ok(Commit::Revoke(q, task, force))
     }
 
-    fn clear(&self, body: &[u8], who: &Principal) -> Result<Commit, Response> {
+    fn clear(
+        &self,
+        engine: &BatchedEngine,
+        body: &[u8],
+        who: &Principal,
+    ) -> Result<Commit, Response> {
         let o = object(body)?;
         let task = task(&o)?;
         if !who.covers(&task) {
             return Err(forbidden());
         }
-        let q = self.engine.clear_queued(&task).map_err(engine_error)?;
+        let q = engine.clear_queued(&task).map_err(engine_error)?;
         Ok(Commit::Clear(q, task))
     }
 
     /// Waits for a change's commit, at most [`COMMIT_WAIT`].
-    async fn durable<T>(&self, q: Queued<T>) -> Result<T, EngineError> {
-        tokio::time::timeout(COMMIT_WAIT, self.engine.committed(q))
+    async fn durable<T>(engine: &BatchedEngine, q: Queued<T>) -> Result<T, EngineError> {
+        tokio::time::timeout(COMMIT_WAIT, engine.committed(q))
             .await
-            .unwrap_or_else(|_| Err(self.engine.commit_timed_out()))
+            .unwrap_or_else(|_| Err(engine.commit_timed_out()))
     }
 
-    /// Answers a change once it is committed.
-    async fn committed(&self, c: Commit) -> Response {
+    /// Answers a change once it is committed, if this replica still leads
+    /// the term that made it (else `not_leader`: a leader past its deadline
+    /// answers no lease call, even one whose commit it saw).
+    async fn committed(&self, term: Arc<Term>, c: Commit) -> Response {
+        let engine = &term.engine;
         let r = match c {
-            Commit::Release(q) => self.durable(q).await.map(|()| json!({})),
-            Commit::Grant(q, task) => self.durable(q).await.map(|g| {
+            Commit::Release(q) => Self::durable(engine, q).await.map(|()| json!({})),
+            Commit::Grant(q, task) => Self::durable(engine, q).await.map(|g| {
                 json!({"lease_id": g.lease_id, "task": task, "token": g.token, "ttl_ms": g.ttl_ms})
             }),
-            Commit::Revoke(q, task, force) => self
-                .durable(q)
+            Commit::Revoke(q, task, force) => Self::durable(engine, q)
                 .await
                 .map(|token| json!({"task": task, "token": token, "force": force})),
-            Commit::Clear(q, task) => self
-                .durable(q)
+            Commit::Clear(q, task) => Self::durable(engine, q)
                 .await
                 .map(|token| json!({"task": task, "token": token})),
         };
+        if !term.valid() {
+            return not_leader(
+                &self
+                    .replica
+                    .leading()
+                    .err()
+                    .unwrap_or(NotLeader { leader: None }),
+            );
+        }
         match r {
             Ok(v) => Response::json(200, v.to_string()),
             Err(e) => engine_error(e),
@@ -344,10 +412,10 @@ impl Api {
     }
 
     fn health(&self) -> Response {
-        if self.engine.healthy() {
-            Response::json(200, "{\"ok\":true}")
-        } else {
-            error(ErrorCode::Unavailable, "the lease database failed a commit")
+        match self.replica.leading() {
+            Ok(t) if t.engine.healthy() => Response::json(200, "{\"ok\":true}"),
+            Ok(_) => error(ErrorCode::Unavailable, "the lease database failed a commit"),
+            Err(nl) => super::standby::health(&nl),
         }
     }
 
@@ -376,46 +444,77 @@ impl Api {
             return Routed::Now(forbidden());
         }
         let body = &req.body[..];
-        let commit = |c: Result<Commit, Response>| c.map_or_else(Routed::Now, Routed::Commit);
+        // Lease calls and the listing need the leader (the spec's
+        // "Replicas": a standby answers them `not_leader`).
+        let term = match ep {
+            Endpoint::Renew
+            | Endpoint::Release
+            | Endpoint::Acquire
+            | Endpoint::Revoke
+            | Endpoint::Clear
+            | Endpoint::Leases => match self.replica.leading() {
+                Ok(t) => Some(t),
+                Err(nl) => return Routed::Now(not_leader(&nl)),
+            },
+            _ => None,
+        };
+        let commit = |c: Result<Commit, Response>| match (c, term.clone()) {
+            (Ok(c), Some(t)) => Routed::Commit(t, c),
+            (Err(r), _) => Routed::Now(r),
+            (Ok(_), None) => Routed::Now(error(ErrorCode::Unavailable, "no term")),
+        };
         let now = |r: Result<Response, Response>| Routed::Now(r.unwrap_or_else(|r| r));
-        match ep {
-            Endpoint::Renew => now(self.renew(body, &who)),
-            Endpoint::Release => commit(self.release(body, &who)),
-            Endpoint::Health => Routed::Now(self.health()),
-            Endpoint::Acquire => commit(self.acquire(body, &who)),
-            Endpoint::Revoke => commit(self.revoke(body, &who)),
-            Endpoint::Clear => commit(self.clear(body, &who)),
-            Endpoint::Leases => {
+        let engine = term.as_ref().map(|t| t.engine.clone());
+        match (ep, engine) {
+            (Endpoint::Renew, Some(e)) => now(self.renew(&e, body, &who)),
+            (Endpoint::Release, Some(e)) => commit(self.release(&e, body, &who)),
+            (Endpoint::Acquire, Some(e)) => commit(self.acquire(&e, body, &who)),
+            (Endpoint::Revoke, Some(e)) => commit(self.revoke(&e, body, &who)),
+            (Endpoint::Clear, Some(e)) => commit(self.clear(&e, body, &who)),
+            (Endpoint::Leases, Some(e)) => {
                 let query = req.query.clone();
-                Routed::Blocking(Box::new(move |api| api.list(query.as_deref(), &who)))
+                Routed::Blocking(Box::new(move |api| api.list(&e, query.as_deref(), &who)))
             }
-            Endpoint::History => {
+            (Endpoint::Renew | Endpoint::Release | Endpoint::Acquire, None)
+            | (Endpoint::Revoke | Endpoint::Clear | Endpoint::Leases, None) => {
+                Routed::Now(error(ErrorCode::Unavailable, "no term"))
+            }
+            (Endpoint::Health, _) => Routed::Now(self.health()),
+            (Endpoint::History, _) => {
                 let query = req.query.clone();
                 Routed::Blocking(Box::new(move |api| api.history(query.as_deref(), &who)))
             }
-            Endpoint::Status => Routed::Blocking(Box::new(move |api| {
-                api.status.page(&api.engine, &api.conns, &|t| who.covers(t))
+            (Endpoint::Status, _) => Routed::Blocking(Box::new(move |api| {
+                super::standby::status_page(&api.replica, &api.status, &api.conns, &|t| {
+                    who.covers(t)
+                })
             })),
-            Endpoint::Metrics => Routed::Blocking(Box::new(move |api| Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                headers: Vec::new(),
-                body: metrics::render(
-                    &api.engine,
-                    &api.latency,
-                    &api.conns,
-                    &api.auth.stats,
-                    &|t| who.covers(t),
-                    api.metrics_max_tasks,
-                )
-                .into_bytes(),
+            (Endpoint::Metrics, _) => Routed::Blocking(Box::new(move |api| {
+                let mut body = match api.replica.leading() {
+                    Ok(t) => metrics::render(
+                        &t.engine,
+                        &api.latency,
+                        &api.conns,
+                        &api.auth.stats,
+                        &|t| who.covers(t),
+                        api.metrics_max_tasks,
+                    ),
+                    Err(_) => super::standby::metrics(&api.conns),
+                };
+                super::standby::replica_metrics(&mut body, &api.replica);
+                Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4",
+                    headers: Vec::new(),
+                    body: body.into_bytes(),
+                }
             })),
         }
     }
 
     /// `GET /v1/leases[?limit=N&after=TASK]`: the leases in the caller's
     /// scope, sorted by task, without lease ids.
-    fn list(&self, query: Option<&str>, who: &Principal) -> Response {
+    fn list(&self, engine: &BatchedEngine, query: Option<&str>, who: &Principal) -> Response {
         let mut limit: usize = MAX_PAGE;
         let mut after: Option<String> = None;
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -439,7 +538,7 @@ impl Api {
         let mut leases: Vec<LeaseInfo> = Vec::new();
         let mut cursor = after;
         let more = loop {
-            let page = self.engine.leases_page(cursor.as_deref(), limit);
+            let page = engine.leases_page(cursor.as_deref(), limit);
             for mut l in page.leases.into_iter().filter(|l| who.covers(&l.task)) {
                 if leases.len() == limit {
                     break;
@@ -507,8 +606,13 @@ impl Api {
                 _ => return bad(format!("unknown query parameter `{k}`")),
             }
         }
+        let leading = self.replica.leading();
+        let pages = |t: Option<&str>, b: Option<u64>, n: usize| match &leading {
+            Ok(term) => term.engine.history_page(t, b, n),
+            Err(_) => self.replica.standby_history(t, b, n),
+        };
         let scan = super::status::history_in_scope(
-            &self.engine,
+            &pages,
             (task.as_deref(), after),
             limit,
             HISTORY_SCAN,
@@ -552,8 +656,8 @@ enum Commit {
 /// Where [`Api::route`] sent a request.
 enum Routed {
     Now(Response),
-    /// Answered once committed ([`Api::committed`]).
-    Commit(Commit),
+    /// Answered once committed ([`Api::committed`]), by the term that made it.
+    Commit(Arc<Term>, Commit),
     /// Answered on a blocking thread, by this.
     Blocking(Box<dyn FnOnce(&Api) -> Response + Send>),
 }
@@ -570,6 +674,12 @@ enum Endpoint {
     Status,
     Metrics,
     Health,
+}
+
+/// A lease call to a replica that does not lead: `503 not_leader`, naming
+/// the leader as this replica last saw it (the spec's "Replicas").
+fn not_leader(nl: &NotLeader) -> Response {
+    super::standby::not_leader(nl)
 }
 
 fn forbidden() -> Response {
@@ -616,8 +726,8 @@ impl Handler for Api {
                 self.latency.observe(start.elapsed());
                 Answer::Now(r)
             }
-            Routed::Commit(c) => Answer::Later(Box::pin(async move {
-                let r = self.committed(c).await;
+            Routed::Commit(t, c) => Answer::Later(Box::pin(async move {
+                let r = self.committed(t, c).await;
                 self.latency.observe(start.elapsed());
                 r
             })),

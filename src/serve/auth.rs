@@ -20,7 +20,7 @@
 //!   regular file reached without following a symlink at its last
 //!   component, owned by root or by the user serve runs as, not writable by
 //!   group or others, in a directory chain no other user can write to
-//!   ([`crate::sys::paths::open_checked_dir`]).
+//!   ([`crate::sys::paths::open_checked_file`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,8 +15,11 @@ pub mod certnames;
 pub mod cursor;
 pub mod guard;
 pub mod http;
+pub mod leader;
 pub mod loops;
 pub mod metrics;
+pub mod replica;
+pub mod standby;
 pub mod status;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -28,6 +31,7 @@ use std::time::Duration;
 use crate::engine::EngineError;
 use crate::engine::batched::BatchedEngine;
 use crate::engine::sqlite::SqliteStore;
+use replica::Replica;
 
 /// Arguments of `leaseagent serve` (flags and help: `cmd::defs::SERVE`).
 #[derive(Debug, Clone, Default)]
@@ -35,8 +39,20 @@ pub struct ServeArgs {
     /// `--listen`: address to listen on; anything but loopback needs TLS and
     /// an auth file, or `--insecure-listen`.
     pub listen: String,
-    /// `--db`: the SQLite database file.
+    /// `--db`: the SQLite database file (empty with `--store`).
     pub db: PathBuf,
+    /// `--store`: a PostgreSQL URL that several replicas share.
+    pub store: Option<String>,
+    /// `--store-password-file`: the store's password (mode 0600).
+    pub store_password_file: Option<PathBuf>,
+    /// `--store-allow-async`: run on a store replicating asynchronously.
+    pub store_allow_async: bool,
+    /// `--advertise`: the URL clients reach this replica at (named to them
+    /// by standbys); default: the listening address.
+    pub advertise: Option<String>,
+    /// `--leader-ttl`: how long a leadership lasts past its last confirmed
+    /// renewal.
+    pub leader_ttl: Duration,
     /// `--tls-cert`, `--tls-key`: serve HTTPS (both or neither).
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -118,6 +134,14 @@ pub enum ServeError {
         #[source]
         source: crate::sys::paths::PathError,
     },
+    /// A certificate file (`--tls-cert`, `--client-ca`) reached through a
+    /// link or a directory another user controls (`sys::walk`).
+    #[error("{flag} {source}")]
+    CertFile {
+        flag: &'static str,
+        #[source]
+        source: crate::sys::paths::PathError,
+    },
     /// `--db`'s file or a directory above it is not safe.
     #[error("--db {}: {source}", path.display())]
     DbFile {
@@ -183,6 +207,16 @@ pub enum ServeError {
         path: PathBuf,
         #[source]
         source: crate::engine::EngineError,
+    },
+    /// `--store`'s URL or password file cannot be used.
+    #[error("{0}")]
+    StoreConfig(#[source] crate::engine::postgres::connect::ConfigError),
+    /// The PostgreSQL store could not be prepared (reached, migrated).
+    #[error("--store {url}: {}", crate::engine::error::chain(source))]
+    Store {
+        url: String,
+        #[source]
+        source: crate::engine::error::StoreError,
     },
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -325,8 +359,18 @@ fn read_certs(
 ) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, ServeError> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+    use std::io::Read;
+    // Walked from `/` as the kernel's protected_symlinks rule would
+    // (`sys::walk`): a link another user owns or can re-point is refused.
+    let (fd, _) = crate::sys::paths::open_checked_file_following(path)
+        .map_err(|source| ServeError::CertFile { flag, source })?;
+    let mut pem = Vec::new();
+    std::fs::File::from(fd)
+        .take(4 << 20)
+        .read_to_end(&mut pem)
+        .map_err(|e| pem_error(flag, path)(rustls_pki_types::pem::Error::Io(e)))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(pem_error(flag, path))?;
     if certs.is_empty() {
         return Err(ServeError::NoCertificate {
@@ -386,24 +430,101 @@ fn serve(args: &ServeArgs) -> Result<(), ServeError> {
     let status_addr = status_address(args)?;
     let names = Arc::new(host_names(args, cert_names.as_ref()));
     raise_nofile();
-    let engine = open_engine(args)?;
     let rt = build_runtime()?;
+    // The store's own runtime (PostgreSQL's client), when there is one.
+    let store_rt = match &args.store {
+        Some(_) => Some(build_store_runtime()?),
+        None => None,
+    };
+    let listen_err = |source| ServeError::Listen {
+        listen: args.listen.clone(),
+        source,
+    };
+    // Bound first: the URL a replica advertises has the port it got.
+    let listener = {
+        let _in_rt = rt.enter();
+        listen(addr).map_err(listen_err)?
+    };
+    let local = listener.local_addr().map_err(listen_err)?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{local}"));
+    let replica = open_replica(
+        args,
+        store_rt.as_ref().map(|r| r.handle().clone()),
+        advertise,
+    )?;
     let stop_rx = watch_signals(auth.clone())?;
     let listeners = Listeners {
-        addr,
+        listener,
         status_addr,
         tls,
         names,
     };
-    run(args, listeners, auth, engine, rt, stop_rx)
+    let served = run(args, listeners, auth, replica.clone(), rt, stop_rx);
+    replica.shutdown();
+    if let Some(rt) = store_rt {
+        rt.shutdown_timeout(Duration::from_secs(1));
+    }
+    served
 }
 
-/// Where and how `serve` listens.
+/// Where and how `serve` listens: the API's listener, bound already (the
+/// URL a replica advertises has its port), and the status listener's
+/// address.
 struct Listeners {
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     status_addr: Option<SocketAddr>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     names: Arc<guard::HostNames>,
+}
+
+/// The PostgreSQL client's runtime: one worker drives every connection;
+/// the threads that use the store block on it (`engine/postgres/conn.rs`).
+fn build_store_runtime() -> Result<tokio::runtime::Runtime, ServeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("store")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(ServeError::Runtime)
+}
+
+/// This replica: on SQLite (`--db`) the one engine, always leading; on
+/// PostgreSQL (`--store`) a standby whose leadership thread takes over
+/// when it may.
+fn open_replica(
+    args: &ServeArgs,
+    store_rt: Option<tokio::runtime::Handle>,
+    advertise: String,
+) -> Result<Arc<Replica>, ServeError> {
+    let (Some(url), Some(rt)) = (&args.store, store_rt) else {
+        let engine = open_engine(args)?;
+        return Ok(Replica::single(engine, advertise));
+    };
+    let env = |k: &str| std::env::var(k).ok();
+    let mut cfg =
+        crate::engine::postgres::connect::configure(url, args.store_password_file.as_deref(), &env)
+            .map_err(ServeError::StoreConfig)?;
+    cfg.idle_tx_ms = (crate::time::ms(args.leader_ttl) / 2).max(1000);
+    let store_err = |source| ServeError::Store {
+        url: url.clone(),
+        source,
+    };
+    crate::engine::postgres::PgStore::prepare(&cfg, &rt, args.store_allow_async)
+        .map_err(store_err)?;
+    let limits = engine_limits(args);
+    let config = replica::Replicated {
+        cfg,
+        rt,
+        limits,
+        timing: leader::Timing::for_ttl(crate::time::ms(args.leader_ttl)),
+        allow_async: args.store_allow_async,
+    };
+    Replica::replicated(config, advertise).map_err(ServeError::Loops)
 }
 
 /// Resolves `--status-listen`: loopback only, whatever else is configured.
@@ -454,20 +575,15 @@ fn listen_address(
     Ok(addr)
 }
 
-fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
-    // Created 0600, no symlink followed, no directory on the path writable
-    // by another user; SQLite then opens it through the checked directory.
-    crate::sys::paths::prepare_db_file(&args.db).map_err(|source| ServeError::DbFile {
-        path: args.db.clone(),
-        source,
-    })?;
+/// The engine's bounds, whichever store is behind it.
+fn engine_limits(args: &ServeArgs) -> crate::engine::batched::Limits {
     let mut history = args.history;
     if args.auth_file.is_none() {
         // Every client is one principal: the per-principal bound would
         // only shrink the one history there is.
         history.max_rows_per_principal = history.max_rows;
     }
-    let limits = crate::engine::batched::Limits {
+    crate::engine::batched::Limits {
         max_live_leases: args.max_leases,
         history,
         // Without an auth file every client is one principal: no cap on
@@ -476,12 +592,21 @@ fn open_engine(args: &ServeArgs) -> Result<Arc<BatchedEngine>, ServeError> {
             .auth_file
             .is_some()
             .then_some(args.max_new_tasks_per_hour),
-    };
+    }
+}
+
+fn open_engine(args: &ServeArgs) -> Result<BatchedEngine, ServeError> {
+    // Created 0600, no symlink followed, no directory on the path writable
+    // by another user; SQLite then opens it through the checked directory.
+    crate::sys::paths::prepare_db_file(&args.db).map_err(|source| ServeError::DbFile {
+        path: args.db.clone(),
+        source,
+    })?;
+    let limits = engine_limits(args);
     // The store behind the engine's storage seam: the SQLite file.
     SqliteStore::open(&args.db)
         .map_err(EngineError::from)
         .and_then(|store| BatchedEngine::start(store, limits))
-        .map(Arc::new)
         .map_err(|source| ServeError::Database {
             path: args.db.clone(),
             source,
@@ -531,12 +656,12 @@ fn run(
     args: &ServeArgs,
     listeners: Listeners,
     auth: Arc<auth::Auth>,
-    engine: Arc<BatchedEngine>,
+    replica: Arc<Replica>,
     rt: tokio::runtime::Runtime,
     stop_rx: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let Listeners {
-        addr,
+        listener,
         status_addr,
         tls,
         names,
@@ -561,9 +686,9 @@ fn run(
         ..limits.clone()
     };
     let conns = Arc::new(http::ConnStats::default());
-    let status = Arc::new(status::Status::new(&engine, args.status_held_alert));
+    let status = Arc::new(status::Status::new(args.status_held_alert));
     let api = Arc::new(api::Api {
-        engine: engine.clone(),
+        replica: replica.clone(),
         latency: metrics::Latency::default(),
         auth,
         conns: conns.clone(),
@@ -572,13 +697,16 @@ fn run(
         metrics_max_tasks: args.metrics_max_tasks,
         cursors: cursor::Sealer::new().map_err(ServeError::Random)?,
     });
-    let status_only = Arc::new(status::StatusOnly {
-        engine: engine.clone(),
+    let status_only = Arc::new(standby::StatusOnly {
+        replica: replica.clone(),
         conns: conns.clone(),
         status,
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let db = args.db.display().to_string();
+    let db = match &args.store {
+        Some(url) => format!("store {url}, advertised as {}", replica.url),
+        None => format!("db {}", args.db.display()),
+    };
     let loops = loops::Loops::start(loops::count()).map_err(ServeError::Loops)?;
     let handles = loops.handles().to_vec();
     let listen_err = |source| ServeError::Listen {
@@ -590,9 +718,8 @@ fn run(
         source,
     };
     let served = rt.block_on(async move {
-        let listener = listen(addr).map_err(listen_err)?;
         let local = listener.local_addr().map_err(listen_err)?;
-        eprintln!("{LISTENING}{scheme}://{local} (db {db})");
+        eprintln!("{LISTENING}{scheme}://{local} ({db})");
         let status_server = match status_addr {
             None => None,
             Some(a) => {
@@ -619,7 +746,6 @@ fn run(
     });
     loops.stop();
     rt.shutdown_timeout(Duration::from_secs(1));
-    engine.shutdown();
     served
 }
 

@@ -92,10 +92,17 @@ fn ago(ms: u64) -> String {
 }
 
 impl Status {
-    pub fn new(engine: &BatchedEngine, held_alert: Duration) -> Self {
+    pub fn new(held_alert: Duration) -> Self {
         Status {
             held_alert,
-            samples: Mutex::new(VecDeque::from([sample(engine)])),
+            // The counters start at zero with the process (a replica's
+            // go on across its terms as leader): the first sample.
+            samples: Mutex::new(VecDeque::from([Sample {
+                at: Instant::now(),
+                grants: 0,
+                refused: 0,
+                acquire_refused: 0,
+            }])),
         }
     }
 
@@ -122,14 +129,20 @@ impl Status {
         )
     }
 
-    /// The page, showing the tasks `covers` accepts.
+    /// The page, showing the tasks `covers` accepts, with `extra` (HTML:
+    /// the leadership of replicas) after its figures.
     pub fn page(
         &self,
         engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
+        extra: &str,
     ) -> Response {
-        let body = self.render(engine, conns, covers);
+        self.wrap(self.render(engine, conns, covers, extra))
+    }
+
+    /// An HTML page as the answer, with the page's headers.
+    pub fn wrap(&self, body: String) -> Response {
         Response {
             status: 200,
             content_type: "text/html; charset=utf-8",
@@ -154,6 +167,7 @@ impl Status {
         engine: &BatchedEngine,
         conns: &ConnStats,
         covers: &dyn Fn(&str) -> bool,
+        extra: &str,
     ) -> String {
         let now = wall_ms();
         let (grants, refused, acq_refused) = self.rates(sample(engine));
@@ -182,6 +196,7 @@ impl Status {
             if engine.healthy() { "up" } else { "FAILED" },
             conns.open.load(Ordering::Relaxed),
         );
+        h.push_str(extra);
         self.held_section(&mut h, engine, covers, now);
         leases_section(&mut h, engine, covers, now);
         recent_section(&mut h, engine, covers, now);
@@ -307,7 +322,8 @@ fn leases_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
 
 fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) -> bool, now: u64) {
     h.push_str("<h2>Recent attempts</h2>");
-    let recent = match history_in_scope(engine, (None, None), RECENT, RECENT_SCAN, covers) {
+    let pages = |t: Option<&str>, b: Option<u64>, n: usize| engine.history_page(t, b, n);
+    let recent = match history_in_scope(&pages, (None, None), RECENT, RECENT_SCAN, covers) {
         Ok((r, _)) => r,
         Err(e) => {
             let _ = write!(h, "<p>history unavailable: {}</p>", esc(&e.to_string()));
@@ -342,6 +358,15 @@ fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
     h.push_str("</table>");
 }
 
+/// Where pages of history come from: the leading engine, or a standby's
+/// reader of the store (`(task, before, limit)`, newest first).
+pub type HistoryPages<'a> = dyn Fn(
+        Option<&str>,
+        Option<u64>,
+        usize,
+    ) -> Result<Vec<crate::engine::history::Record>, crate::engine::EngineError>
+    + 'a;
+
 /// Up to `limit` attempts that `covers` accepts, newest first, below
 /// `before` (of `task`, or of all), reading at most `max_scan` rows; and
 /// the token to resume below when more may remain (the last row read,
@@ -349,7 +374,7 @@ fn recent_section(h: &mut String, engine: &BatchedEngine, covers: &dyn Fn(&str) 
 /// Scope is applied before the cut: a page is never emptied by rows the
 /// caller may not see. Used by the page and by `/v1/history`.
 pub fn history_in_scope(
-    engine: &BatchedEngine,
+    pages: &HistoryPages,
     (task, mut before): (Option<&str>, Option<u64>),
     limit: usize,
     max_scan: usize,
@@ -360,7 +385,7 @@ pub fn history_in_scope(
     let mut scanned = 0;
     while scanned < max_scan {
         let want = CHUNK.min(max_scan - scanned);
-        let rows = engine.history_page(task, before, want)?;
+        let rows = pages(task, before, want)?;
         let more = rows.len() == want;
         for r in rows {
             scanned += 1;
@@ -377,37 +402,6 @@ pub fn history_in_scope(
         }
     }
     Ok((out, before))
-}
-
-/// The handler of `--status-listen`: the page, for everyone, and nothing
-/// else (the listener is loopback-only; see the module doc).
-pub struct StatusOnly {
-    pub engine: std::sync::Arc<BatchedEngine>,
-    pub conns: std::sync::Arc<ConnStats>,
-    pub status: std::sync::Arc<Status>,
-}
-
-impl super::http::Handler for StatusOnly {
-    fn answer(self: std::sync::Arc<Self>, req: &super::http::Request) -> super::http::Answer {
-        use super::http::Answer;
-        if req.path != "/" {
-            return Answer::Now(Response::error(
-                404,
-                "not_found",
-                "the status listener serves only /",
-            ));
-        }
-        if req.method != "GET" && req.method != "HEAD" {
-            return Answer::Now(Response::error(
-                405,
-                "method_not_allowed",
-                &format!("{} is not allowed on /", req.method),
-            ));
-        }
-        Answer::Blocking(Box::new(move || {
-            self.status.page(&self.engine, &self.conns, &|_| true)
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
 //! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`),
 //! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
-//! the user lookups and the uid switch of `--user` (`user`). Also: where
-//! state and runtime files
+//! the user lookups and the uid switch of `--user` (`user`). Also: walking
+//! configured paths as the kernel's `protected_symlinks` rule would
+//! (`walk`), where state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
@@ -27,3 +28,4 @@ pub mod spawn;
 pub mod sqlite_at;
 #[allow(unsafe_code)]
 pub mod user;
+pub mod walk;

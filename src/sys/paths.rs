@@ -13,19 +13,13 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 
-/// Neither `LEASEAGENT_STATE_DIR` nor anything to derive a state directory
-/// from is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("no state directory: set LEASEAGENT_STATE_DIR (or HOME)")]
-pub struct NoStateDir;
-
 /// The state directory (not created).
 pub fn state_dir() -> Result<PathBuf, NoStateDir> {
     if let Some(d) = std::env::var_os("LEASEAGENT_STATE_DIR").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
     }
     if rustix::process::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/leaseagent"));
+        return Ok(PathBuf::from(ROOT_STATE_DIR));
     }
     if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d).join("leaseagent"));
@@ -40,153 +34,31 @@ pub fn state_dir() -> Result<PathBuf, NoStateDir> {
 //
 // Another local user must not be able to make the agent write through a
 // symlink or into a directory they control. The rules:
+// - every configured path is walked from `/` one component at a time
+//   ([`super::walk`]): a symlink is followed only if root or this user owns
+//   it and it sits in a directory no one else can change (the kernel's
+//   `protected_symlinks` rule, whatever the sysctl says), and no directory
+//   on the way may be writable by another user (root's sticky `/tmp`
+//   excepted);
 // - a private directory (the runtime dir, the state dir, the embedded
-//   database's dir) is opened `O_DIRECTORY | O_NOFOLLOW` and checked on the
-//   open descriptor: owned by this user, not writable by group or others
-//   (the runtime dir, in a shared place, must be exactly 0700). New ones are
-//   made 0700. A directory that fails is refused with a message naming it;
-//   nothing is ever written through it.
-// - files in it are created relative to the open directory descriptor,
+//   database's dir) is then checked on the descriptor the walk ends with:
+//   owned by this user, not writable by group or others (the runtime dir,
+//   in a shared place, must be exactly 0700). New ones are made 0700. A
+//   directory that fails is refused with a message naming it; nothing is
+//   ever written through it.
+// - files in it are created relative to that descriptor,
 //   `O_CREAT | O_EXCL | O_NOFOLLOW` with a random name ([`create_temp`]),
 //   then renamed over the final name: a planted symlink is never followed,
 //   and there is no window between a check and a use.
 
-/// Why a private directory was refused.
-#[derive(Debug, thiserror::Error)]
-#[error("refusing directory {}: {why}", dir.display())]
-pub struct DirRefused {
-    pub dir: PathBuf,
-    #[source]
-    pub why: DirProblem,
-}
+pub use super::walk::{DirProblem, DirRefused, NoStateDir, PathError};
+use super::walk::{Dirs, Walk};
 
-/// What is wrong with a directory [`open_private_dir`] refused.
-#[derive(Debug, thiserror::Error)]
-pub enum DirProblem {
-    #[error("cannot create it: {0}")]
-    Create(#[source] std::io::Error),
-    /// `O_NOFOLLOW | O_DIRECTORY` failed: a planted link, or a file.
-    #[error("it is a symlink or not a directory")]
-    Symlink,
-    #[error("cannot open it: {0}")]
-    Open(#[source] rustix::io::Errno),
-    #[error("cannot stat it: {0}")]
-    Stat(#[source] rustix::io::Errno),
-    #[error("owned by uid {uid}, not by this user (uid {me})")]
-    NotOwned { uid: u32, me: u32 },
-    #[error("mode {mode:04o} lets other users write to it (chmod go-w)")]
-    Loose { mode: u32 },
-    /// The rule is [`DirRule::Exactly0700`].
-    #[error("mode {mode:04o}, expected 0700")]
-    NotPrivate { mode: u32 },
-}
-
-/// Why a path under a private directory cannot be used (see
-/// [`runtime_dir`] and [`prepare_db_file`]). A file's messages name it.
-#[derive(Debug, thiserror::Error)]
-pub enum PathError {
-    #[error(transparent)]
-    NoStateDir(#[from] NoStateDir),
-    #[error(transparent)]
-    Dir(#[from] DirRefused),
-    #[error("{}: not a file name", path.display())]
-    NotAFile { path: PathBuf },
-    #[error("refusing {}: it is a symlink", path.display())]
-    Symlink { path: PathBuf },
-    #[error("cannot open {}: {source}", path.display())]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: rustix::io::Errno,
-    },
-    #[error("{}: {source}", path.display())]
-    Stat {
-        path: PathBuf,
-        #[source]
-        source: rustix::io::Errno,
-    },
-    #[error("refusing {}: not a regular file", path.display())]
-    NotRegular { path: PathBuf },
-    #[error("refusing {}: owned by uid {uid}, not by this user (uid {me})", path.display())]
-    NotOwned { path: PathBuf, uid: u32, me: u32 },
-    #[error("cannot resolve {}: {source}", path.display())]
-    Resolve {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A directory on the path that another user could write to: they
-    /// could replace what is in it (ssh's rule for `~/.ssh`).
-    #[error(
-        "refusing {}: owned by uid {uid} with mode {mode:04o}, so another user can change what is in it",
-        path.display()
-    )]
-    UnsafeDir { path: PathBuf, uid: u32, mode: u32 },
-    #[error("refusing {}: it changed while it was being checked", path.display())]
-    Changed { path: PathBuf },
-    #[error("cannot give {} to group {gid}: {source}", path.display())]
-    Group {
-        path: PathBuf,
-        gid: u32,
-        #[source]
-        source: rustix::io::Errno,
-    },
-}
-
-/// Opens `dir` through a chain of descriptors from `/`, one component at a
-/// time with `O_NOFOLLOW`, checking each directory on the descriptor that
-/// the next step uses: owned by root or by this user, and not writable by
-/// group or others, except a root-owned sticky directory such as `/tmp`
-/// (there nobody can rename or remove what they do not own). Symlinks in
-/// `dir` are resolved first (as ssh does with `realpath`), then the walk
-/// refuses any that appears. The returned descriptor is the directory that
-/// was checked: open files in it with `*at` calls, never by name again.
+/// Walks to the directory `dir` from `/` under [`super::walk`]'s rules for
+/// trusted paths (a root-owned sticky `/tmp` allowed) and opens it: use the
+/// descriptor (`*at` calls), never the name again.
 pub fn open_checked_dir(dir: &Path) -> Result<OwnedFd, PathError> {
-    use std::path::Component;
-    let real = std::fs::canonicalize(dir).map_err(|source| PathError::Resolve {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-    let me = rustix::process::geteuid().as_raw();
-    let mut shown = PathBuf::from("/");
-    let mut fd = rustix::fs::open("/", flags, Mode::empty()).map_err(|source| PathError::Open {
-        path: shown.clone(),
-        source,
-    })?;
-    let check = |fd: &OwnedFd, shown: &Path| -> Result<(), PathError> {
-        let st = rustix::fs::fstat(fd).map_err(|source| PathError::Stat {
-            path: shown.to_path_buf(),
-            source,
-        })?;
-        let mode = st.st_mode & 0o7777;
-        let owner_ok = st.st_uid == 0 || st.st_uid == me;
-        let sticky_root = st.st_uid == 0 && mode & 0o1000 != 0;
-        if !owner_ok || (mode & 0o022 != 0 && !sticky_root) {
-            return Err(PathError::UnsafeDir {
-                path: shown.to_path_buf(),
-                uid: st.st_uid,
-                mode,
-            });
-        }
-        Ok(())
-    };
-    check(&fd, &shown)?;
-    for c in real.components() {
-        let Component::Normal(name) = c else { continue };
-        shown.push(name);
-        fd = rustix::fs::openat(&fd, name, flags, Mode::empty()).map_err(|e| match e {
-            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => PathError::Changed {
-                path: shown.clone(),
-            },
-            source => PathError::Open {
-                path: shown.clone(),
-                source,
-            },
-        })?;
-        check(&fd, &shown)?;
-    }
-    Ok(fd)
+    Walk::TRUSTED.dir(dir)
 }
 
 /// How strict [`open_private_dir`] is about the mode.
@@ -198,45 +70,40 @@ pub enum DirRule {
     Exactly0700,
 }
 
-/// Creates `dir` (0700, with any missing parents 0700) if it does not
-/// exist, then opens and checks it. The returned descriptor is the
-/// directory that was checked: use it (`*at` calls), not the path.
-pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, DirRefused> {
-    use std::os::unix::fs::DirBuilderExt;
+/// Walks to `dir` from `/` ([`super::walk`]'s rules for trusted paths), creating it and any
+/// missing parents 0700, then checks that this user owns it and, by
+/// `rule`, that no one else may write to it. The returned descriptor is
+/// the directory that was checked: use it (`*at` calls), not the path.
+pub fn open_private_dir(dir: &Path, rule: DirRule) -> Result<OwnedFd, PathError> {
+    let fd = Walk {
+        dirs: Dirs::Trusted,
+        create: true,
+    }
+    .dir(dir)?;
+    check_private(&fd, dir, rule)?;
+    Ok(fd)
+}
+
+/// The private-directory rule on an open directory.
+fn check_private(fd: &OwnedFd, dir: &Path, rule: DirRule) -> Result<(), PathError> {
     let refused = |why: DirProblem| DirRefused {
         dir: dir.to_path_buf(),
         why,
     };
-    if std::fs::symlink_metadata(dir).is_err() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| refused(DirProblem::Create(e)))?;
-    }
-    let fd = rustix::fs::open(
-        dir,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => refused(DirProblem::Symlink),
-        e => refused(DirProblem::Open(e)),
-    })?;
-    let st = rustix::fs::fstat(&fd).map_err(|e| refused(DirProblem::Stat(e)))?;
+    let st = super::walk::stat(fd, dir)?;
     let me = rustix::process::geteuid().as_raw();
     if st.st_uid != me {
-        return Err(refused(DirProblem::NotOwned { uid: st.st_uid, me }));
+        return Err(refused(DirProblem::NotOwned { uid: st.st_uid, me }).into());
     }
     let mode = st.st_mode & 0o7777;
     match rule {
         DirRule::NotWritableByOthers if mode & 0o022 != 0 => {
-            Err(refused(DirProblem::Loose { mode }))
+            Err(refused(DirProblem::Loose { mode }).into())
         }
         DirRule::Exactly0700 if mode & 0o777 != 0o700 => {
-            Err(refused(DirProblem::NotPrivate { mode }))
+            Err(refused(DirProblem::NotPrivate { mode }).into())
         }
-        _ => Ok(fd),
+        _ => Ok(()),
     }
 }
 
@@ -377,22 +244,35 @@ impl GroupRunDir {
 }
 
 /// Opens an existing file to read it, as a file that grants something
-/// must be opened (the auth file, a private key): its directory chain is
-/// checked ([`open_checked_dir`]), the file is opened relative to that
-/// descriptor without following a symlink, and it must be a regular file.
-/// Returns the descriptor and its status, for the caller's owner and mode
-/// rules.
+/// must be opened (the auth file, a private key): the path to its
+/// directory is walked from `/` ([`super::walk`]'s rules for trusted
+/// paths), the file is opened
+/// relative to that descriptor without following a symlink, and it must
+/// be a regular file. Returns the descriptor and its status, for the
+/// caller's owner and mode rules.
 pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), PathError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| PathError::NotAFile {
-        path: path.to_path_buf(),
-    })?;
-    let dirfd = open_checked_dir(dir)?;
+    let p = Walk::TRUSTED.parent(path)?;
+    open_in(&p.dir, &p.name, path)
+}
+
+/// [`open_checked_file`], but a symlink at the end is followed when the
+/// walk's rule allows it (a certificate that is a link managed by root,
+/// as certbot's are): for files that may be links, never for the auth
+/// file.
+pub fn open_checked_file_following(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), PathError> {
+    let p = Walk::TRUSTED.file(path)?;
+    open_in(&p.dir, &p.name, path)
+}
+
+/// Opens the regular file `name` in the checked directory `dir` to read
+/// it, without following a symlink or blocking on a FIFO.
+fn open_in(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    path: &Path,
+) -> Result<(OwnedFd, rustix::fs::Stat), PathError> {
     let fd = rustix::fs::openat(
-        &dirfd,
+        dir,
         name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
         Mode::empty(),
@@ -406,11 +286,8 @@ pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), Pat
             source,
         },
     })?;
-    let st = rustix::fs::fstat(&fd).map_err(|source| PathError::Stat {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    if st.st_mode & 0o170000 != 0o100000 {
+    let st = super::walk::stat(&fd, path)?;
+    if !super::walk::is_regular(st.st_mode) {
         return Err(PathError::NotRegular {
             path: path.to_path_buf(),
         });
@@ -418,53 +295,47 @@ pub fn open_checked_file(path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), Pat
     Ok((fd, st))
 }
 
+/// Root's default state directory (the contract's); `leaseagent@.service`,
+/// whose agent is root, shares it (its `StateDirectory=`).
+pub const ROOT_STATE_DIR: &str = "/var/lib/leaseagent";
+
 /// Prepares an embedded database file (the embedded authority's, and
-/// `serve --db`): its directory (symlinks in its path resolved) is checked
-/// (owned by this user, not writable by others; made 0700 if missing), and
-/// so is every directory
-/// above it ([`open_checked_dir`]: none writable by another user, root's
-/// sticky `/tmp` excepted); the file and its WAL/SHM companions are created
-/// 0600 without following symlinks if missing; an existing one must be a
-/// regular file owned by this user. The checked directory descriptor is
-/// registered ([`crate::sys::sqlite_at`]), so SQLite opens the file and its
+/// `serve --db`): the path to its directory is walked from `/`
+/// ([`super::walk`]'s rules for trusted paths; missing directories are made 0700), the
+/// directory must be this user's and not writable by others, and on a
+/// local filesystem (not NFS, SMB, FUSE...: [`super::walk::network_fs`]);
+/// the file and its WAL/SHM companions are created 0600 without following
+/// symlinks if missing, and an existing one must be a regular file owned by
+/// this user and writable by no one else (they are made 0600, so another
+/// owner or write bits mean someone changed them since: refused, not
+/// adopted). The checked directory descriptor is registered
+/// ([`crate::sys::sqlite_at`]), so SQLite opens the file and its
 /// companions through it, not by name again.
 pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
-    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(d) => d.to_path_buf(),
-        None => PathBuf::from("."),
-    };
-    let name = path.file_name().ok_or_else(|| PathError::NotAFile {
-        path: path.to_path_buf(),
-    })?;
-    // Symlinks in the directory's path are resolved first, as ssh does
-    // (systemd's `DynamicUser=` state directory is a symlink into
-    // `/var/lib/private`); the real path is then checked all the way up.
-    let real = match std::fs::canonicalize(&dir) {
-        Ok(real) => real,
-        Err(_) => {
-            open_private_dir(&dir, DirRule::NotWritableByOthers)?;
-            std::fs::canonicalize(&dir).map_err(|source| PathError::Resolve {
-                path: dir.clone(),
-                source,
-            })?
-        }
-    };
-    let private = open_private_dir(&real, DirRule::NotWritableByOthers)?;
-    let dirfd = open_checked_dir(&real)?;
-    let same = |a: &OwnedFd, b: &OwnedFd| -> Result<bool, PathError> {
-        let stat = |fd: &OwnedFd| {
-            rustix::fs::fstat(fd).map_err(|source| PathError::Stat {
-                path: dir.clone(),
-                source,
-            })
-        };
-        let (x, y) = (stat(a)?, stat(b)?);
-        Ok(x.st_dev == y.st_dev && x.st_ino == y.st_ino)
-    };
-    if !same(&private, &dirfd)? {
-        return Err(PathError::Changed { path: dir });
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let p = Walk {
+        dirs: Dirs::Trusted,
+        create: true,
+    }
+    .parent(path)
+    .map_err(|e| foreign_root_state_dir(&dir, e))?;
+    if let Err(e) = check_private(&p.dir, &dir, DirRule::NotWritableByOthers) {
+        return Err(foreign_root_state_dir(&dir, e));
+    }
+    if let Some(fs) = super::walk::network_fs(&p.dir).map_err(|source| PathError::Stat {
+        path: dir.clone(),
+        source,
+    })? {
+        return Err(PathError::NetworkFs {
+            path: path.to_path_buf(),
+            fs,
+        });
     }
     let me = rustix::process::geteuid().as_raw();
+    let name = p.name;
     // The database is created here; SQLite makes its WAL and SHM files with
     // the database's mode, so those are only checked if they exist.
     for suffix in ["", "-wal", "-shm"] {
@@ -477,7 +348,7 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
             OFlags::empty()
         };
         let fd = match rustix::fs::openat(
-            &dirfd,
+            &p.dir,
             n.as_os_str(),
             create | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDWR | OFlags::NONBLOCK,
             Mode::from_raw_mode(0o600),
@@ -492,16 +363,8 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
                 });
             }
         };
-        let st = match rustix::fs::fstat(&fd) {
-            Ok(st) => st,
-            Err(source) => {
-                return Err(PathError::Stat {
-                    path: shown,
-                    source,
-                });
-            }
-        };
-        if st.st_mode & 0o170000 != 0o100000 {
+        let st = super::walk::stat(&fd, &shown)?;
+        if !super::walk::is_regular(st.st_mode) {
             return Err(PathError::NotRegular { path: shown });
         }
         if st.st_uid != me {
@@ -511,9 +374,37 @@ pub fn prepare_db_file(path: &Path) -> Result<(), PathError> {
                 me,
             });
         }
+        // Made 0600: write bits for others mean someone changed it since.
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(PathError::LooseFile { path: shown, mode });
+        }
     }
-    super::sqlite_at::register(path, dirfd, name);
+    super::sqlite_at::register(path, p.dir, &name);
     Ok(())
+}
+
+/// Root's default state directory taken by another user: what systemd did
+/// to it when an older `leaseagent@.service` had it as `StateDirectory=`.
+/// Says what to do.
+fn foreign_root_state_dir(dir: &Path, e: PathError) -> PathError {
+    let root = rustix::process::geteuid().is_root();
+    match e {
+        PathError::Dir(DirRefused {
+            why: DirProblem::NotOwned { uid, .. },
+            ..
+        }) if root && dir == Path::new(ROOT_STATE_DIR) => PathError::ForeignStateDir {
+            dir: dir.to_path_buf(),
+            uid,
+        },
+        // The walk itself refuses it on the way (another user's directory).
+        PathError::UnsafeDir { path, uid, .. }
+            if root && uid != 0 && path == Path::new(ROOT_STATE_DIR) =>
+        {
+            PathError::ForeignStateDir { dir: path, uid }
+        }
+        e => e,
+    }
 }
 
 #[cfg(test)]
@@ -533,18 +424,31 @@ mod tests {
         assert_eq!(
             e.to_string(),
             format!(
-                "refusing directory {}: mode 0777 lets other users write to it (chmod go-w)",
-                d.display()
+                "refusing directory {}: owned by uid {} with mode 0777, so another user can change what is in it",
+                d.display(),
+                rustix::process::geteuid().as_raw()
             )
         );
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&d, &link).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let e = open_private_dir(&link, DirRule::Exactly0700).unwrap_err();
-        assert!(matches!(e.why, DirProblem::Symlink), "{e}");
+        // This user's own link in this user's own directory is what the
+        // kernel would follow too: the checks apply to where it leads.
+        let via_link = open_private_dir(&link, DirRule::Exactly0700).unwrap();
+        let st = rustix::fs::fstat(&via_link).unwrap();
+        assert_eq!(
+            st.st_ino,
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&d).unwrap())
+        );
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o750)).unwrap();
-        let e = open_private_dir(&d, DirRule::Exactly0700).unwrap_err();
-        assert_eq!(e.why.to_string(), "mode 0750, expected 0700");
+        let e = open_private_dir(&link, DirRule::Exactly0700).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "refusing directory {}: mode 0750, expected 0700",
+                link.display()
+            )
+        );
     }
 
     #[test]
@@ -580,5 +484,11 @@ mod tests {
             format!("refusing {}: it is a symlink", db2.display())
         );
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        // Made 0600; made writable by others since: refused, not adopted.
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o620)).unwrap();
+        let e = prepare_db_file(&db).unwrap_err();
+        assert!(matches!(e, PathError::LooseFile { mode: 0o620, .. }), "{e}");
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o640)).unwrap();
+        prepare_db_file(&db).unwrap();
     }
 }

@@ -78,9 +78,69 @@ pub fn boot_id() -> std::io::Result<String> {
         .to_string())
 }
 
+/// This process's clock view: the boot id, and the time namespace's
+/// `CLOCK_BOOTTIME` offset when it has one (`BOOT_ID@NANOSECONDS`; just
+/// the boot id in the host's own time namespace). Two boot-clock instants
+/// are comparable only under one boot id, and translate between two time
+/// namespaces of one boot by their offsets ([`split_view`]).
+pub fn view() -> std::io::Result<String> {
+    let id = boot_id()?;
+    let offsets = match std::fs::read_to_string("/proc/self/timens_offsets") {
+        Ok(text) => text,
+        // No time namespaces in this kernel: the host's clock.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(match boottime_offset_ns(&offsets)? {
+        0 => id,
+        off => format!("{id}@{off}"),
+    })
+}
+
+/// The `boottime` line of `/proc/self/timens_offsets` ("boottime  SECS
+/// NSECS"), in nanoseconds; 0 without one.
+fn boottime_offset_ns(text: &str) -> std::io::Result<i128> {
+    let bad = || std::io::Error::other(format!("unreadable timens_offsets: {text:?}"));
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        if f.next() != Some("boottime") {
+            continue;
+        }
+        let secs: i128 = f.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        let nsecs: i128 = f.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        return Ok(secs * 1_000_000_000 + nsecs);
+    }
+    Ok(0)
+}
+
+/// A clock view ([`view`]) as its boot id and its boot-clock offset (ns).
+/// `None` for text no version wrote.
+pub fn split_view(view: &str) -> Option<(&str, i128)> {
+    match view.split_once('@') {
+        None => Some((view, 0)),
+        Some((id, off)) => Some((id, off.parse().ok()?)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn views_carry_the_time_namespace_offset() {
+        let host = "monotonic           0         0\nboottime            0         0\n";
+        assert_eq!(boottime_offset_ns(host).unwrap(), 0);
+        let day = "monotonic           0         0\nboottime        86400         5\n";
+        assert_eq!(boottime_offset_ns(day).unwrap(), 86_400_000_000_005);
+        let back = "boottime        -1000         0\n";
+        assert_eq!(boottime_offset_ns(back).unwrap(), -1_000_000_000_000);
+        assert!(boottime_offset_ns("boottime x 0").is_err());
+        assert_eq!(split_view("b"), Some(("b", 0)));
+        assert_eq!(split_view("b@-7"), Some(("b", -7)));
+        assert_eq!(split_view("b@x"), None);
+        // This process's own view starts with the boot id.
+        assert!(view().unwrap().starts_with(&boot_id().unwrap()));
+    }
 
     #[test]
     fn boot_clock_moves_forward() {

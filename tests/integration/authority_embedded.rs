@@ -301,28 +301,191 @@ fn renew_after_expiry_is_expired_and_another_process_sees_the_lease() {
 }
 
 #[test]
-fn a_lease_from_another_boot_has_expired() {
+fn a_lease_from_another_boot_is_held_for_its_ttl_on_the_wall_clock() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("l.db");
     let mut a = EmbeddedAuthority::new(db.clone());
     let g = a
         .acquire(&req("b", "me", 3_600_000, ExpiryPolicy::Redispatch, 0), T)
         .unwrap();
+    let other = || req("b", "other", 1000, ExpiryPolicy::Redispatch, 0);
     assert!(matches!(
-        a.acquire(&req("b", "other", 1000, ExpiryPolicy::Redispatch, 0), T),
+        a.acquire(&other(), T),
         Err(AcquireError::Held { .. })
     ));
     let c = rusqlite::Connection::open(&db).unwrap();
+    // Written under another boot id: its boot-clock expiry means nothing
+    // here, but it was written just now with an hour's ttl: held.
     c.execute(
-        "UPDATE tasks SET boot_id = '00000000-0000-0000-0000-000000000000'",
+        "UPDATE tasks SET boot_id = '00000000-0000-0000-0000-000000000000', expires_ms = 0",
+        [],
+    )
+    .unwrap();
+    assert!(matches!(
+        a.acquire(&other(), T),
+        Err(AcquireError::Held { .. })
+    ));
+    // Last written more than an hour (and the margin) ago: free.
+    c.execute("UPDATE tasks SET written_ms = written_ms - 3700000", [])
+        .unwrap();
+    let g2 = a.acquire(&other(), T).unwrap();
+    assert!(g2.token > g.token);
+    // A row from before write times were kept, of another boot: expired,
+    // as every earlier version read it.
+    c.execute(
+        "UPDATE tasks SET boot_id = '00000000-0000-0000-0000-000000000000', written_ms = NULL",
         [],
     )
     .unwrap();
     drop(c);
-    let g2 = a
-        .acquire(&req("b", "other", 1000, ExpiryPolicy::Redispatch, 0), T)
+    let g3 = a
+        .acquire(&req("b", "third", 1000, ExpiryPolicy::Redispatch, 0), T)
         .unwrap();
-    assert!(g2.token > g.token);
+    assert!(g3.token > g2.token);
+}
+
+/// A command that runs `leaseagent ARGS` on the embedded default in
+/// `state`, inside `view`: the host's clocks, a time namespace whose
+/// `CLOCK_BOOTTIME` is offset by `Boottime(secs)`, or a mount namespace
+/// whose `/proc/sys/kernel/random/boot_id` reads `BootId(file)`'s text (the
+/// agent is exec'd: its pid is the command's).
+fn agent_in(state: &Path, view: &View, args: &[&str]) -> Command {
+    let bin = support::authority::bin();
+    let mut c = match view {
+        View::Host => Command::new(&bin),
+        View::Boottime(secs) => {
+            let mut c = Command::new("unshare");
+            c.args(["--time", "--boottime", &secs.to_string(), "--"])
+                .arg(&bin);
+            c
+        }
+        View::BootId(file) => {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "--"])
+                .args([
+                    "sh",
+                    "-c",
+                    "mount --bind \"$0\" /proc/sys/kernel/random/boot_id && exec \"$@\"",
+                ])
+                .arg(file)
+                .arg(&bin);
+            c
+        }
+    };
+    c.args(args)
+        .env("LEASEAGENT_STATE_DIR", state)
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Where an agent reads its clocks.
+#[derive(Debug)]
+enum View {
+    Host,
+    Boottime(i64),
+    BootId(std::path::PathBuf),
+}
+
+/// Runs a short agent of task `v` in `view`: (exit code, stderr).
+fn try_task(state: &Path, view: &View) -> (Option<i32>, String) {
+    let out = agent_in(state, view, &["--task", "v", "--ttl", "3s", "--", "true"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Starts a long agent of task `v` in `view` and waits for its job.
+fn hold_task(state: &Path, view: &View, ready: &Path) -> Child {
+    let mut c = agent_in(
+        state,
+        view,
+        &[
+            "--task",
+            "v",
+            "--ttl",
+            "3s",
+            "--",
+            &support::helper("sleeper.sh"),
+        ],
+    );
+    c.env("OUT", ready)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = c.spawn().expect("unshare (util-linux) is needed");
+    poll("the holder's job", T, || {
+        std::fs::read_to_string(ready)
+            .ok()
+            .filter(|s| s.contains("ready"))
+    });
+    child
+}
+
+#[test]
+fn agents_under_other_clocks_never_hold_one_task_at_once() {
+    // The review: B under another boot id, or in a time namespace with
+    // CLOCK_BOOTTIME a day ahead, or 1,000 s behind, was granted the task
+    // every time while A's job ran (the engine compared raw boot-clock ms
+    // and read another boot id as expired).
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("state");
+    let fake = d.path().join("boot_id");
+    std::fs::write(&fake, "11111111-2222-4333-8444-555555555555\n").unwrap();
+    let others = [
+        View::Boottime(86_400),
+        View::Boottime(-1000),
+        View::BootId(fake.clone()),
+    ];
+
+    // A on the host's clocks holds the task; every other view is refused.
+    let mut a = hold_task(&state, &View::Host, &d.path().join("ready-a"));
+    for view in &others {
+        let (code, err) = try_task(&state, view);
+        assert_eq!(code, Some(75), "{view:?} while A runs: {err}");
+        assert!(err.contains("is held by"), "{view:?}: {err}");
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(a.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    support::wait_exit(&mut a, T).expect("A ends");
+    // Released: free at once for another view.
+    let (code, err) = try_task(&state, &View::Boottime(86_400));
+    assert_eq!(code, Some(0), "after A's release: {err}");
+
+    // A under another boot id holds it; the host and a time namespace are
+    // refused. Then A dies without releasing (kill -9): the lease is held
+    // until its ttl has passed on the wall clock since its last renewal,
+    // then free, never read as expired at once.
+    let mut a = hold_task(
+        &state,
+        &View::BootId(fake.clone()),
+        &d.path().join("ready-b"),
+    );
+    for view in [&View::Host, &View::Boottime(86_400)] {
+        let (code, err) = try_task(&state, view);
+        assert_eq!(code, Some(75), "{view:?} while A runs: {err}");
+    }
+    let _ = a.kill();
+    let _ = a.wait();
+    let killed = std::time::Instant::now();
+    let (code, err) = try_task(&state, &View::Host);
+    assert_eq!(code, Some(75), "right after A's death: {err}");
+    let (code, err) = poll("the dead holder's lease to pass", T * 3, || {
+        let (code, err) = try_task(&state, &View::Host);
+        (code != Some(75)).then_some((code, err))
+    });
+    assert_eq!(code, Some(0), "{err}");
+    // Its ttl (3 s) from its last renewal (at most 1 s before the kill).
+    assert!(
+        killed.elapsed() >= Duration::from_millis(1900),
+        "free after {:?}",
+        killed.elapsed()
+    );
 }
 
 fn cli(state: &Path, args: &[&str]) -> (i32, String) {

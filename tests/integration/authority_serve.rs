@@ -10,18 +10,80 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::authority::{Server, poll, raw_request, request};
+use support::authority::{Server, Store, poll, raw_request, request};
+use support::postgres::Postgres;
 
-fn db() -> (tempfile::TempDir, std::path::PathBuf) {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("leases.db");
-    (d, p)
+/// A store for one test, kept as long as the test runs: a SQLite file in a
+/// temporary directory, or a PostgreSQL cluster of its own.
+pub struct Backing {
+    pub store: Store,
+    _dir: Option<tempfile::TempDir>,
+    _pg: Option<Postgres>,
 }
 
-#[test]
-fn twenty_sequential_grants_strictly_increase() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+impl Backing {
+    pub fn sqlite() -> Backing {
+        let d = tempfile::tempdir().unwrap();
+        Backing {
+            store: Store::Sqlite(d.path().join("leases.db")),
+            _dir: Some(d),
+            _pg: None,
+        }
+    }
+
+    pub fn postgres() -> Backing {
+        let pg = Postgres::start();
+        Backing {
+            store: Store::Postgres {
+                url: pg.url("postgres"),
+                password_file: pg.password_file.clone(),
+                leader_ttl: "1s",
+            },
+            _dir: None,
+            _pg: Some(pg),
+        }
+    }
+
+    /// A `serve` on this store, answering lease calls.
+    pub fn start(&self) -> Server {
+        Server::start_on(&self.store, &[])
+    }
+}
+
+/// The protocol's conformance tests, each run against `serve` on SQLite
+/// (`NAME::sqlite`) and on PostgreSQL (`NAME::postgres`): one suite, both
+/// stores.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name(&super::Backing::sqlite())
+            }
+            #[test]
+            fn postgres() {
+                super::$name(&super::Backing::postgres())
+            }
+        }
+    )*};
+}
+
+on_both_stores!(
+    twenty_sequential_grants_strictly_increase,
+    forty_racing_acquires_give_exactly_one_grant,
+    kill_9_during_churn_never_reuses_a_token,
+    renewal_after_expiry_is_refused_expired,
+    restart_keeps_live_holders_and_frees_dead_ones_one_ttl_later,
+    grace_policy_holds_the_task_for_grace_ms_after_expiry,
+    hold_policy_waits_for_an_operator_and_shows_in_metrics,
+    revoke_refuses_the_next_renewal_and_frees_after_expiry_or_at_once_with_force,
+    malformed_input_gets_the_right_status_and_the_server_stays_healthy,
+    sigterm_shuts_down_cleanly,
+    max_leases_caps_live_leases_overall_and_a_release_makes_room,
+);
+
+fn twenty_sequential_grants_strictly_increase(b: &Backing) {
+    let s = b.start();
     let mut last = 0;
     for i in 0..20 {
         let (st, g) = s.acquire("seq", &format!("h{i}"), 5000);
@@ -35,10 +97,8 @@ fn twenty_sequential_grants_strictly_increase() {
     }
 }
 
-#[test]
-fn forty_racing_acquires_give_exactly_one_grant() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn forty_racing_acquires_give_exactly_one_grant(b: &Backing) {
+    let s = b.start();
     let addr = s.addr.clone();
     let threads: Vec<_> = (0..40)
         .map(|i| {
@@ -62,10 +122,8 @@ fn forty_racing_acquires_give_exactly_one_grant() {
     }
 }
 
-#[test]
-fn kill_9_during_churn_never_reuses_a_token() {
-    let (_d, p) = db();
-    let mut s = Server::start(&p);
+fn kill_9_during_churn_never_reuses_a_token(b: &Backing) {
+    let mut s = b.start();
     let mut rounds: Vec<Vec<u64>> = Vec::new();
     for _round in 0..5 {
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -115,7 +173,7 @@ fn kill_9_during_churn_never_reuses_a_token() {
                 .map(|(t, k)| if t == "churn-0" { *k } else { k + (1 << 40) })
                 .collect(),
         );
-        s = Server::start(&p);
+        s = b.start();
     }
     let mut all = HashSet::new();
     for (i, r) in rounds.iter().enumerate() {
@@ -135,10 +193,8 @@ fn kill_9_during_churn_never_reuses_a_token() {
     }
 }
 
-#[test]
-fn renewal_after_expiry_is_refused_expired() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn renewal_after_expiry_is_refused_expired(b: &Backing) {
+    let s = b.start();
     let (st, g) = s.acquire("exp", "h", 1000);
     assert_eq!(st, 200);
     assert_eq!(s.renew(&g).0, 200);
@@ -157,10 +213,8 @@ fn renewal_after_expiry_is_refused_expired() {
     assert!(g2["token"].as_u64() > g["token"].as_u64());
 }
 
-#[test]
-fn restart_keeps_live_holders_and_frees_dead_ones_one_ttl_later() {
-    let (_d, p) = db();
-    let mut s = Server::start(&p);
+fn restart_keeps_live_holders_and_frees_dead_ones_one_ttl_later(b: &Backing) {
+    let mut s = b.start();
     let ttl = 3000;
     let (_, live) = s.acquire("live", "alive", ttl);
     let (_, dead) = s.acquire("dead", "gone", ttl);
@@ -187,10 +241,8 @@ fn restart_keeps_live_holders_and_frees_dead_ones_one_ttl_later() {
     assert_eq!(s.renew(&live).0, 200);
 }
 
-#[test]
-fn grace_policy_holds_the_task_for_grace_ms_after_expiry() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn grace_policy_holds_the_task_for_grace_ms_after_expiry(b: &Backing) {
+    let s = b.start();
     let req = json!({"task": "g", "holder": "a", "ttl_ms": 1000, "on_expiry": "grace", "grace_ms": 60000});
     let (st, g) = s.post("/v1/acquire", &req);
     assert_eq!(st, 200);
@@ -210,10 +262,8 @@ fn grace_policy_holds_the_task_for_grace_ms_after_expiry() {
     });
 }
 
-#[test]
-fn hold_policy_waits_for_an_operator_and_shows_in_metrics() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn hold_policy_waits_for_an_operator_and_shows_in_metrics(b: &Backing) {
+    let s = b.start();
     let req = json!({"task": "h", "holder": "a", "ttl_ms": 1000, "on_expiry": "hold"});
     let (_, g) = s.post("/v1/acquire", &req);
     assert_eq!(s.metric("leaseagent_held_for_operator"), 0.0);
@@ -261,10 +311,8 @@ fn hold_policy_waits_for_an_operator_and_shows_in_metrics() {
     assert!(s.metric("leaseagent_expiries_total") >= 1.0);
 }
 
-#[test]
-fn revoke_refuses_the_next_renewal_and_frees_after_expiry_or_at_once_with_force() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn revoke_refuses_the_next_renewal_and_frees_after_expiry_or_at_once_with_force(b: &Backing) {
+    let s = b.start();
     let (_, g) = s.acquire("r", "a", 1500);
     let (st, v) = s.post("/v1/revoke", &json!({"task": "r"}));
     assert_eq!(st, 200, "{v}");
@@ -298,10 +346,8 @@ fn revoke_refuses_the_next_renewal_and_frees_after_expiry_or_at_once_with_force(
     assert_eq!((st, v["error"].as_str()), (404, Some("not_found")));
 }
 
-#[test]
-fn malformed_input_gets_the_right_status_and_the_server_stays_healthy() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+fn malformed_input_gets_the_right_status_and_the_server_stays_healthy(b: &Backing) {
+    let s = b.start();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("/v1/acquire", b"not json".to_vec(), "JSON"),
         ("/v1/acquire", b"[1,2]".to_vec(), "object"),
@@ -479,8 +525,8 @@ fn malformed_input_gets_the_right_status_and_the_server_stays_healthy() {
 
 #[test]
 fn sixty_four_stalled_connections_do_not_delay_an_acquire() {
-    let (_d, p) = db();
-    let s = Server::start(&p);
+    let b = Backing::sqlite();
+    let s = b.start();
     let mut stalled = Vec::new();
     for i in 0..64 {
         let mut c = TcpStream::connect(&s.addr).unwrap();
@@ -509,15 +555,13 @@ fn sixty_four_stalled_connections_do_not_delay_an_acquire() {
     drop(stalled);
 }
 
-#[test]
-fn sigterm_shuts_down_cleanly() {
-    let (_d, p) = db();
-    let mut s = Server::start(&p);
+fn sigterm_shuts_down_cleanly(b: &Backing) {
+    let mut s = b.start();
     let (_, g) = s.acquire("t", "h", 30000);
     let status = s.terminate();
     assert!(status.success(), "{status:?}");
     // The grant survived: the next one is higher.
-    let s2 = Server::start(&p);
+    let s2 = b.start();
     assert_eq!(s2.acquire("t", "h2", 30000).1["error"], "held");
     let g2 = s2.post(
         "/v1/release",
@@ -527,10 +571,8 @@ fn sigterm_shuts_down_cleanly() {
     assert!(s2.acquire("t", "h2", 30000).1["token"].as_u64() > g["token"].as_u64());
 }
 
-#[test]
-fn max_leases_caps_live_leases_overall_and_a_release_makes_room() {
-    let d = tempfile::tempdir().unwrap();
-    let srv = Server::start_with(&d.path().join("l.db"), &["--max-leases", "2"]);
+fn max_leases_caps_live_leases_overall_and_a_release_makes_room(b: &Backing) {
+    let srv = Server::start_on(&b.store, &["--max-leases", "2"]);
     let acquire = |task: &str| {
         srv.post(
             "/v1/acquire",
@@ -557,8 +599,8 @@ fn serve_becomes_the_server_binary_in_the_same_process() {
     // `leaseagent serve` checks its flags and then execs `leaseagent-serve`
     // next to itself: the pid a supervisor (or systemd's MAINPID) holds is
     // the server's own.
-    let (_d, p) = db();
-    let s = Server::start(&p);
+    let b = Backing::sqlite();
+    let s = b.start();
     let exe = std::fs::read_link(format!("/proc/{}/exe", s.child.id())).unwrap();
     assert_eq!(
         exe.file_name().unwrap(),
@@ -619,4 +661,46 @@ fn the_server_binary_alone_takes_the_same_flags() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(out.stdout, via_agent.stdout);
+}
+
+#[test]
+fn waiters_are_told_their_place_and_granted_in_order() {
+    let b = Backing::sqlite();
+    let s = b.start();
+    let ask = |holder: &str, waiter: Option<&str>| -> (u16, Value) {
+        let mut body = json!({"task": "q", "holder": holder, "ttl_ms": 30000});
+        if let Some(w) = waiter {
+            body["waiter"] = json!(w);
+            body["wait_ms"] = json!(60000);
+        }
+        s.post("/v1/acquire", &body)
+    };
+    let (a, b) = ("a".repeat(16), "b-_B9".repeat(4));
+    let (st, g) = ask("h", None);
+    assert_eq!(st, 200, "{g}");
+    for (who, w, place) in [("a", &a, 1), ("b", &b, 2), ("a", &a, 1)] {
+        let (st, v) = ask(who, Some(w));
+        assert_eq!((st, v["error"].as_str()), (409, Some("held")), "{v}");
+        assert_eq!(v["position"], json!(place), "{who}: {v}");
+    }
+    // A newcomer: held, no place.
+    let (st, v) = ask("n", None);
+    assert_eq!(st, 409);
+    assert!(v.get("position").is_none(), "{v}");
+    // Freed: the first waiter's, not the second's, not a newcomer's.
+    assert_eq!(s.release(&g).0, 200);
+    for (who, w, ahead) in [
+        ("n", None, "2 earlier waiters"),
+        ("b", Some(b.as_str()), "1 earlier waiter"),
+    ] {
+        let (st, v) = ask(who, w);
+        assert_eq!(st, 409, "{who}: {v}");
+        assert!(v["message"].as_str().unwrap().contains(ahead), "{v}");
+    }
+    let (st, v) = ask("a", Some(&a));
+    assert_eq!(st, 200, "{v}");
+    // A malformed waiter id is refused, naming the field.
+    let (st, v) = ask("x", Some("short"));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("`waiter`"), "{v}");
 }

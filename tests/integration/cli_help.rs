@@ -147,11 +147,11 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         ),
         (
             &["serve"],
-            "leaseagent serve: error: --listen ADDR and --db PATH are required: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
+            "leaseagent serve: error: --listen ADDR is required: usage is leaseagent serve [OPTIONS] --listen ADDR (--db PATH | --store URL)",
         ),
         (
-            &["serve", "--listen", "127.0.0.1:0"],
-            "leaseagent serve: error: --db PATH is required: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
+            &["serve", "--no-auth", "--listen", "127.0.0.1:0"],
+            "leaseagent serve: error: give --db PATH (SQLite) or --store URL (PostgreSQL)",
         ),
         (
             &[
@@ -167,7 +167,7 @@ fn usage_errors_exit_125_with_one_line_naming_the_flag() {
         ),
         (
             &["serve", "--listen", "x", "--db", "y", "extra"],
-            "leaseagent serve: error: unexpected argument `extra`: usage is leaseagent serve [OPTIONS] --listen ADDR --db PATH",
+            "leaseagent serve: error: unexpected argument `extra`: usage is leaseagent serve [OPTIONS] --listen ADDR (--db PATH | --store URL)",
         ),
         (
             &["serve", "--listen", "x", "--listen", "y", "--db", "z"],

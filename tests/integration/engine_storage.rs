@@ -252,3 +252,152 @@ fn serve_refuses_to_start_on_a_corrupt_row() {
     let t = text(&out);
     assert!(t.contains("corrupt") && t.contains("token"), "{t}");
 }
+
+/// An ext4 image on a loop device, mounted `errors=remount-ro` (how Debian
+/// mounts `/`); unmounted and detached when dropped.
+struct Ext4 {
+    _dir: tempfile::TempDir,
+    loopdev: String,
+    mnt: std::path::PathBuf,
+    mounted: bool,
+}
+
+fn must(c: &mut Command, what: &str) -> Output {
+    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(out.status.success(), "{what}: {}", text(&out));
+    out
+}
+
+impl Ext4 {
+    fn new() -> Ext4 {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        must(
+            Command::new("mkfs.ext4").arg("-q").arg(&img),
+            "mkfs.ext4 (e2fsprogs) is needed",
+        );
+        let out = must(
+            Command::new("losetup").args(["--show", "-f"]).arg(&img),
+            "losetup (util-linux, as root) is needed",
+        );
+        let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let mut fs = Ext4 {
+            _dir: dir,
+            loopdev,
+            mnt,
+            mounted: false,
+        };
+        fs.mount();
+        fs
+    }
+
+    fn mount(&mut self) {
+        must(
+            Command::new("mount")
+                .args(["-o", "errors=remount-ro", &self.loopdev])
+                .arg(&self.mnt),
+            "mount",
+        );
+        self.mounted = true;
+    }
+
+    /// An ext4 error, as a failing disk raises one: the journal is
+    /// aborted, the filesystem goes read-only and its dirty pages are lost.
+    fn error(&self) {
+        let dev = self.loopdev.trim_start_matches("/dev/");
+        std::fs::write(format!("/sys/fs/ext4/{dev}/trigger_fs_error"), "1")
+            .expect("ext4's trigger_fs_error (Linux 5.x+) is needed");
+        // (Linux 6.x keeps the mount `rw` and refuses writes: `emergency_ro`.)
+        let probe = std::fs::write(self.mnt.join("probe"), "");
+        assert_eq!(
+            probe.map_err(|e| e.raw_os_error()),
+            Err(Some(rustix::io::Errno::ROFS.raw_os_error())),
+            "read-only after the error"
+        );
+    }
+
+    /// What the administrator does next: unmount, fsck, mount again.
+    fn repair(&mut self) {
+        must(Command::new("umount").arg(&self.mnt), "umount");
+        self.mounted = false;
+        let fsck = Command::new("e2fsck")
+            .args(["-f", "-y", &self.loopdev])
+            .output()
+            .expect("e2fsck");
+        // 0: clean, 1: errors corrected.
+        assert!(matches!(fsck.status.code(), Some(0 | 1)), "{}", text(&fsck));
+        self.mount();
+    }
+}
+
+impl Drop for Ext4 {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+        }
+        let _ = Command::new("losetup").args(["-d", &self.loopdev]).status();
+    }
+}
+
+/// [`run_agent`] with `--on-expiry hold`, task `h`.
+fn run_hold(state: &Path, script: &str) -> Output {
+    Command::new(bin())
+        .args(["--task", "h", "--on-expiry", "hold", "--ttl", "20s"])
+        .args(["--", "sh", "-c", script])
+        .env("LEASEAGENT_STATE_DIR", state)
+        .env_remove("LEASEAGENT_AUTHORITY")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The token the job was given (it prints `LEASE_TOKEN`).
+fn token_of(o: &Output) -> u64 {
+    assert!(o.status.success(), "{}", text(o));
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("a token")
+}
+
+#[test]
+fn an_fs_error_that_drops_the_page_cache_never_reissues_a_token() {
+    // The review's case: four grants, only the first syncing the ceiling;
+    // an ext4 error drops the dirty pages; after fsck and a new mount in
+    // the same boot the next grant got token 2 again, and a lost release
+    // came back as a live lease.
+    let mut fs = Ext4::new();
+    let state = fs.mnt.join("state");
+    let print = "echo $LEASE_TOKEN";
+    let mut answered = Vec::new();
+    for _ in 0..3 {
+        answered.push(token_of(&run_agent(&state, "t", print)));
+    }
+    // A `hold` run: its grant is synced (so 1 to 4 are on disk); its
+    // release must be too, or it comes back as a live lease that then
+    // waits for an operator.
+    let hold = run_hold(&state, print);
+    answered.push(token_of(&hold));
+    answered.push(token_of(&run_agent(&state, "t", print)));
+    assert_eq!(answered, [1, 2, 3, 4, 5], "one token after another");
+
+    fs.error();
+    fs.repair();
+
+    let after = run_agent(&state, "t", print);
+    let token = token_of(&after);
+    assert!(
+        token > 5,
+        "token {token} after the error: answered before were {answered:?}"
+    );
+    assert!(text(&after).contains("lost writes"), "{}", text(&after));
+    // The hold run's release survived: the task is free.
+    let again = run_hold(&state, print);
+    assert!(token_of(&again) > token, "{}", text(&again));
+}

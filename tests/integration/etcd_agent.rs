@@ -296,3 +296,61 @@ fn a_leader_killed_mid_run_does_not_stop_the_job() {
     assert_eq!(status.code(), Some(0), "job stopped by a leader election");
     assert!(etcd.keys("ld/").is_empty(), "key left after exit");
 }
+
+#[test]
+fn waiters_keep_their_order_through_a_leader_change() {
+    // The review: an etcd leader change made 2 of 3 `--wait` agents exit
+    // 125. Now they wait through it, and keep their places.
+    let mut etcd = Etcd::start_cluster(3);
+    let st = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (order, go) = (work.path().join("order"), work.path().join("go"));
+    let holder_script = format!(
+        "echo H >> {o}; while [ ! -e {g} ]; do sleep 0.05; done",
+        o = order.display(),
+        g = go.display()
+    );
+    let mut holder = spawn(
+        &etcd,
+        st.path(),
+        &[
+            "--task",
+            "lw",
+            "--ttl",
+            "6s",
+            "--",
+            "sh",
+            "-c",
+            &holder_script,
+        ],
+    );
+    poll(Duration::from_secs(10), "the holder's job", || {
+        read_file(&order)
+    });
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let script = format!("echo W{i} >> {}", order.display());
+        waiters.push(spawn(
+            &etcd,
+            st.path(),
+            &[
+                "--task", "lw", "--ttl", "6s", "--wait", "60s", "--", "sh", "-c", &script,
+            ],
+        ));
+        // Its key in the queue before the next one arrives.
+        poll(Duration::from_secs(10), "the waiter's key", || {
+            (etcd.keys("lw/").len() == i + 2).then_some(())
+        });
+    }
+    let leader = etcd.leader();
+    etcd.members[leader].kill();
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(holder.wait_within(Duration::from_secs(60)).code(), Some(0));
+    for (i, w) in waiters.iter_mut().enumerate() {
+        let st = w.wait_within(Duration::from_secs(60));
+        assert_eq!(st.code(), Some(0), "waiter {i} ended {st:?}");
+    }
+    let got = std::fs::read_to_string(&order).unwrap();
+    assert_eq!(got, "H\nW0\nW1\nW2\n");
+}

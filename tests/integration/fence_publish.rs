@@ -232,3 +232,75 @@ fn concurrent_publishers_highest_wins_never_mixed() {
         assert_eq!(record(d.path(), "out"), Some(format!("{PUBLISHERS}\n")));
     }
 }
+
+#[test]
+fn a_stale_token_never_lands_over_a_newer_one_while_dests_directory_is_swapped() {
+    // DEST reached through `cur`, a link a deploy flips between two
+    // directories. D1 holds token 5's output; D2 nothing. A stale writer
+    // (token 4) publishes to `cur/out` 300 times while `cur` flips: it may
+    // land in D2 (whose record it passes) but never in D1. Resolving DEST
+    // afresh at each step, 27 of 300 landed over token 5 in D1.
+    let d = tempfile::tempdir().unwrap();
+    let (d1, d2) = (d.path().join("d1"), d.path().join("d2"));
+    std::fs::create_dir(&d1).unwrap();
+    std::fs::create_dir(&d2).unwrap();
+    let cur = d.path().join("cur");
+    std::os::unix::fs::symlink(&d1, &cur).unwrap();
+    let src = d.path().join("src");
+    std::fs::write(&src, "t5").unwrap();
+    let r = publish(Some("5"), &[o(&src), o(&cur.join("out"))]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (stop, d, d1, d2, cur) = (
+            stop.clone(),
+            d.path().to_owned(),
+            d1.clone(),
+            d2.clone(),
+            cur.clone(),
+        );
+        std::thread::spawn(move || {
+            let tmp = d.join("cur.new");
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&tmp);
+                let to = if i % 2 == 0 { &d2 } else { &d1 };
+                std::os::unix::fs::symlink(to, &tmp).unwrap();
+                std::fs::rename(&tmp, &cur).unwrap();
+                i += 1;
+            }
+            i
+        })
+    };
+    let (mut landed, mut refused) = (0, 0);
+    for round in 0..300 {
+        // D2 forgets the last stale write, so token 4 passes its record.
+        let _ = std::fs::remove_file(d2.join("out"));
+        let _ = std::fs::remove_file(d2.join(".out.leaseagent-fence"));
+        std::fs::write(&src, "t4").unwrap();
+        let r = publish(Some("4"), &[o(&src), o(&cur.join("out"))]);
+        match r.status.code() {
+            Some(0) => landed += 1,
+            Some(1) => refused += 1,
+            c => panic!("round {round}: exit {c:?}: {}", stderr(&r)),
+        }
+        assert_eq!(
+            read_opt(&d1.join("out")).as_deref(),
+            Some("t5"),
+            "round {round}"
+        );
+        assert_eq!(record(&d1, "out").as_deref(), Some("5\n"), "round {round}");
+        // Wherever it landed, its record says so.
+        if read_opt(&d2.join("out")).as_deref() == Some("t4") {
+            assert_eq!(record(&d2, "out").as_deref(), Some("4\n"), "round {round}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    // Both directories were hit: the race was run, not dodged.
+    assert!(
+        landed > 0 && refused > 0,
+        "landed {landed}, refused {refused}, {flips} flips"
+    );
+}

@@ -592,6 +592,76 @@ fn serve_db_and_tls_key_are_opened_without_symlinks_and_created_0600() {
     );
 }
 
+/// A symlink `dir/name -> target` made by `nobody`.
+fn nobodys_link(dir: &Path, name: &str, target: &Path) -> PathBuf {
+    nobody();
+    let link = dir.join(name);
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--", "ln", "-sfn"])
+        .arg(target)
+        .arg(&link)
+        .output()
+        .expect("runuser (util-linux): tests play root against `nobody`");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    link
+}
+
+#[test]
+fn serve_files_reached_through_a_link_nobody_owns_are_refused() {
+    // A sticky world-writable directory, as /tmp is: nobody plants links
+    // in it to root's own files and directories.
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let roots = tempfile::tempdir().unwrap();
+    let dbdir = roots.path().join("db");
+    std::fs::create_dir(&dbdir).unwrap();
+    std::fs::set_permissions(&dbdir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = nobodys_link(shared.path(), "x", &dbdir);
+    let (code, err) = serve_refuses(&link.join("l.db"), &[]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(
+        err.contains("--db") && err.contains("a symlink owned by uid 65534"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dbdir).unwrap().count(),
+        0,
+        "no file made"
+    );
+
+    let db = roots.path().join("ok.db");
+    let auth = roles_file(roots.path(), "");
+    let auth_link = nobodys_link(shared.path(), "auth.toml", &auth);
+    let (code, err) = serve_refuses(&db, &["--auth-file", auth_link.to_str().unwrap()]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("--auth-file"), "{err}");
+
+    let pki = Pki::new("link ca");
+    let (cert, key) = pki.leaf("server", &["localhost"], "localhost", true);
+    let key_link = nobodys_link(shared.path(), "key.pem", &key);
+    let cert_link = nobodys_link(shared.path(), "cert.pem", &cert);
+    let (s, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let (sl, kl) = (cert_link.to_str().unwrap(), key_link.to_str().unwrap());
+    for (flags, flag) in [
+        (["--tls-cert", s, "--tls-key", kl], "--tls-key"),
+        (["--tls-cert", sl, "--tls-key", k], "--tls-cert"),
+    ] {
+        let (code, err) = serve_refuses(&db, &flags);
+        assert_eq!(code, Some(125), "{err}");
+        assert!(err.contains(flag) && err.contains("symlink"), "{err}");
+    }
+    // The certificate through root's own link (certbot's `live/` links):
+    // followed, serve starts.
+    let own = roots.path().join("cert-link.pem");
+    std::os::unix::fs::symlink(&cert, &own).unwrap();
+    let (code, err) = serve_refuses(&db, &["--tls-cert", own.to_str().unwrap(), "--tls-key", k]);
+    assert_eq!(code, None, "serve started: {err}");
+}
+
 #[test]
 fn an_embedded_state_dir_under_a_directory_nobody_may_write_is_refused() {
     let dir = tempfile::tempdir().unwrap();

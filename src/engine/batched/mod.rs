@@ -114,7 +114,18 @@ impl BatchedEngine {
     /// from now; a held one stays held) and starts the writer and the
     /// sweeper.
     pub fn start(store: impl Store, limits: Limits) -> Result<Self, EngineError> {
-        Self::start_inner(store, limits, FORGET_AFTER_MS)
+        Self::start_inner(store, limits, FORGET_AFTER_MS, Arc::default())
+    }
+
+    /// [`BatchedEngine::start`], counting into `counters` (a replica's
+    /// counters go on across its terms as leader: `/metrics` counters
+    /// never go back).
+    pub fn start_counting(
+        store: impl Store,
+        limits: Limits,
+        counters: Arc<Counters>,
+    ) -> Result<Self, EngineError> {
+        Self::start_inner(store, limits, FORGET_AFTER_MS, counters)
     }
 
     /// [`BatchedEngine::start`], forgetting expired free leases
@@ -123,6 +134,7 @@ impl BatchedEngine {
         mut store: impl Store,
         limits: Limits,
         forget_after_ms: u64,
+        counters: Arc<Counters>,
     ) -> Result<Self, EngineError> {
         let reader = store.reader()?;
         let snapshot = store.load(boot_ms())?;
@@ -131,7 +143,6 @@ impl BatchedEngine {
         successes.truncate(MAX_SUCCESS_TASKS);
         let last_success = successes.into_iter().collect();
         let state = State::load(snapshot.rows, snapshot.last_issued)?;
-        let counters = Arc::new(Counters::default());
         let (writer, writer_thread) = writer::start(store, counters.clone(), limits.history)?;
         let state = Arc::new(Mutex::new(state));
         let stop_sweeping = Arc::new(AtomicBool::new(false));
@@ -226,14 +237,22 @@ impl BatchedEngine {
     /// Grants the task if free; returns once the grant is on disk.
     #[cfg(test)]
     pub fn acquire(&self, spec: &AcquireSpec) -> Result<Granted, EngineError> {
-        let q = self.acquire_queued(spec)?;
+        let q = self.acquire_queued(spec, None)?;
         crate::engine::ack::block_on(self.committed(q))
     }
 
     /// Grants the task if free, in memory, and queues the grant's write:
     /// the grant may be answered only once [`BatchedEngine::committed`] said
     /// it is on disk.
-    pub fn acquire_queued(&self, spec: &AcquireSpec) -> Result<Queued<Granted>, EngineError> {
+    /// Acquires as `waiter` (the caller's id while it waits) or as a
+    /// newcomer (`None`): a freed task goes to the oldest waiter still
+    /// asking, never to a later one or a newcomer first (`State`'s queue);
+    /// a waiter refused for any reason keeps or takes its place.
+    pub fn acquire_queued(
+        &self,
+        spec: &AcquireSpec,
+        waiter: Option<&str>,
+    ) -> Result<Queued<Granted>, EngineError> {
         validate_acquire(spec)?;
         let now = boot_ms();
         let key = new_key().map_err(StoreError::Random)?;
@@ -249,6 +268,20 @@ impl BatchedEngine {
                 .get(&spec.task)
                 .and_then(|m| m.row.lease.as_ref())
                 .is_none_or(|l| l.phase(now) == Phase::Free);
+            let ahead = st.waiters_ahead(&spec.task, waiter, now);
+            if let Some(w) = waiter {
+                st.join_waiters(&spec.task, w, now);
+            }
+            if grantable && ahead > 0 {
+                self.counters.acquire_held.fetch_add(1, Ordering::Relaxed);
+                return Err(EngineError::Held {
+                    holder: format!(
+                        "{ahead} earlier waiter{}",
+                        if ahead == 1 { "" } else { "s" }
+                    ),
+                    retry_after_ms: 100,
+                });
+            }
             if grantable {
                 st.check_caps(&self.limits, spec, now, &self.writer)?;
             }
@@ -286,6 +319,9 @@ impl BatchedEngine {
             match res {
                 Some(Ok(rx)) => {
                     st.last_issued = token;
+                    if let Some(w) = waiter {
+                        st.leave_waiters(&spec.task, w);
+                    }
                     (token, rx)
                 }
                 Some(Err(e)) => {
@@ -311,6 +347,11 @@ impl BatchedEngine {
             ack: rx,
             grant: true,
         })
+    }
+
+    /// `waiter`'s place in `task`'s queue (1 for the first), if it has one.
+    pub fn waiter_position(&self, task: &str, waiter: &str) -> Option<usize> {
+        self.lock().waiter_position(task, waiter)
     }
 
     fn refused(&self, e: EngineError) -> EngineError {
@@ -628,7 +669,7 @@ mod tests {
     fn the_sweep_forgets_a_dead_holders_lease_some_time_after_expiry() {
         let d = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&d.path().join("s.db")).unwrap();
-        let e = BatchedEngine::start_inner(store, Limits::default(), 500).unwrap();
+        let e = BatchedEngine::start_inner(store, Limits::default(), 500, Arc::default()).unwrap();
         let g = e
             .acquire(&spec("dead", "", 1000, ExpiryPolicy::Redispatch))
             .unwrap();

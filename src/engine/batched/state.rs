@@ -72,9 +72,61 @@ pub(super) struct State {
     last_reclaim_ms: Option<u64>,
     /// Tasks created in the last hour, by principal.
     new_tasks: HashMap<String, NewTasks>,
+    /// Each task's waiters in arrival order, with when each last asked
+    /// (boot-clock ms): lease protocol v1, "Waiting".
+    waiters: HashMap<String, Vec<(String, u64)>>,
 }
 
+/// A waiter that has not asked for this long is forgotten.
+pub const FORGET_WAITER_AFTER_MS: u64 = 5_000;
+
+/// At most this many waiters are kept per task; later ones are answered
+/// `held` without a place (a bound on what callers can make serve keep).
+pub const MAX_WAITERS: usize = 1_000;
+
 impl State {
+    /// How many waiters still asking are ahead of `waiter` in `task`'s
+    /// queue (all of them for a newcomer, `None`); forgets those that
+    /// stopped asking.
+    pub(super) fn waiters_ahead(&mut self, task: &str, waiter: Option<&str>, now_ms: u64) -> usize {
+        let Some(q) = self.waiters.get_mut(task) else {
+            return 0;
+        };
+        q.retain(|(_, seen)| now_ms.saturating_sub(*seen) <= FORGET_WAITER_AFTER_MS);
+        let n = q.len();
+        let ahead = waiter.map_or(n, |w| q.iter().position(|(id, _)| id == w).unwrap_or(n));
+        if q.is_empty() {
+            self.waiters.remove(task);
+        }
+        ahead
+    }
+
+    /// `waiter` asked for `task` now: joins at the back, or keeps its place.
+    pub(super) fn join_waiters(&mut self, task: &str, waiter: &str, now_ms: u64) {
+        let q = self.waiters.entry(task.to_string()).or_default();
+        match q.iter().position(|(id, _)| id == waiter) {
+            Some(i) => q[i].1 = now_ms,
+            None if q.len() < MAX_WAITERS => q.push((waiter.to_string(), now_ms)),
+            None => {}
+        }
+    }
+
+    /// `waiter`'s place in `task`'s queue (1 for the first), if it has one.
+    pub(super) fn waiter_position(&self, task: &str, waiter: &str) -> Option<usize> {
+        let q = self.waiters.get(task)?;
+        q.iter().position(|(id, _)| id == waiter).map(|i| i + 1)
+    }
+
+    /// `waiter` was granted `task`.
+    pub(super) fn leave_waiters(&mut self, task: &str, waiter: &str) {
+        if let Some(q) = self.waiters.get_mut(task) {
+            q.retain(|(id, _)| id != waiter);
+            if q.is_empty() {
+                self.waiters.remove(task);
+            }
+        }
+    }
+
     /// The state of a store's rows and sequence; a row whose counter is
     /// above the sequence is refused (granting could reuse a token).
     pub(super) fn load(rows: Vec<TaskRow>, last_issued: u64) -> Result<Self, EngineError> {
@@ -85,6 +137,7 @@ impl State {
             total: 0,
             last_reclaim_ms: None,
             new_tasks: HashMap::new(),
+            waiters: HashMap::new(),
         };
         for row in rows {
             if row.last_token > last_issued {
@@ -285,4 +338,36 @@ pub(super) fn drop_lease(row: &mut TaskRow, now: u64) -> (TaskRow, Vec<Op>) {
     let before = row.lease.take();
     let hist = history::ops(before.as_ref(), row, Cause::Sweep, now);
     (row.clone(), hist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_keep_their_places_and_the_silent_are_forgotten() {
+        let mut st = State::load(Vec::new(), 0).unwrap();
+        assert_eq!(st.waiters_ahead("t", Some("a"), 0), 0);
+        for (w, t) in [("a", 0), ("b", 10), ("c", 20)] {
+            st.join_waiters("t", w, t);
+        }
+        assert_eq!(st.waiters_ahead("t", Some("a"), 100), 0);
+        assert_eq!(st.waiters_ahead("t", Some("c"), 100), 2);
+        assert_eq!(
+            st.waiters_ahead("t", None, 100),
+            3,
+            "a newcomer is behind all"
+        );
+        // a asks again (keeps its place); b and c go silent.
+        st.join_waiters("t", "a", 4_000);
+        assert_eq!(st.waiters_ahead("t", None, 5_015), 2, "b is forgotten");
+        assert_eq!(st.waiters_ahead("t", None, 5_025), 1, "c too");
+        st.leave_waiters("t", "a");
+        assert_eq!(st.waiters_ahead("t", None, 5_025), 0);
+        assert!(st.waiters.is_empty(), "no empty queue kept");
+        for i in 0..MAX_WAITERS + 5 {
+            st.join_waiters("u", &format!("w{i}"), 0);
+        }
+        assert_eq!(st.waiters_ahead("u", None, 0), MAX_WAITERS);
+    }
 }

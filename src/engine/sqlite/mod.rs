@@ -12,6 +12,7 @@
 pub mod history;
 pub mod rows;
 pub mod schema;
+pub mod waiters;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,11 +39,12 @@ pub struct SqliteTxn<'a> {
 
 impl<'a> SqliteTxn<'a> {
     /// The embedded engine's transaction: expiries are boot-clock ms, kept
-    /// with `boot_id` and read back only under it.
-    pub fn boot(tx: Transaction<'a>, boot_id: &'a str) -> Self {
+    /// with the clock `view` (`time::clock::view`) and the write's wall
+    /// time, and translated when read under another view.
+    pub fn boot(tx: Transaction<'a>, view: &'a str) -> Self {
         SqliteTxn {
             tx,
-            expiry: Expiry::Boot(boot_id),
+            expiry: Expiry::Boot(view),
         }
     }
 
@@ -62,6 +64,26 @@ impl<'a> SqliteTxn<'a> {
     /// The embedded engine's token ceiling ([`rows::load_ceiling`]).
     pub fn ceiling(&self) -> Result<Option<Ceiling>, StoreError> {
         rows::load_ceiling(&self.tx)
+    }
+
+    /// The task's waiters still asking, oldest first ([`waiters::queue`]).
+    pub fn waiters(&self, task: &str, now: waiters::Asking<'_>) -> Result<Vec<String>, StoreError> {
+        waiters::queue(&self.tx, task, now)
+    }
+
+    /// `waiter` asked for `task` now ([`waiters::join`]).
+    pub fn join_waiters(
+        &self,
+        task: &str,
+        waiter: &str,
+        now: waiters::Asking<'_>,
+    ) -> Result<(), StoreError> {
+        waiters::join(&self.tx, task, waiter, now)
+    }
+
+    /// `waiter` leaves `task`'s queue ([`waiters::leave`]).
+    pub fn leave_waiters(&self, task: &str, waiter: &str) -> Result<(), StoreError> {
+        waiters::leave(&self.tx, task, waiter)
     }
 
     /// Records a new token ceiling, pending ([`rows::save_ceiling`]).

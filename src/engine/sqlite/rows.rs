@@ -165,28 +165,33 @@ pub fn mark_ceiling_durable(
     .ctx("marking the token ceiling durable")
 }
 
-const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held FROM tasks";
+const SELECT: &str = "SELECT task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held, written_ms FROM tasks";
+
+/// How many columns [`SELECT`] reads.
+const COLUMNS: usize = 16;
 
 /// A row as stored, column by column, before any check.
-struct RawRow([Value; 15]);
+struct RawRow([Value; COLUMNS]);
 
 fn read_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    let mut v: [Value; 15] = std::array::from_fn(|_| Value::Null);
+    let mut v: [Value; COLUMNS] = std::array::from_fn(|_| Value::Null);
     for (i, slot) in v.iter_mut().enumerate() {
         *slot = r.get(i)?;
     }
     Ok(RawRow(v))
 }
 
-/// A checked row: the expiry is only valid under `boot_id`.
+/// A checked row: the expiry is only valid under the clock view `boot_id`
+/// (`crate::time::clock::view`), written at `written_ms` on the wall clock.
 struct Stored {
     row: TaskRow,
     boot_id: Option<String>,
+    written_ms: Option<u64>,
 }
 
 /// Reads columns of one raw row, turning every surprise into `Corrupt`.
 struct Cols<'a> {
-    v: &'a [Value; 15],
+    v: &'a [Value; COLUMNS],
     task: String,
 }
 
@@ -293,6 +298,7 @@ fn check(raw: RawRow) -> Result<Stored, StoreError> {
         }
     };
     let boot_id = c.opt_text(8, "boot_id")?;
+    let written_ms = c.opt_u64(15, "written_ms")?;
     let ended_by = if lease.is_none() && ended.is_some() {
         c.opt_text(12, "principal")?.unwrap_or_default()
     } else {
@@ -307,25 +313,84 @@ fn check(raw: RawRow) -> Result<Stored, StoreError> {
             ended,
         },
         boot_id,
+        written_ms,
     })
 }
 
 /// Where stored expiries come from.
 #[derive(Clone, Copy, Debug)]
 pub enum Expiry<'a> {
-    /// Embedded: expiries are boot-clock ms valid under this boot id; a row
-    /// from another boot has expired (its expiry reads as 0).
+    /// Embedded: expiries are boot-clock ms under this clock view
+    /// (`crate::time::clock::view`); a row from another view is translated
+    /// ([`foreign_expiry`]).
     Boot(&'a str),
     /// Serve after a restart: every lease expires at this instant (now + its ttl).
     RestartAt(u64),
 }
 
+/// Added to a lease's ttl, measured on the wall clock from the row's last
+/// write, before a row from another boot is free: 1,000 ppm of the ttl (the
+/// agents' default drift budget) and a second for the clocks' steps.
+fn foreign_margin_ms(ttl_ms: u64) -> u64 {
+    ttl_ms / 1000 + 1000
+}
+
+/// The expiry, on this view's boot clock, of a lease stored under another
+/// clock view (module doc of `engine/file.rs`, "Clock views"):
+/// - the same boot in another time namespace: exact, by the two views'
+///   `CLOCK_BOOTTIME` offsets;
+/// - another boot id (a VM or container with its own, a shared file): the
+///   writer's boot clock means nothing here, so the lease is held until its
+///   ttl has passed on the wall clock since the row's last write, plus a
+///   margin; every renewal rewrites the row and pushes that on;
+/// - a row written before views and write times were recorded (no
+///   `written_ms`) under another boot id: expired, as every version before
+///   read it (after a reboot, what it was).
+fn foreign_expiry(
+    expires_ms: u64,
+    ttl_ms: u64,
+    row_view: Option<&str>,
+    written_ms: Option<u64>,
+    mine: &str,
+    (now_boot, now_wall): (u64, u64),
+) -> u64 {
+    use crate::time::clock::split_view;
+    if let (Some((row_boot, row_off)), Some((my_boot, my_off))) =
+        (row_view.and_then(split_view), split_view(mine))
+        && row_boot == my_boot
+    {
+        let ns = i128::from(expires_ms) * 1_000_000 - row_off + my_off;
+        return u64::try_from(ns.max(0) / 1_000_000).unwrap_or(u64::MAX);
+    }
+    match written_ms {
+        Some(w) => wall_bound(w, ttl_ms, (now_boot, now_wall)),
+        None => 0,
+    }
+}
+
+/// Now on the boot clock plus what is left of `ttl_ms` (and the margin)
+/// since `written_ms` on the wall clock.
+fn wall_bound(written_ms: u64, ttl_ms: u64, (now_boot, now_wall): (u64, u64)) -> u64 {
+    let until = written_ms
+        .saturating_add(ttl_ms)
+        .saturating_add(foreign_margin_ms(ttl_ms));
+    now_boot.saturating_add(until.saturating_sub(now_wall))
+}
+
 fn fix(mut s: Stored, exp: Expiry<'_>) -> TaskRow {
     if let Some(l) = &mut s.row.lease {
         match exp {
-            Expiry::Boot(id) => {
-                if s.boot_id.as_deref() != Some(id) {
-                    l.expires_ms = 0;
+            Expiry::Boot(view) => {
+                if s.boot_id.as_deref() != Some(view) {
+                    let now = (crate::time::boot_ms(), crate::time::wall_ms());
+                    l.expires_ms = foreign_expiry(
+                        l.expires_ms,
+                        l.ttl_ms,
+                        s.boot_id.as_deref(),
+                        s.written_ms,
+                        view,
+                        now,
+                    );
                 }
             }
             Expiry::RestartAt(now) => l.expires_ms = now.saturating_add(l.ttl_ms),
@@ -405,15 +470,17 @@ pub fn save(conn: &Connection, row: &TaskRow, boot_id: Option<&str>) -> Result<(
         )),
         l.map(|l| l.key.as_str()),
         i64::from(l.is_some_and(|l| l.held)),
+        opt(l.and(boot_id).map(|_| crate::time::wall_ms()))?,
     ];
     conn.prepare_cached(
-        "INSERT INTO tasks(task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held)
-         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+        "INSERT INTO tasks(task, last_token, token, holder, ttl_ms, policy, grace_ms, expires_ms, boot_id, revoked, ended_token, ended_reason, principal, lease_key, held, written_ms)
+         VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
          ON CONFLICT(task) DO UPDATE SET last_token=excluded.last_token, token=excluded.token,
            holder=excluded.holder, ttl_ms=excluded.ttl_ms, policy=excluded.policy,
            grace_ms=excluded.grace_ms, expires_ms=excluded.expires_ms, boot_id=excluded.boot_id,
            revoked=excluded.revoked, ended_token=excluded.ended_token, ended_reason=excluded.ended_reason,
-           principal=excluded.principal, lease_key=excluded.lease_key, held=excluded.held",
+           principal=excluded.principal, lease_key=excluded.lease_key, held=excluded.held,
+           written_ms=excluded.written_ms",
     )
     .and_then(|mut st| st.execute(values))
     .map(|_| ())
@@ -437,6 +504,70 @@ mod tests {
         ensure_schema(&tx).unwrap();
         tx.commit().unwrap();
         (d, c)
+    }
+
+    #[test]
+    fn a_row_of_another_clock_view_is_held_until_proven_free() {
+        let now = (50_000, 1_700_000_000_000);
+        // Same boot, the writer a day ahead (a time namespace): exact.
+        let day_ns: i128 = 86_400 * 1_000_000_000;
+        let ahead = format!("b@{day_ns}");
+        assert_eq!(
+            foreign_expiry(86_460_000, 30_000, Some(&ahead), Some(1), "b", now),
+            60_000
+        );
+        // ...and from the host to a reader 1,000 s behind.
+        let behind = format!("b@{}", -1_000_000_000_000i128);
+        assert_eq!(
+            foreign_expiry(1_060_000, 30_000, Some("b"), Some(1), &behind, now),
+            60_000
+        );
+        // Another boot id: its ttl on the wall clock since its last write,
+        // plus the margin, whatever its boot-clock expiry says.
+        let written = now.1 - 10_000;
+        assert_eq!(
+            foreign_expiry(0, 30_000, Some("other"), Some(written), "b", now),
+            50_000 + 20_000 + 30 + 1000
+        );
+        assert_eq!(
+            foreign_expiry(u64::MAX, 30_000, Some("other"), Some(1), "b", now),
+            50_000,
+            "long past on the wall clock: free"
+        );
+        // Unreadable views are another boot too.
+        assert_eq!(
+            foreign_expiry(0, 30_000, Some("x@y"), Some(written), "b", now),
+            71_030
+        );
+        // Written before views were recorded: as every version read it.
+        assert_eq!(foreign_expiry(99, 30_000, Some("other"), None, "b", now), 0);
+    }
+
+    #[test]
+    fn the_writers_view_and_write_time_are_stored_with_the_row() {
+        let (_d, c) = db();
+        let mut r = held_row();
+        if let Some(l) = &mut r.lease {
+            l.held = false;
+            l.policy = ExpiryPolicy::Redispatch;
+            l.expires_ms = crate::time::boot_ms() + 1000;
+        }
+        let before = crate::time::wall_ms();
+        save(&c, &r, Some("b@5")).unwrap();
+        let (view, written): (String, i64) = c
+            .query_row("SELECT boot_id, written_ms FROM tasks", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(view, "b@5");
+        assert!(u64::try_from(written).unwrap() >= before);
+        // Read under that view: as written; under another boot: bounded by
+        // the wall clock, never expired at once.
+        let same = load(&c, "t", Expiry::Boot("b@5")).unwrap();
+        assert_eq!(same.lease, r.lease);
+        let other = load(&c, "t", Expiry::Boot("c")).unwrap();
+        let left = other.lease.unwrap().expires_ms - crate::time::boot_ms();
+        assert!((1000..=2001).contains(&left), "{left}");
     }
 
     fn held_row() -> TaskRow {

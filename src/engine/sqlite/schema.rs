@@ -8,8 +8,9 @@
 //! The schema: `tasks` (one row per task that has, or recently had, a
 //! lease; see `rows.rs`), `seq` (the global token sequence), `meta` (the
 //! embedded engine's token ceiling) and `history` (one row per attempt;
-//! see `history.rs`). `expires_ms`/`boot_id` are only meaningful to the
-//! embedded engine (serve keeps expiry in memory and writes NULL there);
+//! see `history.rs`). `expires_ms`/`boot_id`/`written_ms` are only
+//! meaningful to the embedded engine (`boot_id` holds the writer's clock
+//! view, `crate::time::clock::view`) (serve keeps expiry in memory and writes NULL there);
 //! `held` records that a lease expired under policy hold, so the state
 //! survives a restart. The schema's version is a hash of its text, kept in
 //! the file's header: a process that opens a current file reads one header
@@ -60,9 +61,22 @@ CREATE INDEX IF NOT EXISTS history_task ON history(task, token);";
 pub const HISTORY_PSEQ: &str = "ALTER TABLE history ADD COLUMN pseq INTEGER;
 CREATE INDEX IF NOT EXISTS history_principal ON history(principal, pseq);";
 
+/// The embedded engine's queue of waiters (`waiters.rs`).
+pub const WAITERS: &str = "
+CREATE TABLE IF NOT EXISTS waiters(
+  task TEXT NOT NULL,
+  waiter TEXT NOT NULL,
+  arrived INTEGER NOT NULL,
+  seen_boot_ms INTEGER NOT NULL,
+  seen_wall_ms INTEGER NOT NULL,
+  view TEXT NOT NULL,
+  PRIMARY KEY(task, waiter)
+);
+CREATE INDEX IF NOT EXISTS waiters_order ON waiters(task, arrived);";
+
 /// Columns added after the first schema; added to older files on open
 /// (each to the table its statement names).
-const ADDED: [(&str, &str); 4] = [
+const ADDED: [(&str, &str); 5] = [
     ("principal", "ALTER TABLE tasks ADD COLUMN principal TEXT"),
     ("lease_key", "ALTER TABLE tasks ADD COLUMN lease_key TEXT"),
     (
@@ -70,6 +84,12 @@ const ADDED: [(&str, &str); 4] = [
         "ALTER TABLE tasks ADD COLUMN held INTEGER NOT NULL DEFAULT 0",
     ),
     ("pseq", HISTORY_PSEQ),
+    // The wall-clock ms of the row's last write (embedded only): how a
+    // reader under another boot id bounds the lease (`rows::foreign_expiry`).
+    (
+        "written_ms",
+        "ALTER TABLE tasks ADD COLUMN written_ms INTEGER",
+    ),
 ];
 
 /// Opens (creating if needed) the database at `path`. The busy handler is
@@ -112,19 +132,20 @@ pub fn set_modes(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 }
 
 /// The schema's version, stored in the file's `user_version` by
-/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], [`HISTORY`] and
-/// [`ADDED`], so any change to them is a new version without anyone having
+/// [`ensure_schema`]: a hash of the text of [`SCHEMA`], [`HISTORY`],
+/// [`WAITERS`] and [`ADDED`], so any change to them is a new version without anyone having
 /// to bump a number (everything `ensure_schema` creates must be in those).
 const SCHEMA_VERSION: i64 = {
     // FNV-1a, 31 bits (user_version is a signed 32-bit integer; 0 is a
     // file that never had a schema).
     let mut h: u32 = 0x811c_9dc5;
-    let mut parts: [&[u8]; 2 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 2 + 2 * ADDED.len()];
+    let mut parts: [&[u8]; 3 + 2 * ADDED.len()] = [SCHEMA.as_bytes(); 3 + 2 * ADDED.len()];
     parts[1] = HISTORY.as_bytes();
+    parts[2] = WAITERS.as_bytes();
     let mut i = 0;
     while i < ADDED.len() {
-        parts[2 + 2 * i] = ADDED[i].0.as_bytes();
-        parts[3 + 2 * i] = ADDED[i].1.as_bytes();
+        parts[3 + 2 * i] = ADDED[i].0.as_bytes();
+        parts[4 + 2 * i] = ADDED[i].1.as_bytes();
         i += 1;
     }
     let mut p = 0;
@@ -170,6 +191,8 @@ pub fn ensure_schema(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA).ctx("creating the schema")?;
     tx.execute_batch(HISTORY)
         .ctx("creating the history table")?;
+    tx.execute_batch(WAITERS)
+        .ctx("creating the waiters' table")?;
     for (col, sql) in ADDED {
         // "ALTER TABLE <table> ADD COLUMN ...": the table is the third word.
         let table = sql.split_whitespace().nth(2).unwrap_or("tasks");

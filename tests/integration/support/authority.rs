@@ -23,15 +23,54 @@ pub struct Spawned {
     pub stderr: std::sync::mpsc::Receiver<String>,
 }
 
+/// Where a `serve` keeps its state: a SQLite file (`--db`), or a
+/// PostgreSQL store that several replicas may share (`--store`).
+#[derive(Clone, Debug)]
+pub enum Store {
+    Sqlite(PathBuf),
+    Postgres {
+        url: String,
+        password_file: PathBuf,
+        /// `--leader-ttl` (short in tests: a restarted replica takes over
+        /// from its killed predecessor after about this long).
+        leader_ttl: &'static str,
+    },
+}
+
+impl Store {
+    /// The `serve` flags naming the store.
+    pub fn args(&self) -> Vec<std::ffi::OsString> {
+        match self {
+            Store::Sqlite(db) => vec!["--db".into(), db.into()],
+            Store::Postgres {
+                url,
+                password_file,
+                leader_ttl,
+            } => vec![
+                "--store".into(),
+                url.into(),
+                "--store-password-file".into(),
+                password_file.into(),
+                "--leader-ttl".into(),
+                leader_ttl.into(),
+            ],
+        }
+    }
+}
+
 /// Starts `leaseagent serve --db DB ARGS...` and waits (up to 30 s) for its
 /// listening line, whatever the scheme.
 /// Without `--auth-file` in ARGS it adds `--no-auth` (serve refuses to run
 /// without either).
 pub fn spawn_serve(db: &Path, args: &[std::ffi::OsString]) -> Spawned {
+    spawn_serve_on(&Store::Sqlite(db.to_path_buf()), args)
+}
+
+/// [`spawn_serve`] on any store.
+pub fn spawn_serve_on(store: &Store, args: &[std::ffi::OsString]) -> Spawned {
     let mut child = Command::new(bin())
         .arg("serve")
-        .arg("--db")
-        .arg(db)
+        .args(store.args())
         .args(args)
         .args(no_auth_unless_given(args))
         .stdin(Stdio::null())
@@ -50,12 +89,17 @@ pub fn spawn_serve(db: &Path, args: &[std::ffi::OsString]) -> Spawned {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut said = Vec::new();
     let addr = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let line = rx.recv_timeout(left).unwrap_or_else(|_| {
             let st = child.try_wait();
-            panic!("serve did not print its listening line ({st:?})")
+            panic!(
+                "serve did not print its listening line ({st:?}); it said:\n{}",
+                said.join("\n")
+            )
         });
+        said.push(line.clone());
         if let Some(rest) = line.strip_prefix("leaseagent serve: listening on ") {
             let url = rest.split_whitespace().next().unwrap();
             break url.split("://").nth(1).unwrap().to_string();
@@ -73,6 +117,8 @@ pub struct Server {
     pub child: Child,
     pub addr: String,
     pub db: PathBuf,
+    /// Where its state is (`db` is that of a SQLite store, else empty).
+    pub store: Store,
     /// Keeps the stderr reader draining after start-up (its lines are not read).
     _stderr: std::sync::mpsc::Receiver<String>,
 }
@@ -85,13 +131,50 @@ impl Server {
 
     /// The same, with more `serve` flags.
     pub fn start_with(db: &Path, flags: &[&str]) -> Server {
+        Server::start_on(&Store::Sqlite(db.to_path_buf()), flags)
+    }
+
+    /// Starts a server on `store`; returns once it leads (a replica on a
+    /// PostgreSQL store starts as a standby and answers lease calls only
+    /// once it took over).
+    pub fn start_on(store: &Store, flags: &[&str]) -> Server {
         let mut args: Vec<std::ffi::OsString> = vec!["--listen".into(), "127.0.0.1:0".into()];
         args.extend(flags.iter().map(Into::into));
-        let s = spawn_serve(db, &args);
+        let s = spawn_serve_on(store, &args);
+        let server = Server {
+            child: s.child,
+            addr: s.addr,
+            db: match store {
+                Store::Sqlite(db) => db.clone(),
+                Store::Postgres { .. } => PathBuf::new(),
+            },
+            store: store.clone(),
+            _stderr: s.stderr,
+        };
+        if matches!(store, Store::Postgres { .. }) {
+            server.wait_leading(Duration::from_secs(30));
+        }
+        server
+    }
+
+    /// Polls `/healthz` until it answers 200 (this replica leads).
+    pub fn wait_leading(&self, within: Duration) {
+        poll("serve to lead (/healthz 200)", within, || {
+            let (st, _) =
+                request(&self.addr, "GET", "/healthz", b"", Duration::from_secs(5)).ok()?;
+            (st == 200).then_some(())
+        });
+    }
+
+    /// The same on a chosen address (`--listen ADDR`), to come back on it
+    /// after a kill.
+    pub fn start_with_listen(db: &Path, listen: &str) -> Server {
+        let s = spawn_serve(db, &["--listen".into(), listen.into()]);
         Server {
             child: s.child,
             addr: s.addr,
             db: db.to_path_buf(),
+            store: Store::Sqlite(db.to_path_buf()),
             _stderr: s.stderr,
         }
     }
@@ -121,7 +204,7 @@ impl Server {
     /// kill -9, then start again on the same database (new port).
     pub fn crash_restart(&mut self) {
         self.kill9();
-        *self = Server::start(&self.db.clone());
+        *self = Server::start_on(&self.store.clone(), &[]);
     }
 
     pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {

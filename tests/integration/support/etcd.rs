@@ -60,18 +60,7 @@ impl Member {
     pub fn freeze(&self) {
         self.signal(Signal::STOP);
         let Some(pid) = self.pid() else { return };
-        let stopped = leaseagent_testkit::wait_for(Duration::from_secs(10), || {
-            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-            tasks
-                .flatten()
-                .all(|t| {
-                    std::fs::read_to_string(t.path().join("stat"))
-                        .ok()
-                        .and_then(|st| st.rsplit(')').next().map(|r| r.trim_start().to_string()))
-                        .is_some_and(|r| r.starts_with('T') || r.starts_with('t'))
-                })
-                .then_some(())
-        });
+        let stopped = super::all_threads_stopped(pid, Duration::from_secs(10));
         assert!(stopped.is_some(), "etcd member {} did not stop", self.name);
     }
     pub fn thaw(&self) {

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod fence;
 pub mod golden;
 pub mod netns;
+pub mod postgres;
 pub mod stop;
 pub mod sysns;
 pub mod systemd;
@@ -26,6 +27,24 @@ pub fn bin() -> PathBuf {
     std::env::var_os("LEASEAGENT_TEST_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_leaseagent")))
+}
+
+/// Waits until every thread of `pid` is stopped (after a SIGSTOP: `kill`
+/// only queues the stop, and a thread busy on another CPU could still
+/// answer a request meanwhile); `None` if not within `within`.
+pub fn all_threads_stopped(pid: u32, within: Duration) -> Option<()> {
+    wait_for(within, || {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        tasks
+            .flatten()
+            .all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|st| st.rsplit(')').next().map(|r| r.trim_start().to_string()))
+                    .is_some_and(|r| r.starts_with('T') || r.starts_with('t'))
+            })
+            .then_some(())
+    })
 }
 
 /// A temporary directory for one test, removed when dropped.

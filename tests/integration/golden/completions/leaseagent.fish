@@ -13,7 +13,7 @@ function __fish_leaseagent_using -a name
 end
 
 complete -c leaseagent -f
-complete -c leaseagent -n '__fish_is_first_token' -a serve -d 'The reference lease authority (lease protocol v1) with its state in SQLite'
+complete -c leaseagent -n '__fish_is_first_token' -a serve -d 'The reference lease authority (lease protocol v1) with its state in SQLite or PostgreSQL'
 complete -c leaseagent -n '__fish_is_first_token' -a publish -d 'Move a job\'s output into place only if its fencing token is not superseded'
 complete -c leaseagent -n '__fish_is_first_token' -a check -d 'Exit 0 while this job\'s lease is valid for at least --min-remaining'
 complete -c leaseagent -n '__fish_is_first_token' -a leases -d 'List the leases an authority holds'
@@ -23,7 +23,7 @@ complete -c leaseagent -n '__fish_is_first_token' -a history -d 'Show past attem
 complete -c leaseagent -n '__fish_is_first_token' -a completions -d 'Print a shell completion script, generated from these flag tables'
 complete -c leaseagent -n '__fish_is_first_token' -a man -d 'Print a man page (roff), generated from these flag tables'
 complete -c leaseagent -n '__fish_is_first_token' -a token -d 'Print a new random bearer token for serve --auth-file'
-complete -c leaseagent -n '__fish_leaseagent_using run' -l authority -x -d 'Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH'
+complete -c leaseagent -n '__fish_leaseagent_using run' -l authority -x -d 'Lease authority: http(s)://HOST:PORT[,URL...] (serve, or its replicas), etcd(s)://HOST:PORT[,HOST:PORT...], sqlite:PATH'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l task -x -d 'What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l ttl -x -d 'Lease duration asked for (1s to 24h)'
 complete -c leaseagent -n '__fish_leaseagent_using run' -l heartbeat -x -d 'Renewal interval: at least 100ms, with room for a retry before the command\'s SIGTERM at ttl - grace'
@@ -46,7 +46,12 @@ complete -c leaseagent -n '__fish_leaseagent_using run' -l etcd-password-file -r
 complete -c leaseagent -n '__fish_leaseagent_using run' -s h -l help -d 'Print help'
 complete -c leaseagent -n '__fish_leaseagent_using run' -s V -l version -d 'Print version'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l listen -x -d 'Address to listen on, e.g. 127.0.0.1:7878 or [::]:7878 (port 0: any free port)'
-complete -c leaseagent -n '__fish_leaseagent_using serve' -l db -r -F -d 'SQLite database file holding tokens and leases (created if missing)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l db -r -F -d 'SQLite database file holding tokens and leases (created if missing); or --store'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l store -x -d 'PostgreSQL store that several replicas share, one leading (postgresql://USER@HOST[:PORT][,HOST[:PORT]...]/DB?sslmode=verify-full&sslrootcert=FILE)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l store-password-file -r -F -d 'The --store password (first line; mode 0600); else PGPASSFILE or ~/.pgpass'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l store-allow-async -d 'Run on a --store whose standbys are asynchronous (a PostgreSQL failover may then lose answered grants and issue their tokens again)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l advertise -x -d 'The URL clients reach this replica at, which standbys name as the leader (default: the --listen address)'
+complete -c leaseagent -n '__fish_leaseagent_using serve' -l leader-ttl -x -d 'With --store: how long leadership outlives its last confirmed renewal; a standby takes over a silent leader after about this long'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l tls-cert -r -F -d 'Serve HTTPS with this PEM certificate chain (with --tls-key)'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l tls-key -r -F -d 'The PEM private key of --tls-cert'
 complete -c leaseagent -n '__fish_leaseagent_using serve' -l client-ca -r -F -d 'Require client certificates signed by these PEM CAs (mutual TLS)'

@@ -4,7 +4,7 @@
 
 _leaseagent_subcommands() {
     local -a subcommands=(
-        'serve:The reference lease authority (lease protocol v1) with its state in SQLite'
+        'serve:The reference lease authority (lease protocol v1) with its state in SQLite or PostgreSQL'
         'publish:Move a job'\''s output into place only if its fencing token is not superseded'
         'check:Exit 0 while this job'\''s lease is valid for at least --min-remaining'
         'leases:List the leases an authority holds'
@@ -26,7 +26,12 @@ _leaseagent() {
             (( CURRENT-- ))
             _arguments -s -S \
                 '--listen=[Address to listen on, e.g. 127.0.0.1:7878 or \[::\]:7878 (port 0: any free port)]:ADDR: ' \
-                '--db=[SQLite database file holding tokens and leases (created if missing)]:PATH:_files' \
+                '--db=[SQLite database file holding tokens and leases (created if missing); or --store]:PATH:_files' \
+                '--store=[PostgreSQL store that several replicas share, one leading (postgresql://USER@HOST\[:PORT\]\[,HOST\[:PORT\]...\]/DB?sslmode=verify-full&sslrootcert=FILE)]:URL: ' \
+                '--store-password-file=[The --store password (first line; mode 0600); else PGPASSFILE or ~/.pgpass]:FILE:_files' \
+                '--store-allow-async[Run on a --store whose standbys are asynchronous (a PostgreSQL failover may then lose answered grants and issue their tokens again)]' \
+                '--advertise=[The URL clients reach this replica at, which standbys name as the leader (default: the --listen address)]:URL: ' \
+                '--leader-ttl=[With --store: how long leadership outlives its last confirmed renewal; a standby takes over a silent leader after about this long]:DUR: ' \
                 '--tls-cert=[Serve HTTPS with this PEM certificate chain (with --tls-key)]:FILE:_files' \
                 '--tls-key=[The PEM private key of --tls-cert]:FILE:_files' \
                 '--client-ca=[Require client certificates signed by these PEM CAs (mutual TLS)]:FILE:_files' \
@@ -201,7 +206,7 @@ _leaseagent() {
         fi
     done
     _arguments -s -S \
-        '--authority=[Lease authority: http(s)://HOST:PORT, etcd(s)://HOST:PORT\[,HOST:PORT...\], sqlite:PATH]:URL: ' \
+        '--authority=[Lease authority: http(s)://HOST:PORT\[,URL...\] (serve, or its replicas), etcd(s)://HOST:PORT\[,HOST:PORT...\], sqlite:PATH]:URL: ' \
         '--task=[What the lease is for (1-200 bytes of A-Z a-z 0-9 . _ - : / @)]:NAME: ' \
         '--ttl=[Lease duration asked for (1s to 24h)]:DUR: ' \
         '--heartbeat=[Renewal interval: at least 100ms, with room for a retry before the command'\''s SIGTERM at ttl - grace]:DUR: ' \
