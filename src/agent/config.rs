@@ -31,6 +31,8 @@ pub struct RunConfig {
     pub clock_drift_ppm: u32,
     /// `--remap-exit`: the command's own 124 and 125 become 1.
     pub remap_exit: bool,
+    /// `--no-pid-namespace`: the command shares the agent's PID namespace.
+    pub no_pid_namespace: bool,
     /// `--renew-priority`: how renewal packets are marked.
     pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
@@ -58,6 +60,7 @@ pub struct RawRun {
     pub wait: Option<Option<Duration>>,
     pub clock_drift_ppm: Option<u32>,
     pub remap_exit: bool,
+    pub no_pid_namespace: bool,
     pub renew_marks: crate::authority::netpath::Marks,
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
@@ -258,6 +261,7 @@ impl RawRun {
             wait: self.wait,
             clock_drift_ppm,
             remap_exit: self.remap_exit,
+            no_pid_namespace: self.no_pid_namespace,
             renew_marks: self.renew_marks,
             command: self.command,
             trust: self.trust,

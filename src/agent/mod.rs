@@ -58,6 +58,12 @@ pub fn main(cfg: RunConfig) -> ExitCode {
 }
 
 fn run(cfg: RunConfig) -> u8 {
+    // Out of the job's reach before the job exists: no ptrace, no
+    // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
+    if let Err(e) = crate::sys::keeper_spawn::not_dumpable() {
+        log::error!("cannot make the agent non-dumpable (PR_SET_DUMPABLE): {e}");
+        return exit::AGENT_FAILED;
+    }
     // A child subreaper, like the keeper: if the keeper dies, the job's
     // processes re-parent to the agent, which can still see and kill them.
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
@@ -76,6 +82,7 @@ fn run(cfg: RunConfig) -> u8 {
         &cfg.command,
         &keeper_env_remove(),
         &options,
+        !cfg.no_pid_namespace,
     ) {
         Ok(k) => k,
         Err(e) => {
@@ -83,6 +90,13 @@ fn run(cfg: RunConfig) -> u8 {
             return exit::AGENT_FAILED;
         }
     };
+    match (keeper.fallback(), cfg.no_pid_namespace) {
+        (Some(why), false) => log::warn!(
+            "no PID namespace for the command: {why}; its tree is held by a cgroup or the process tree alone"
+        ),
+        (Some(_), true) => log::info!("no PID namespace for the command (--no-pid-namespace)"),
+        (None, _) => {}
+    }
     let memory = crate::sys::memory::protect();
     log::debug!("oom_score_adj {:?}", memory.oom_score_adj);
     if let Err(why) = memory.locked {
@@ -268,11 +282,14 @@ fn start(
 /// The machine event a keeper's news stands for.
 fn event_of(news: News) -> Option<Event> {
     let report = match news {
-        News::Lost => return Some(Event::KeeperLost),
+        News::Reaped { tree_empty } => return Some(Event::KeeperReaped { tree_empty }),
         News::Report(r) => r,
     };
     match report {
-        Report::Started { pid } => Some(Event::ChildStarted { pid }),
+        Report::Started { pid, containment } => Some(Event::ChildStarted { pid, containment }),
+        Report::Size { procs, private_kib } => Some(Event::TreeSized(
+            crate::keeper::protocol::tree_size(procs, private_kib),
+        )),
         Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
             not_found: kind == SpawnFailure::NotFound,
             message,
@@ -294,7 +311,20 @@ mod tests {
     #[test]
     fn keeper_reports_become_events() {
         let ev = |l: &str| event_of(News::Report(l.parse::<Report>().unwrap()));
-        assert_eq!(ev("P 42"), Some(Event::ChildStarted { pid: 42 }));
+        assert_eq!(
+            ev("P 42 pidns"),
+            Some(Event::ChildStarted {
+                pid: 42,
+                containment: crate::keeper::protocol::Containment::Pidns
+            })
+        );
+        assert_eq!(
+            ev("Z 3 2048"),
+            Some(Event::TreeSized(crate::time::deadline::TreeSize {
+                procs: 3,
+                private_bytes: 2 << 20
+            }))
+        );
         assert_eq!(ev("G"), Some(Event::TreeGone));
         assert_eq!(
             ev("E not_found No such file"),
@@ -311,6 +341,9 @@ mod tests {
             })
         );
         assert_eq!(ev("S 7 eperm sleep 1001"), None);
-        assert_eq!(event_of(News::Lost), Some(Event::KeeperLost));
+        assert_eq!(
+            event_of(News::Reaped { tree_empty: true }),
+            Some(Event::KeeperReaped { tree_empty: true })
+        );
     }
 }

@@ -101,6 +101,7 @@ pub enum Notice {
     },
     CommandStarted {
         pgid: i32,
+        containment: crate::keeper::protocol::Containment,
     },
     CommandEnded {
         status: ChildStatus,
@@ -115,7 +116,11 @@ pub enum Notice {
     KeeperNotStarted {
         error: String,
     },
-    KeeperLost,
+    /// The keeper died on its own; `tree_gone`: the tree with it (proven
+    /// by the agent), else processes of it were left.
+    KeeperLost {
+        tree_gone: bool,
+    },
     /// The leader ended, SIGKILL went out, but the tree was not reported gone.
     LeftoversOutsideGroup,
     /// SIGKILL went out and the leader was never reported gone.
@@ -204,8 +209,23 @@ impl Reporter {
                     format(*kill_in)
                 ),
             ),
-            Notice::CommandStarted { pgid } => {
-                (Debug, format!("command started, process group {pgid}"))
+            Notice::CommandStarted { pgid, containment } => {
+                use crate::keeper::protocol::Containment;
+                match containment {
+                    Containment::Pidns => (
+                        Info,
+                        format!(
+                            "command started (pid {pgid} in a PID namespace of its own, the keeper its init; LEASE_CONTAINMENT=pidns)"
+                        ),
+                    ),
+                    other => (
+                        Warn,
+                        format!(
+                            "command started (process group {pgid}) without a PID namespace (LEASE_CONTAINMENT={}): a command that signals its own supervisors (kill -9 of the agent and the keeper) can outlive them; see docs/failures.md",
+                            other.as_str()
+                        ),
+                    ),
+                }
             }
             Notice::CommandEnded { status } => (Info, format!("command ended with {status}")),
             Notice::SpawnFailed { message } => {
@@ -220,9 +240,13 @@ impl Reporter {
             Notice::KeeperNotStarted { error } => {
                 (Error, format!("cannot start the keeper process: {error}"))
             }
-            Notice::KeeperLost => (
+            Notice::KeeperLost { tree_gone: false } => (
                 Error,
-                "the keeper process died; killing the job's tree from the agent, the lease will not be released".into(),
+                "the keeper process died and processes of the job's tree are left; killing them from the agent, the lease will not be released".into(),
+            ),
+            Notice::KeeperLost { tree_gone: true } => (
+                Error,
+                "the keeper process died, and the job's tree with it (the agent found nothing left)".into(),
             ),
             Notice::LeftoversOutsideGroup => (
                 Warn,

@@ -63,6 +63,10 @@ pub struct LeaseStateFile {
     /// `cancelled`, `lost`): tells a job's own 124 from the agent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// What holds the command's tree once it runs (`pidns`, `cgroup`,
+    /// `tree`: `LEASE_CONTAINMENT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containment: Option<String>,
 }
 
 impl LeaseStateFile {
@@ -292,6 +296,7 @@ mod tests {
             boot_id: "b".into(),
             agent_pid: 1,
             outcome: None,
+            containment: None,
         };
         w.write(&s).unwrap();
         let back = LeaseStateFile::read(w.path()).unwrap();
@@ -317,6 +322,7 @@ mod tests {
             boot_id: "b".into(),
             agent_pid: 1,
             outcome: None,
+            containment: None,
         };
         for token in 1..=5 {
             st.token = token;
@@ -347,6 +353,7 @@ mod tests {
             boot_id: "b".into(),
             agent_pid: 1,
             outcome: None,
+            containment: None,
         };
         for t in 1..=50 {
             q.publish(view(t));

@@ -299,6 +299,7 @@ impl Supervisor {
             token: self.grant.token,
             state: view,
             outcome: self.outcome.map(|o| o.as_str().to_string()),
+            containment: self.machine.containment().map(|c| c.as_str().to_string()),
             deadline_boot_ms: self.machine.deadline().since_boot().as_millis() as u64,
             boot_id: self.boot_id.clone(),
             agent_pid: std::process::id(),

@@ -175,6 +175,7 @@ mod tests {
             boot_id: "b".into(),
             agent_pid: 1,
             outcome: None,
+            containment: None,
         }
     }
 

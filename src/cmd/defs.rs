@@ -306,6 +306,11 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     "The command's own exit codes 124 and 125 become 1, so 124/125 always\nmean the agent's (lease lost / agent failed)",
                 )
                 .sets(|a| a.remap_exit = true),
+                Flag::switch(
+                    "no-pid-namespace",
+                    "Run the command in the agent's own PID namespace, for a command that\nmust see the host's processes; its tree is then held by a cgroup or the\nprocess tree alone (LEASE_CONTAINMENT=cgroup|tree), and a command that\nsignals its own supervisors can outlive them",
+                )
+                .sets(|a| a.no_pid_namespace = true),
                 Flag::value(
                     "user",
                     "NAME[:GROUP]",

@@ -26,10 +26,15 @@
 
 use std::path::{Path, PathBuf};
 
-/// The job's cgroup directory.
+/// The job's cgroup directory, with the two files the kill path needs open
+/// from the start: a job that lowers the keeper's `RLIMIT_NOFILE` (same
+/// uid, `prlimit`) makes every later `open` fail with EMFILE, and
+/// `cgroup.kill` and `cgroup.events` must still work then.
 pub struct JobCgroup {
     dir: PathBuf,
     parent: PathBuf,
+    kill: std::os::fd::OwnedFd,
+    events: std::os::fd::OwnedFd,
 }
 
 /// Why the job gets no cgroup of its own (the tree walk is used instead).
@@ -132,21 +137,62 @@ fn move_self(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
 }
 
+/// The job cgroup's name for the agent `agent` (the agent's pid, not the
+/// keeper's: a keeper in a PID namespace of its own is PID 1 there, like
+/// every other run's keeper).
+pub fn name_for(agent: u32) -> String {
+    format!("leaseagent-job-{agent}")
+}
+
 impl JobCgroup {
-    /// Makes the job's cgroup (empty; nothing moved yet). `Err` says why
-    /// there is none (the tree walk is used instead).
-    pub fn create() -> Result<Self, CgroupError> {
+    /// Makes the job's cgroup for agent `agent` (empty; nothing moved yet),
+    /// its `cgroup.kill` and `cgroup.events` opened. `Err` says why there
+    /// is none (the tree walk is used instead).
+    pub fn create(agent: u32) -> Result<Self, CgroupError> {
+        use rustix::fs::{Mode, OFlags};
         let parent = own_dir()?;
-        let dir = parent.join(format!("leaseagent-job-{}", std::process::id()));
+        let dir = parent.join(name_for(agent));
         if let Err(source) = std::fs::create_dir(&dir) {
             return Err(CgroupError::Create { dir, source });
         }
         // The root cgroup has no cgroup.kill of its own: ask the new one.
-        if !dir.join("cgroup.kill").exists() {
+        let opened = (
+            rustix::fs::open(
+                dir.join("cgroup.kill"),
+                OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ),
+            rustix::fs::open(
+                dir.join("cgroup.events"),
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ),
+        );
+        let (Ok(kill), Ok(events)) = opened else {
             let _ = std::fs::remove_dir(&dir);
             return Err(CgroupError::NoKill { dir });
-        }
-        Ok(JobCgroup { dir, parent })
+        };
+        Ok(JobCgroup {
+            dir,
+            parent,
+            kill,
+            events,
+        })
+    }
+
+    /// Whether any process is left in the cgroup (`populated` of
+    /// `cgroup.events`, read again from the start through the descriptor
+    /// opened at creation). `None`: it could not be read, which is never
+    /// taken for empty.
+    pub fn populated(&self) -> Option<bool> {
+        let mut buf = [0u8; 256];
+        let n = rustix::io::pread(&self.events, &mut buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        text.lines().find_map(|l| match l.trim() {
+            "populated 0" => Some(false),
+            "populated 1" => Some(true),
+            _ => None,
+        })
     }
 
     /// The directory, open, for `clone3(CLONE_INTO_CGROUP)`.
@@ -189,9 +235,11 @@ impl JobCgroup {
         move_self(&self.parent)
     }
 
-    /// Kills every process in the cgroup.
+    /// Kills every process in the cgroup (through the descriptor opened
+    /// at creation: no `open` on the kill path).
     pub fn kill(&self) -> std::io::Result<()> {
-        std::fs::write(self.dir.join("cgroup.kill"), "1")
+        rustix::io::write(&self.kill, b"1")?;
+        Ok(())
     }
 
     /// The pids in the cgroup now.
@@ -259,12 +307,13 @@ fn remove_dir_when_released(dir: &Path) {
     }
 }
 
-/// Removes the job cgroup a keeper with pid `keeper` may have left behind
-/// (it was killed, or exited before the kernel released its cgroup); run
-/// by the agent, whose cgroup the keeper's is. A cgroup with members stays.
-pub fn remove_left_by(keeper: u32) {
+/// Removes the job cgroup the keeper of agent `agent` (this process) may
+/// have left behind (it was killed, or exited before the kernel released
+/// its cgroup); run by the agent, whose cgroup the keeper's is. A cgroup
+/// with members stays.
+pub fn remove_left_by(agent: u32) {
     if let Ok(parent) = own_dir() {
-        let dir = parent.join(format!("leaseagent-job-{keeper}"));
+        let dir = parent.join(name_for(agent));
         if dir.exists() {
             remove_dir_when_released(&dir);
         }

@@ -11,8 +11,15 @@
 //! - "Tree gone" is proven, never guessed: no child left below the keeper
 //!   (a child subreaper, so every descendant stays below it) and an empty
 //!   job cgroup. Then `TreeGone` goes out and the loop ends, `Done` or not.
-//! - The agent's end (EOF on the ctl pipe, or a wait that fails) kills the
-//!   whole tree at once; so does `Done` (normally nothing is left).
+//! - The agent's end (EOF on the ctl socket) kills the whole tree at once;
+//!   so does `Done` (normally nothing is left). A wait that fails (a
+//!   resource failure: `poll` refused under a lowered `RLIMIT_NOFILE`) is
+//!   not the agent's end: it stops the tree now, once, with what is
+//!   already open, and says why.
+//! - The tree is sampled (processes, private resident memory) at most
+//!   every [`SAMPLE_MIN`] and at a cost of at most about 2 % of a CPU
+//!   ([`SAMPLE_COST_RATIO`]): the guard sizes its kill lead from it, and the
+//!   agent's machine hears of each change that moves the lead.
 //! - The deadline the agent handed over ([`Guard`]) is kept whatever the
 //!   agent does: SIGTERM (then SIGCONT) to the tree when due, SIGKILL
 //!   rounds from the kill time. All queued commands are read before the
@@ -32,6 +39,7 @@ use crate::keeper::os::{Os, Reaped, Survivor};
 use crate::keeper::protocol::{Command as Ctl, Decoder, Report};
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
+use crate::time::deadline;
 
 /// While killing: the first rounds of SIGKILL come this fast, then slower,
 /// up to the longest pause between rounds once survivors were reported (a
@@ -42,6 +50,14 @@ const KILL_ROUND_MAX: Duration = Duration::from_millis(500);
 const KILL_ROUND_SURVIVORS: Duration = Duration::from_secs(5);
 /// Survivors of SIGKILL this long are reported (once) with pid and command.
 const SURVIVOR_REPORT_AFTER: Duration = Duration::from_secs(1);
+/// The tree is sampled at most this often...
+pub const SAMPLE_MIN: Duration = Duration::from_millis(250);
+/// ... at least this often...
+const SAMPLE_MAX: Duration = Duration::from_secs(5);
+/// ... and a sample that took `t` waits `t` times this for the next one.
+const SAMPLE_COST_RATIO: u32 = 50;
+/// A sample is reported when the lead it sizes moves by this much.
+const LEAD_REPORT_STEP: Duration = Duration::from_millis(5);
 
 /// A kill in progress: rounds of SIGKILL until the tree is gone.
 struct Killing {
@@ -66,6 +82,12 @@ pub struct EventLoop<O: Os> {
     decoder: Decoder,
     /// Commands that came right behind the "go" frame, read with it.
     carry: Vec<u8>,
+    /// When the tree is sampled next (`None`: the system does not sample).
+    next_sample: Option<BootInstant>,
+    /// The lead the last reported sample sized (uncapped).
+    reported_lead: Option<Duration>,
+    /// A wait failed: the tree is being stopped for it (said once).
+    resources_failed: bool,
 }
 
 impl<O: Os> EventLoop<O> {
@@ -82,6 +104,9 @@ impl<O: Os> EventLoop<O> {
             guard: Guard::default(),
             decoder: Decoder::default(),
             carry,
+            next_sample: Some(BootInstant::from_since_boot(Duration::ZERO)),
+            reported_lead: None,
+            resources_failed: false,
         }
     }
 
@@ -98,12 +123,18 @@ impl<O: Os> EventLoop<O> {
             // the `Arm`s sent meanwhile queued (a read that finds nothing
             // costs one syscall).
             self.read_ctl();
+            self.sample_due();
             self.deadline_due();
             self.os.flush();
-            let until = self.killing.as_ref().map(|k| k.next_round);
+            // While killing, the rounds set the pace and no sample is taken
+            // (a sample due meanwhile must not turn the wait into a spin).
+            let until = match &self.killing {
+                Some(k) => Some(k.next_round),
+                None => self.next_sample,
+            };
             let woken = self.os.wait(until);
             if woken.failed {
-                self.close_ctl();
+                self.resource_failure();
             }
             if woken.ctl {
                 self.read_ctl();
@@ -157,6 +188,49 @@ impl<O: Os> EventLoop<O> {
             }
         }
         self.os.set_timer(self.guard.next_wake());
+    }
+
+    /// The wait failed: the keeper cannot watch its channel, the children
+    /// and the timer any more, so it stops the tree now (never read as the
+    /// agent's end: the ctl socket stays, and is still read).
+    fn resource_failure(&mut self) {
+        if self.resources_failed {
+            return;
+        }
+        self.resources_failed = true;
+        self.os.report(Report::Warning(
+            "keeper: its wait failed (a resource limit lowered, e.g. RLIMIT_NOFILE, or out of memory): stopping the tree now".into(),
+        ));
+        self.start_kill();
+    }
+
+    /// Samples the tree when due (never while killing it): the guard's own
+    /// lead follows it, and the agent hears of a change that moves the lead.
+    fn sample_due(&mut self) {
+        let Some(due) = self.next_sample else { return };
+        let now = self.os.now();
+        if now < due || self.killing.is_some() {
+            return;
+        }
+        let Some(size) = self.os.sample() else {
+            self.next_sample = None;
+            return;
+        };
+        let cost = now.until(self.os.now());
+        self.next_sample = Some(now + (cost * SAMPLE_COST_RATIO).clamp(SAMPLE_MIN, SAMPLE_MAX));
+        self.guard.sized(size);
+        // Uncapped (the longest ttl): the agent caps it by its own ttl.
+        let lead = deadline::kill_lead(Duration::MAX, size);
+        let moved = self
+            .reported_lead
+            .is_none_or(|r| r.abs_diff(lead) >= LEAD_REPORT_STEP);
+        if moved {
+            self.reported_lead = Some(lead);
+            self.os.report(Report::Size {
+                procs: size.procs,
+                private_kib: size.private_bytes / 1024,
+            });
+        }
     }
 
     fn close_ctl(&mut self) {
@@ -340,6 +414,10 @@ mod tests {
         queued: Vec<Report>,
         script: VecDeque<Then>,
         did: Vec<Did>,
+        /// What a sample finds (`None`: no sampling).
+        size: Option<TreeSize>,
+        /// Waits in a row that returned at once with nothing new.
+        spins: u32,
     }
 
     fn t(ms: u64) -> BootInstant {
@@ -363,6 +441,8 @@ mod tests {
                 queued: Vec::new(),
                 script: script.into(),
                 did: Vec::new(),
+                size: None,
+                spins: 0,
             }
         }
 
@@ -393,6 +473,8 @@ mod tests {
                 .collect()
         }
     }
+
+    use crate::time::deadline::TreeSize;
 
     impl Os for Fake {
         fn now(&self) -> BootInstant {
@@ -483,6 +565,10 @@ mod tests {
             }
         }
 
+        fn sample(&mut self) -> Option<TreeSize> {
+            self.size
+        }
+
         fn wait(&mut self, until: Option<BootInstant>) -> Woken {
             assert!(self.queued.is_empty(), "reports left unsent while waiting");
             // What is ready already wakes the wait at once, as `poll` does:
@@ -493,11 +579,16 @@ mod tests {
                 || self.timer.is_some_and(|at| self.now >= at)
                 || until.is_some_and(|at| self.now >= at)
             {
+                if self.ended.is_empty() && !ctl_ready {
+                    self.spins += 1;
+                    assert!(self.spins < 1_000, "the loop spins: {:?}", self.did);
+                }
                 return Woken {
                     ctl: ctl_ready,
                     failed: false,
                 };
             }
+            self.spins = 0;
             let then = self.script.pop_front().unwrap_or_else(|| {
                 panic!("the loop waits with nothing left to happen: {:?}", self.did)
             });
@@ -537,6 +628,7 @@ mod tests {
             at: t(at_ms),
             grace: ms(grace_ms),
             kill_lead: ms(lead_ms),
+            ttl: Duration::from_secs(3600),
         }))
         .encode()
     }
@@ -616,10 +708,67 @@ mod tests {
                 Report::TreeGone
             ]
         );
-        // A wait that fails is taken the same way.
-        let f = run(&[JOB], vec![Then::Fails]);
+    }
+
+    #[test]
+    fn a_failed_wait_stops_the_tree_now_without_taking_the_agent_for_gone() {
+        // A poll refused (RLIMIT_NOFILE lowered by the job): the tree is
+        // killed at once, said once, and the ctl socket is kept.
+        let f = run(&[JOB, 8], vec![Then::Fails]);
         assert_eq!(f.acts(), vec![Did::KillRound(Some(JOB))]);
-        assert!(f.did.contains(&Did::CloseCtl));
+        assert!(!f.did.contains(&Did::CloseCtl), "{:?}", f.did);
+        let warnings = f
+            .sent()
+            .into_iter()
+            .filter(|r| matches!(r, Report::Warning(w) if w.contains("stopping the tree now")))
+            .count();
+        assert_eq!(warnings, 1);
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+
+    #[test]
+    fn the_tree_is_sampled_and_its_lead_reported_when_it_moves() {
+        let mut fake = Fake::new(
+            &[JOB],
+            vec![
+                // No grace: the timer's first time is the kill time.
+                Then::Ctl(arm(60_000, 0, 20)),
+                Then::Until,
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+            ],
+        );
+        fake.size = Some(TreeSize {
+            procs: 2_000,
+            private_bytes: 0,
+        });
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        // Reported once: the second sample sized the same lead.
+        let sizes: Vec<Report> = f
+            .sent()
+            .into_iter()
+            .filter(|r| matches!(r, Report::Size { .. }))
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![Report::Size {
+                procs: 2_000,
+                private_kib: 0
+            }]
+        );
+        // The guard's kill time moved by the lead 2,000 processes need.
+        let lead = deadline::kill_lead(
+            Duration::from_secs(3600),
+            TreeSize {
+                procs: 2_000,
+                private_bytes: 0,
+            },
+        );
+        assert!(lead > Duration::from_millis(20));
+        assert!(
+            f.did.contains(&Did::Timer(Some(t(60_000) - lead))),
+            "{:?}",
+            f.did
+        );
     }
 
     #[test]
@@ -793,5 +942,25 @@ mod tests {
         // 10, 20, 40, ... 500 ms between rounds, then 5 s once reported.
         assert!(f.now >= t(1_000), "{:?}", f.now);
         assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+    }
+
+    #[test]
+    fn a_sample_due_while_killing_does_not_make_the_loop_spin() {
+        // A survivor of SIGKILL (one the keeper may not signal), the tree
+        // sampled: the rounds set the pace of the waits, not the sample
+        // that came due meanwhile.
+        let mut fake = Fake::new(&[JOB], Vec::new());
+        fake.size = Some(TreeSize {
+            procs: 2,
+            private_bytes: 0,
+        });
+        fake.alive.insert(13, true);
+        let mut script = vec![Then::Eof];
+        script.extend(std::iter::repeat_n(Then::Until, 30));
+        script.push(Then::Ends(13, ChildStatus::Signaled(9)));
+        fake.script = script.into();
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        assert_eq!(f.sent().last(), Some(&Report::TreeGone));
+        assert!(f.acts().len() <= 32, "{:?}", f.acts());
     }
 }

@@ -22,10 +22,15 @@
 //!   same moment the timer fires; whichever comes second is not repeated
 //!   (a job may read a second SIGTERM as "hurry").
 //! - SIGKILL is due at `deadline - kill lead` whatever happened before.
+//! - The kill lead is the larger of the agent's (in the `Arm`) and the one
+//!   the keeper sizes from its own latest sample of the tree
+//!   ([`Guard::sized`], by `time::deadline`'s rule under the armed ttl): a
+//!   tree that grew while the agent was stopped is still dead, reaped, by
+//!   the deadline.
 
 use crate::keeper::protocol::Arm;
 use crate::time::clock::BootInstant;
-use crate::time::deadline::Deadline;
+use crate::time::deadline::{Deadline, TreeSize};
 
 /// What the timer says is due now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,17 +47,32 @@ pub struct Guard {
     termed: bool,
     /// The timer's SIGKILL went out.
     killed: bool,
+    /// The tree as the keeper last sampled it (none yet: the agent's lead).
+    tree: Option<TreeSize>,
 }
 
 impl Guard {
+    /// The armed deadline with the lead the tree needs now.
+    fn effective(&self) -> Option<Deadline> {
+        self.armed.map(|d| Deadline {
+            kill_lead: self.tree.map_or(d.kill_lead, |t| d.lead_for(t)),
+            ..d
+        })
+    }
+
     /// When SIGTERM is due, if armed.
     pub fn term_at(&self) -> Option<BootInstant> {
-        self.armed.map(|d| d.term_at())
+        self.effective().map(|d| d.term_at())
     }
 
     /// When SIGKILL is due, if armed.
     pub fn kill_at(&self) -> Option<BootInstant> {
-        self.armed.map(|d| d.kill_at())
+        self.effective().map(|d| d.kill_at())
+    }
+
+    /// The keeper's latest sample of the tree: the lead it sizes.
+    pub fn sized(&mut self, tree: TreeSize) {
+        self.tree = Some(tree);
     }
 
     /// A new deadline from the agent. After the keeper acted on the old
@@ -117,6 +137,8 @@ mod tests {
             deadline_us: deadline,
             grace_us: grace,
             kill_lead_us: lead,
+            // Long enough that a sampled lead is never capped below `lead`.
+            ttl_us: 40_000_000,
         }
     }
 
@@ -183,6 +205,30 @@ mod tests {
         let mut g = Guard::default();
         assert!(g.term_requested());
         assert!(g.term_requested());
+    }
+
+    #[test]
+    fn a_bigger_tree_brings_the_kill_earlier_never_later() {
+        let mut g = Guard::default();
+        g.arm(arm(10_000_000, 3_000_000, 20_000));
+        assert_eq!(g.kill_at(), Some(t(9_980_000)));
+        // 1,000 processes: the lead grows by their share.
+        g.sized(TreeSize {
+            procs: 1_000,
+            private_bytes: 0,
+        });
+        let lead = crate::time::deadline::kill_lead(
+            std::time::Duration::from_secs(40),
+            TreeSize {
+                procs: 1_000,
+                private_bytes: 0,
+            },
+        );
+        assert_eq!(g.kill_at(), Some(t(10_000_000 - lead.as_micros() as u64)));
+        // A smaller sample never brings it below the agent's own lead.
+        g.arm(arm(10_000_000, 3_000_000, 50_000));
+        g.sized(TreeSize::default());
+        assert_eq!(g.kill_at(), Some(t(9_950_000)));
     }
 
     proptest! {

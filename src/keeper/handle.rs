@@ -1,139 +1,202 @@
-//! The agent's side of the keeper: starting it, asking it to stop the job's
-//! tree, and turning its reports into events.
+//! The agent's side of the keeper: starting it (in a PID namespace of its
+//! own where the kernel allows), asking it to stop the job's tree, turning
+//! its reports into events, and confirming the tree gone itself.
 //!
-//! Stops go to the keeper, which signals the whole tree (see `keeper/mod.rs`):
-//! SIGTERM and SIGKILL reach every descendant whatever its group or
-//! session, and relayed signals reach the members of the job's group. The
-//! ctl pipe is non-blocking on our side, so a frozen keeper can never block
-//! the supervisor loop. After every grant and renewal the keeper gets the
-//! deadline ([`Keeper::arm`]) and enforces it alone if need be.
+//! **Starting it** ([`prestart_keeper`]): `sys::keeper_spawn` creates the
+//! keeper as PID 1 of a new PID and mount namespace (root), or of a user
+//! namespace too (anyone else), and falls back to no namespace where none
+//! can be had (EPERM, EINVAL, ENOSPC, a seccomp filter, user namespaces
+//! disabled) or where `--no-pid-namespace` asks; [`Pending::fallback`] says
+//! why. The channels are two socket pairs at the keeper's fds 3 and 4.
 //!
-//! The agent keeps the keeper honest. With every SIGTERM and SIGKILL it
-//! sends the keeper SIGCONT (through a pidfd: the keeper is our unreaped
-//! child, so the pidfd is the keeper), and with SIGKILL it also walks the
-//! tree itself, from its own pid down (the agent is a child subreaper too:
-//! if the keeper dies, its orphans re-parent to the agent, and the walk
-//! still finds them), sparing only the keeper. Each process is signalled
-//! through a pidfd whose parent is checked after the open (`keeper::tree`),
-//! so the agent never signals a bare pid or process group that may have
-//! been reaped and reused.
+//! **Stops**: SIGTERM and relayed signals go to the keeper, which signals
+//! the tree. SIGKILL is the agent's own act too: with a namespace, one
+//! SIGKILL to the keeper (its init, through our pidfd) kills every process
+//! of it, whatever the keeper is doing (stopped, traced, blocked); without
+//! one, the agent sends the keeper SIGCONT and walks the tree itself from
+//! its own pid down (the agent is a child subreaper too: if the keeper
+//! dies, its orphans re-parent to the agent), sparing only the keeper,
+//! each process signalled through a pidfd whose parent is checked after
+//! the open (`keeper::tree`). Our end of the ctl socket is written with
+//! `MSG_DONTWAIT`, so a frozen keeper can never block the supervisor loop.
+//! After every grant and renewal the keeper gets the deadline
+//! ([`Keeper::arm`]) and enforces it alone if need be.
 //!
-//! The report pipe is read on a thread of its own; this module never waits
-//! on a process itself (except the bounded reap of the keeper at the end),
-//! so the supervisor loop cannot block on the job.
+//! **The tree's end is the agent's own finding, never a report's.** The
+//! report reader, once the report socket ends, reaps the keeper (a blocking
+//! `waitid` on its pidfd) and then checks that the agent has no child left
+//! ([`News::Reaped`]). With a namespace, the keeper's reaping alone proves
+//! the tree is gone: the kernel kills every process of the namespace when
+//! its init dies, and the init's exit completes only once they are all
+//! gone. Without one, the keeper's orphans (if it died with any) are the
+//! agent's children, so "no child left" proves it. Neither needs a new
+//! descriptor (`waitid` on the pidfd opened at the clone), so a lowered
+//! `RLIMIT_NOFILE` cannot turn it into a false "gone". A `TreeGone` report
+//! alone never releases the lease (`agent::machine`).
+//!
+//! This module never waits on a process in the supervisor loop; the reader
+//! thread does the blocking reads and the reaping.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use rustix::event::{PollFd, PollFlags};
-use rustix::io::{FdFlags, fcntl_setfd};
-use rustix::pipe::{PipeFlags, pipe_with};
-use std::os::fd::OwnedFd;
-
-use rustix::process::{Pid, PidfdFlags, Signal};
+use rustix::net::{AddressFamily, SendFlags, SocketFlags, SocketType};
+use rustix::process::Signal;
 
 use crate::keeper::KEEPER_ARG;
 use crate::keeper::protocol::{Arm, Command as Ctl, Report};
+use crate::sys::keeper_spawn::{Namespaces, Prepared, SpawnError};
 use crate::sys::signal::Sig;
 use crate::time::deadline::Deadline;
 
-/// What the report reader has learnt, shared with the handle.
-#[derive(Default)]
-struct Seen {
-    /// The job's pid (= its process group id), 0 until started.
-    job_pid: AtomicI32,
-    /// The keeper reported the whole tree gone.
-    tree_gone: AtomicBool,
-}
-
 /// The running keeper.
 pub struct Keeper {
-    child: Child,
-    /// The keeper itself, for SIGCONT; opened while it is our unreaped child.
-    pidfd: Option<OwnedFd>,
-    ctl: Option<std::fs::File>,
-    seen: Arc<Seen>,
+    pid: i32,
+    /// The keeper itself (CLONE_PIDFD): SIGCONT, and with a namespace
+    /// SIGKILL; the reader thread reaps through it.
+    pidfd: Option<Arc<OwnedFd>>,
+    ns: Namespaces,
+    ctl: Option<OwnedFd>,
+    /// The keeper said the tree is gone (nothing left to signal).
+    tree_gone: Arc<AtomicBool>,
+    /// The keeper was reaped (whether it exited 0).
+    reaped: Receiver<bool>,
 }
 
 /// What the agent hears from its keeper: the reports that change the run
 /// (the others, survivors and notes, are logged by the reader), and the
-/// report pipe's end without `TreeGone` (the keeper died).
+/// agent's own finding once the keeper is reaped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum News {
     Report(Report),
-    Lost,
+    /// The keeper was reaped; `tree_empty`: and no process of the tree is
+    /// left (see the module doc).
+    Reaped {
+        tree_empty: bool,
+    },
 }
 
 /// A keeper started before the grant, waiting for the job's environment
 /// ([`Pending::start`]). Its start-up (an `exec` of this binary, its
 /// handlers, session, subreaper and job cgroup) runs on the other CPU while
 /// the agent acquires, instead of after the grant, on the way to the job.
-/// Dropped without `start`, it sees its ctl pipe close and exits; no job
+/// Dropped without `start`, it sees its ctl socket close and exits; no job
 /// ever runs.
 pub struct Pending {
-    child: Child,
-    pidfd: Option<OwnedFd>,
-    ctl: std::fs::File,
-    reports: std::fs::File,
+    pid: i32,
+    pidfd: Option<Arc<OwnedFd>>,
+    ns: Namespaces,
+    ctl: OwnedFd,
+    reports: OwnedFd,
+    fallback: Option<String>,
+}
+
+/// The namespaces to try, in order, for an agent with `euid`, when a
+/// namespace is wanted at all.
+fn attempts(want_namespace: bool, root: bool) -> &'static [Namespaces] {
+    match (want_namespace, root) {
+        (false, _) => &[Namespaces::None],
+        // Root without CAP_SYS_ADMIN (a container) may still have a user
+        // namespace.
+        (true, true) => &[Namespaces::Pid, Namespaces::UserPid, Namespaces::None],
+        (true, false) => &[Namespaces::UserPid, Namespaces::None],
+    }
 }
 
 /// Starts the keeper for `command`, with `env_remove` taken out of the
-/// agent's environment; it waits for [`Pending::start`] before it starts
-/// the job, as `options` say.
+/// agent's environment, in a PID namespace of its own unless
+/// `want_namespace` is false or none can be had; it waits for
+/// [`Pending::start`] before it starts the job, as `options` say.
 pub fn prestart_keeper(
     command: &[OsString],
     env_remove: &[String],
     options: &crate::keeper::JobOptions,
+    want_namespace: bool,
 ) -> std::io::Result<Pending> {
-    let (ctl_r, ctl_w) = pipe_with(PipeFlags::CLOEXEC)?;
-    let (rep_r, rep_w) = pipe_with(PipeFlags::CLOEXEC)?;
-    // Only the keeper's ends are inherited, and only by this one spawn: the
-    // agent starts no other process.
-    fcntl_setfd(&ctl_r, FdFlags::empty())?;
-    fcntl_setfd(&rep_w, FdFlags::empty())?;
-    // Our end never blocks: a stopped keeper cannot stall the loop.
-    rustix::fs::fcntl_setfl(&ctl_w, rustix::fs::OFlags::NONBLOCK)?;
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg0("leaseagent-keeper")
-        .arg(KEEPER_ARG)
-        .arg(ctl_r.as_raw_fd().to_string())
-        .arg(rep_w.as_raw_fd().to_string())
-        .args(options.to_args())
-        .arg("--")
-        .args(command);
-    for k in env_remove {
-        cmd.env_remove(k);
+    let pair = || {
+        rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+    };
+    let (ctl_ours, ctl_theirs) = pair()?;
+    let (rep_theirs, rep_ours) = pair()?;
+    let agent = std::process::id().to_string();
+    let mut argv: Vec<&std::ffi::OsStr> = vec![
+        "leaseagent-keeper".as_ref(),
+        KEEPER_ARG.as_ref(),
+        agent.as_ref(),
+    ];
+    let option_args = options.to_args();
+    argv.extend(option_args.iter().map(std::ffi::OsStr::new));
+    argv.push("--".as_ref());
+    argv.extend(command.iter().map(|c| c.as_os_str()));
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !env_remove.iter().any(|r| k == r.as_str()))
+        .collect();
+    let prep = Prepared::new(&argv, &env, ctl_theirs.as_fd(), rep_theirs.as_fd())?;
+    let root = rustix::process::geteuid().is_root();
+    let mut first_failure: Option<(Namespaces, SpawnError)> = None;
+    let mut started = None;
+    for &ns in attempts(want_namespace, root) {
+        match crate::sys::keeper_spawn::spawn(&prep, ns) {
+            Ok(s) => {
+                started = Some((s, ns));
+                break;
+            }
+            Err(e) => {
+                first_failure.get_or_insert((ns, e));
+            }
+        }
     }
-    let child = cmd.spawn()?;
-    let pidfd = i32::try_from(child.id())
-        .ok()
-        .and_then(Pid::from_raw)
-        .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
-    drop(ctl_r);
-    drop(rep_w);
+    let Some((spawned, ns)) = started else {
+        let e = first_failure
+            .map(|(_, e)| e.to_string())
+            .unwrap_or_default();
+        return Err(std::io::Error::other(e));
+    };
+    let fallback = match (want_namespace, ns) {
+        (false, _) => Some("--no-pid-namespace".to_string()),
+        (true, Namespaces::None) => first_failure.map(|(tried, e)| {
+            let what = match tried {
+                Namespaces::Pid => "a PID namespace",
+                _ => "a user and PID namespace",
+            };
+            format!("{what} could not be made ({e})")
+        }),
+        _ => None,
+    };
     Ok(Pending {
-        child,
-        pidfd,
-        ctl: std::fs::File::from(ctl_w),
-        reports: std::fs::File::from(rep_r),
+        pid: spawned.pid,
+        pidfd: spawned.pidfd.map(Arc::new),
+        ns,
+        ctl: ctl_ours,
+        reports: rep_ours,
+        fallback,
     })
 }
 
-/// How long [`Pending::start`] waits for room in the ctl pipe (only an
-/// environment over the pipe's 64 KiB could ever need to wait).
+/// How long [`Pending::start`] waits for room in the ctl socket (only an
+/// environment over the socket's buffer could ever need to wait).
 const GO_WRITE_LIMIT: Duration = Duration::from_secs(2);
 
 impl Pending {
+    /// Why the keeper has no PID namespace, if it has none.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
     /// Lets the keeper start the job with `env` added to its environment.
     /// Its news arrive on `events`, turned into the channel's own messages
-    /// by `wrap` (the keeper knows nothing of the agent's event type).
+    /// by `wrap` (the keeper knows nothing of the agent's event type). The
+    /// reader runs before the frame goes out, so no job ever runs unread.
     pub fn start<T: Send + 'static>(
         self,
         env: &[(String, String)],
@@ -141,76 +204,90 @@ impl Pending {
         wrap: fn(News) -> Option<T>,
     ) -> std::io::Result<Keeper> {
         let Pending {
-            child,
+            pid,
             pidfd,
-            mut ctl,
+            ns,
+            ctl,
             reports,
+            fallback: _,
         } = self;
-        let frame = crate::keeper::protocol::encode_go(env);
-        match write_within(&mut ctl, &frame, GO_WRITE_LIMIT) {
-            Ok(()) => {}
-            // The keeper is gone already: its report (a failed set-up) or
-            // the pipe's end says why, through the reader as always.
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-            Err(e) => return Err(e),
-        }
-        let seen = Arc::new(Seen::default());
+        let tree_gone = Arc::new(AtomicBool::new(false));
+        let (reaped_tx, reaped) = crossbeam_channel::bounded(1);
         {
-            let seen = seen.clone();
+            let tree_gone = tree_gone.clone();
+            let pidfd = pidfd.clone();
             std::thread::Builder::new()
                 .name("keeper-reports".into())
                 .spawn(move || {
-                    read_reports(reports, &seen, |n| match wrap(n) {
+                    let send = |n| match wrap(n) {
                         Some(m) => events.send(m).is_ok(),
                         None => true,
-                    })
+                    };
+                    read_reports(reports, &tree_gone, pid, pidfd.as_deref(), reaped_tx, send)
                 })?;
         }
+        let frame = crate::keeper::protocol::encode_go(env);
+        match send_within(&ctl, &frame, GO_WRITE_LIMIT) {
+            Ok(()) => {}
+            // The keeper is gone already: its report (a failed set-up) or
+            // its reaping says why, through the reader as always.
+            Err(rustix::io::Errno::PIPE) | Err(rustix::io::Errno::CONNRESET) => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(Keeper {
-            child,
+            pid,
             pidfd,
+            ns,
             ctl: Some(ctl),
-            seen,
+            tree_gone,
+            reaped,
         })
     }
 }
 
-/// Writes all of `buf` to the non-blocking `file`, waiting for room at most
-/// `limit` in all.
-fn write_within(file: &mut std::fs::File, mut buf: &[u8], limit: Duration) -> std::io::Result<()> {
+/// Sends all of `buf` on the socket `fd` without blocking, waiting for
+/// room at most `limit` in all.
+fn send_within(fd: &OwnedFd, mut buf: &[u8], limit: Duration) -> rustix::io::Result<()> {
     let until = Instant::now() + limit;
     while !buf.is_empty() {
-        match file.write(buf) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+        match rustix::net::send(fd, buf, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+            Ok(0) => return Err(rustix::io::Errno::PIPE),
             Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            Err(rustix::io::Errno::AGAIN) => {
                 let left = until.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the keeper does not read its control pipe",
-                    ));
+                    return Err(rustix::io::Errno::TIMEDOUT);
                 }
                 let timeout = rustix::event::Timespec {
                     tv_sec: 0,
                     tv_nsec: i64::from(left.min(Duration::from_millis(100)).subsec_nanos()),
                 };
-                let mut fds = [PollFd::new(&*file, PollFlags::OUT)];
+                let mut fds = [PollFd::new(fd, PollFlags::OUT)];
                 let _ = rustix::event::poll(&mut fds, Some(&timeout));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
 }
 
-/// Reads reports until the pipe ends; `send` returns false when nobody
+/// Reads reports until the socket ends, then reaps the keeper and checks
+/// the tree is gone ([`News::Reaped`]); `send` returns false when nobody
 /// listens any more.
-fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -> bool) {
+fn read_reports(
+    reader: OwnedFd,
+    tree_gone: &AtomicBool,
+    pid: i32,
+    pidfd: Option<&OwnedFd>,
+    reaped: Sender<bool>,
+    mut send: impl FnMut(News) -> bool,
+) {
     use crate::escape::escape;
-    let mut saw_gone = false;
-    for line in BufReader::new(reader).lines() {
+    use std::io::BufRead;
+    let reader = std::io::BufReader::new(std::fs::File::from(reader));
+    for line in reader.lines() {
+        // An error ends the stream as its end does: the reaping decides.
         let Ok(line) = line else { break };
         let report = match line.parse::<Report>() {
             Ok(r) => r,
@@ -220,9 +297,7 @@ fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -
             }
         };
         match &report {
-            Report::Started { pid } => seen.job_pid.store(*pid, Ordering::SeqCst),
-            Report::Exited { .. } => {}
-            Report::TreeGone => seen.tree_gone.store(true, Ordering::SeqCst),
+            Report::TreeGone => tree_gone.store(true, Ordering::SeqCst),
             Report::Survivor { pid, command, why } => log::error!(
                 "process {pid} ({}) of the job's tree is still alive: {}",
                 escape(command),
@@ -230,22 +305,66 @@ fn read_reports(reader: std::fs::File, seen: &Seen, mut send: impl FnMut(News) -
             ),
             Report::Warning(m) => log::warn!("{}", escape(m)),
             Report::Info(m) => log::info!("{}", escape(m)),
-            Report::SpawnFailed { .. } => {}
+            Report::Started { .. }
+            | Report::Exited { .. }
+            | Report::SpawnFailed { .. }
+            | Report::Size { .. } => {}
         }
-        saw_gone |= matches!(report, Report::TreeGone | Report::SpawnFailed { .. });
         let significant = matches!(
             report,
             Report::Started { .. }
                 | Report::SpawnFailed { .. }
                 | Report::Exited { .. }
                 | Report::TreeGone
+                | Report::Size { .. }
         );
         if significant && !send(News::Report(report)) {
             return;
         }
     }
-    if !saw_gone {
-        send(News::Lost);
+    let success = reap(pid, pidfd);
+    let tree_empty = no_child_left();
+    let _ = reaped.send(success);
+    send(News::Reaped { tree_empty });
+}
+
+/// Waits for the keeper's end and reaps it; whether it exited 0. With a
+/// namespace this returns only once every process of it is gone.
+fn reap(pid: i32, pidfd: Option<&OwnedFd>) -> bool {
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
+    loop {
+        let r = match pidfd {
+            Some(fd) => waitid(WaitId::PidFd(fd.as_fd()), WaitIdOptions::EXITED),
+            None => match rustix::process::Pid::from_raw(pid) {
+                Some(p) => waitid(WaitId::Pid(p), WaitIdOptions::EXITED),
+                None => return false,
+            },
+        };
+        match r {
+            Ok(Some(status)) => return status.exit_status() == Some(0),
+            Ok(None) => return false,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Whether this process (the agent, a child subreaper whose only child was
+/// the keeper, now reaped) has no child left: the keeper's orphans would be
+/// ours. Zombies among them are reaped on the way; any error but ECHILD
+/// proves nothing and counts as a child left.
+pub fn no_child_left() -> bool {
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
+    loop {
+        match waitid(WaitId::All, WaitIdOptions::EXITED | WaitIdOptions::NOHANG) {
+            // An orphan of the tree that already died: reaped, look again.
+            Ok(Some(_)) => {}
+            // Children, none of them ended.
+            Ok(None) => return false,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::CHILD) => return true,
+            Err(_) => return false,
+        }
     }
 }
 
@@ -257,9 +376,14 @@ impl Keeper {
         self.send_unless_gone(Ctl::Term);
     }
 
-    /// SIGKILL to the job's whole tree: through the keeper (woken with
-    /// SIGCONT), and from here too (see the module doc).
+    /// SIGKILL to the job's whole tree: with a namespace, SIGKILL to the
+    /// keeper, its init (the kernel kills the rest); without, through the
+    /// keeper (woken with SIGCONT) and by the agent's own walk.
     pub fn kill(&mut self) {
+        if self.ns != Namespaces::None {
+            self.signal(Signal::KILL);
+            return;
+        }
         self.wake();
         self.kill_tree_directly();
         self.send_unless_gone(Ctl::Kill);
@@ -277,18 +401,22 @@ impl Keeper {
 
     /// A command about the tree, unless the keeper said it is gone.
     fn send_unless_gone(&mut self, cmd: Ctl) {
-        if !self.seen.tree_gone.load(Ordering::SeqCst) {
+        if !self.tree_gone.load(Ordering::SeqCst) {
             self.send(cmd);
         }
     }
 
-    /// One command on the ctl pipe, never blocking (one frame is at most
-    /// `PIPE_BUF`, so it goes whole or not at all).
+    /// One command on the ctl socket, never blocking (a frame this small is
+    /// queued whole or not at all).
     fn send(&mut self, cmd: Ctl) {
-        if let Some(ctl) = self.ctl.as_mut() {
-            match ctl.write(&cmd.encode()) {
+        if let Some(ctl) = self.ctl.as_ref() {
+            match rustix::net::send(
+                ctl,
+                &cmd.encode(),
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            ) {
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                Err(rustix::io::Errno::AGAIN) => {
                     log::warn!("the keeper is not reading its commands (stopped?)");
                 }
                 Err(_) => self.ctl = None,
@@ -296,12 +424,18 @@ impl Keeper {
         }
     }
 
+    /// `sig` to the keeper itself, through its pidfd (never by pid: the
+    /// reader may have reaped it).
+    fn signal(&self, sig: Signal) {
+        if let Some(fd) = &self.pidfd {
+            let _ = rustix::process::pidfd_send_signal(fd.as_fd(), sig);
+        }
+    }
+
     /// SIGCONT to the keeper: a keeper stopped by the job (or anyone) acts
     /// on its queue and its own timer again.
     fn wake(&self) {
-        if let Some(fd) = &self.pidfd {
-            let _ = rustix::process::pidfd_send_signal(fd, Signal::CONT);
-        }
+        self.signal(Signal::CONT);
     }
 
     /// SIGKILL to every process below the agent but the keeper: the job's
@@ -309,61 +443,54 @@ impl Keeper {
     /// (re-parented to the agent, a child subreaper).
     fn kill_tree_directly(&self) {
         let me = rustix::process::getpid().as_raw_nonzero().get();
-        let keeper = i32::try_from(self.child.id()).ok();
-        crate::keeper::tree::kill_all_except(me, None, keeper);
+        crate::keeper::tree::kill_all_except(me, None, Some(self.pid));
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally
-    /// nothing, then exits); [`Keeper::finish`] reaps it.
+    /// nothing, then exits); [`Keeper::finish`] waits for its reaping.
     pub fn done(&mut self) {
-        if let Some(mut ctl) = self.ctl.take() {
-            let _ = ctl.write_all(&Ctl::Done.encode());
+        if let Some(ctl) = self.ctl.take() {
+            let _ = rustix::net::send(
+                &ctl,
+                &Ctl::Done.encode(),
+                SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+            );
         }
         // A stopped keeper could neither finish nor kill what is left.
         self.wake();
     }
 
-    /// Tells the keeper to finish (it kills whatever is left, normally
-    /// nothing, then exits), and reaps it (bounded). Waits on the keeper's
-    /// pidfd, which becomes readable when it exits, so the agent ends the
-    /// moment the keeper does (a sleep-and-retry loop cost up to its period
-    /// on every run).
+    /// Tells the keeper to finish and waits (bounded) for the reader to
+    /// have reaped it; a keeper that did not exit cleanly may have left the
+    /// job's cgroup behind, which is removed here.
     pub fn finish(mut self, within: Duration) {
         self.done();
-        let until = Instant::now() + within;
-        let pidfd = i32::try_from(self.child.id())
-            .ok()
-            .and_then(Pid::from_raw)
-            .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
-        loop {
-            match self.child.try_wait() {
-                // A keeper that finished removed the job cgroup itself.
-                Ok(Some(status)) if status.success() => return,
-                Ok(Some(_)) | Err(_) => {
-                    crate::keeper::cgroup::remove_left_by(self.child.id());
-                    return;
-                }
-                Ok(None) => {}
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                // Left running: it keeps killing what is left of the tree
-                // and exits when it is gone.
-                return;
-            }
-            match &pidfd {
-                Some(fd) => {
-                    let timeout = rustix::event::Timespec {
-                        tv_sec: left.as_secs() as i64,
-                        tv_nsec: i64::from(left.subsec_nanos()),
-                    };
-                    let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                    // Ready, timed out or interrupted: `try_wait` decides.
-                    let _ = rustix::event::poll(&mut fds, Some(&timeout));
-                }
-                // No pidfd (a kernel before 5.3): bounded retries.
-                None => std::thread::sleep(left.min(Duration::from_millis(2))),
-            }
+        match self.reaped.recv_timeout(within) {
+            // A keeper that finished removed the job cgroup itself.
+            Ok(true) => {}
+            Ok(false) => crate::keeper::cgroup::remove_left_by(std::process::id()),
+            // Left running: it keeps killing what is left of the tree and
+            // exits when it is gone.
+            Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_tries_a_pid_namespace_then_a_user_namespace_then_none() {
+        assert_eq!(
+            attempts(true, true),
+            [Namespaces::Pid, Namespaces::UserPid, Namespaces::None]
+        );
+        assert_eq!(
+            attempts(true, false),
+            [Namespaces::UserPid, Namespaces::None]
+        );
+        assert_eq!(attempts(false, true), [Namespaces::None]);
+        assert_eq!(attempts(false, false), [Namespaces::None]);
     }
 }

@@ -74,7 +74,7 @@ pub mod spawn;
 pub mod tree;
 
 use std::ffi::OsString;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -94,10 +94,6 @@ pub const KEEPER_ARG: &str = "__keeper";
 /// The keeper's name in `ps`, `pgrep` and OOM reports: `comm` holds at most
 /// 15 bytes, so `leaseagent-keeper` (its `argv[0]`) shows as this.
 pub const KEEPER_COMM: &str = "leaseagent-keep";
-
-fn parse_fd(s: Option<&OsString>) -> Option<RawFd> {
-    s?.to_str()?.parse().ok()
-}
 
 /// How the agent wants the job started, beyond its command: the keeper's
 /// arguments before `--`.
@@ -149,36 +145,56 @@ impl JobOptions {
     }
 }
 
-/// Runs the keeper: `__keeper CTL_FD REPORT_FD [--user UID:GID:GROUPS]
-/// [--terminal] -- COMMAND [ARG...]`.
+/// Runs the keeper: `__keeper AGENT_PID [--user UID:GID:GROUPS]
+/// [--terminal] -- COMMAND [ARG...]`, its ctl socket at fd 3 and its
+/// report socket at fd 4 (never on the command line: `sys::keeper_spawn`
+/// put them there).
 pub fn main(args: Vec<OsString>) -> ExitCode {
+    // Before anything else, and long before the job exists: exec made us
+    // dumpable again, and the job (same uid) must not be able to trace us,
+    // open our descriptors through /proc or write our oom_score_adj.
+    let dumpable = crate::sys::keeper_spawn::not_dumpable();
     crate::sys::malloc::one_arena();
-    let fds = (parse_fd(args.first()), parse_fd(args.get(1)));
-    let (Some(ctl_fd), Some(report_fd)) = fds else {
+    let agent = args.first().and_then(|a| a.to_str()?.parse::<u32>().ok());
+    let Some(agent) = agent else {
         eprintln!("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     let claimed = (
-        crate::sys::fd::claim_inherited_fd(ctl_fd),
-        crate::sys::fd::claim_inherited_fd(report_fd),
+        crate::sys::fd::claim_inherited_fd(crate::sys::keeper_spawn::KEEPER_CTL_FD),
+        crate::sys::fd::claim_inherited_fd(crate::sys::keeper_spawn::KEEPER_REPORT_FD),
     );
     let (Ok(ctl), Ok(report)) = claimed else {
         eprintln!("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    let Some((options, command)) = JobOptions::parse(args.get(2..).unwrap_or_default()) else {
+    let Some((options, command)) = JobOptions::parse(args.get(1..).unwrap_or_default()) else {
         eprintln!("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    run(ctl, report, command.to_vec(), options)
+    run(ctl, report, command.to_vec(), agent, dumpable, options)
 }
 
-/// The keeper's lifecycle: claim the pipes, prepare (handlers, session,
+/// The keeper's lifecycle: claim the channels, prepare (handlers, session,
 /// subreaper, cgroup), start the job, run the loop, clean up.
-fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>, options: JobOptions) -> ExitCode {
+fn run(
+    ctl: OwnedFd,
+    report: OwnedFd,
+    command: Vec<OsString>,
+    agent: u32,
+    dumpable: std::io::Result<()>,
+    options: JobOptions,
+) -> ExitCode {
     let Some(mut out) = close_pipes_on_exec(&ctl, report) else {
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
+    if let Err(e) = dumpable {
+        // The job is not started: it could reach us through /proc.
+        out.send(&spawn_failed(format!(
+            "keeper: cannot make itself non-dumpable (PR_SET_DUMPABLE): {e}"
+        )));
+        return ExitCode::SUCCESS;
+    }
     name_self(&mut out);
     // Lowered like the agent's own oom_score_adj (the keeper starts before
     // the agent lowers its own); the agent logged whether memory could be
@@ -193,19 +209,36 @@ fn run(ctl: OwnedFd, report: OwnedFd, command: Vec<OsString>, options: JobOption
             return ExitCode::SUCCESS;
         }
     };
-    let (sigchld, cgroup, job_pid, carry) =
-        match prepare_and_spawn(&mut out, &ctl, &command, &options) {
-            Ok(Some(started)) => started,
-            // The agent went away before the grant: no job.
-            Ok(None) => return ExitCode::SUCCESS,
-            Err(failed) => {
-                // The agent reads this as the job's spawn failure.
-                out.send(&failed);
-                return ExitCode::SUCCESS;
-            }
-        };
-    out.send(&Report::Started { pid: job_pid });
-    let system = System::new(out, ctl, sigchld, timer, cgroup);
+    // The kill path's descriptor, opened while we may: our own children,
+    // read again from the start when nothing else can be opened.
+    let children = rustix::fs::open(
+        "/proc/thread-self/children",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .ok();
+    let started = match prepare_and_spawn(&mut out, &ctl, &command, agent, &options) {
+        Ok(Some(started)) => started,
+        // The agent went away before the grant: no job.
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(failed) => {
+            // The agent reads this as the job's spawn failure.
+            out.send(&failed);
+            return ExitCode::SUCCESS;
+        }
+    };
+    let Started {
+        sigchld,
+        cgroup,
+        job_pid,
+        carry,
+        containment,
+    } = started;
+    out.send(&Report::Started {
+        pid: job_pid,
+        containment,
+    });
+    let system = System::new(out, ctl, sigchld, timer, cgroup, children);
     event_loop::EventLoop::new(system, job_pid, carry)
         .run()
         .finish();
@@ -234,7 +267,7 @@ fn deadline_timer() -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Neither pipe end may reach the job; the report end becomes the
+/// Neither channel may reach the job; the report end becomes the
 /// [`Reporter`]. `None`: cannot even report.
 fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     if fcntl_setfd(ctl, FdFlags::CLOEXEC).is_err()
@@ -247,9 +280,17 @@ fn close_pipes_on_exec(ctl: &OwnedFd, report: OwnedFd) -> Option<Reporter> {
     Some(Reporter::new(std::fs::File::from(report)))
 }
 
-/// What the keeper has once the job runs: the SIGCHLD self-pipe, the job's
-/// cgroup (if any), the job's pid, and ctl bytes read past the "go" frame.
-type Started = (UnixStream, Option<cgroup::JobCgroup>, i32, Vec<u8>);
+/// What the keeper has once the job runs.
+struct Started {
+    /// The SIGCHLD self-pipe.
+    sigchld: UnixStream,
+    /// The job's cgroup, if any.
+    cgroup: Option<cgroup::JobCgroup>,
+    job_pid: i32,
+    /// Ctl bytes read past the "go" frame.
+    carry: Vec<u8>,
+    containment: protocol::Containment,
+}
 
 /// Every step before the loop, in order: set-up, the "go" frame with the
 /// job's environment (`None`: the agent left without one), the job.
@@ -257,6 +298,7 @@ fn prepare_and_spawn(
     out: &mut Reporter,
     ctl: &OwnedFd,
     command: &[OsString],
+    agent: u32,
     options: &JobOptions,
 ) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
@@ -272,7 +314,7 @@ fn prepare_and_spawn(
     };
     // A cgroup of the job's own where one can be made; `None` is the usual
     // case outside a delegated cgroup: the tree walk alone.
-    let mut cgroup = cgroup::JobCgroup::create().ok();
+    let mut cgroup = cgroup::JobCgroup::create(agent).ok();
     // Looked up now, while the agent acquires (see `find_in_path`), like
     // the job's `oom_score_adj` (it depends on the keeper's own only).
     let found = crate::sys::spawn::find_in_path(program, std::env::var_os("PATH").as_deref());
@@ -296,17 +338,24 @@ fn prepare_and_spawn(
     // The grant's variables never set PATH; if they ever did, the search
     // would be the child's own, under the new value.
     let sets_path = env.iter().any(|(k, _)| k == "PATH");
+    // Made now: it notes which signals this process ignores.
+    let steps = crate::sys::spawn::ChildSteps::new(options.user.as_ref(), options.terminal);
     let job = spawn::Job {
         program,
         resolved: found.as_deref().filter(|_| !sets_path),
         rest,
         env: &env,
         oom_score_adj,
-        // Made now: it notes which signals this process ignores.
-        steps: crate::sys::spawn::ChildSteps::new(options.user.as_ref(), options.terminal),
+        steps: &steps,
     };
-    let job_pid = spawn::spawn_job(out, &job, &mut cgroup)?;
-    Ok(Some((sigchld, cgroup, job_pid, carry)))
+    let (job_pid, containment) = spawn::spawn_job(out, &job, &mut cgroup)?;
+    Ok(Some(Started {
+        sigchld,
+        cgroup,
+        job_pid,
+        carry,
+        containment,
+    }))
 }
 
 /// The job's environment from the agent's "go" frame, and any bytes read

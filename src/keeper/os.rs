@@ -11,8 +11,18 @@
 //!   re-checked) and the cgroup's members (`cgroup.rs`);
 //! - `waitpid(-1, WNOHANG)` and how a wait status becomes a
 //!   [`ChildStatus`];
-//! - the `poll` on the SIGCHLD self-pipe, the timerfd and the ctl pipe, and
-//!   draining the first two.
+//! - the `poll` on the SIGCHLD self-pipe, the timerfd and the ctl socket,
+//!   and draining the first two;
+//! - how the tree is stopped in one operation where it can be: `kill(-1)`
+//!   from the init of the job's PID namespace (every process of it but the
+//!   keeper; no walk), `cgroup.kill` through a descriptor opened at start;
+//! - how the tree is sampled for the kill lead ([`Os::sample`]).
+//!
+//! Resource failures are not news about the agent or the tree: a `poll`
+//! that fails (EINVAL once `RLIMIT_NOFILE` is below its descriptor count,
+//! ENOMEM) is a [`Woken::failed`], which the loop answers by stopping the
+//! tree now; an unreadable `cgroup.events` is never "empty"; only ECHILD is
+//! "no child left".
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -29,6 +39,7 @@ use crate::keeper::protocol::{Report, Survival};
 use crate::keeper::tree;
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
+use crate::time::deadline::TreeSize;
 
 /// What one reap found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,9 +55,11 @@ pub enum Reaped {
 /// What woke a wait.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Woken {
-    /// The ctl pipe has bytes (or its end) to read.
+    /// The ctl socket has bytes (or its end) to read.
     pub ctl: bool,
-    /// The wait itself failed: taken as the agent being gone.
+    /// The wait itself failed (a resource failure: EINVAL from a lowered
+    /// `RLIMIT_NOFILE`, ENOMEM): the keeper can no longer watch, so it
+    /// stops the tree now. Never taken for the agent's end.
     pub failed: bool,
 }
 
@@ -92,6 +105,9 @@ pub trait Os {
     fn flush(&mut self);
     /// Waits for a child's end, a ctl byte, the timer, or `until`.
     fn wait(&mut self, until: Option<BootInstant>) -> Woken;
+    /// The tree's size now, for the kill lead; `None`: not sampled (the
+    /// loop then stops asking).
+    fn sample(&mut self) -> Option<TreeSize>;
 }
 
 /// The report pipe; once the agent is gone, reports go to stderr instead.
@@ -153,7 +169,7 @@ impl Drop for Reporter {
     }
 }
 
-/// The real system: the keeper's pipes, its SIGCHLD self-pipe, its
+/// The real system: the keeper's channels, its SIGCHLD self-pipe, its
 /// deadline timer and the job's cgroup.
 pub struct System {
     me: i32,
@@ -164,6 +180,11 @@ pub struct System {
     /// Fires at the guard's next time (`CLOCK_BOOTTIME`, absolute).
     timer: OwnedFd,
     cgroup: Option<JobCgroup>,
+    /// The keeper is PID 1 of the job's PID namespace.
+    pidns: bool,
+    /// `/proc/thread-self/children`, opened at start (the kill path that
+    /// needs no new descriptor).
+    children: Option<OwnedFd>,
 }
 
 impl System {
@@ -173,14 +194,26 @@ impl System {
         sigchld: UnixStream,
         timer: OwnedFd,
         cgroup: Option<JobCgroup>,
+        children: Option<OwnedFd>,
     ) -> Self {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
         System {
-            me: rustix::process::getpid().as_raw_nonzero().get(),
+            me,
             out,
             ctl: Some(std::fs::File::from(ctl)),
             sigchld,
             timer,
             cgroup,
+            pidns: me == 1,
+            children,
+        }
+    }
+
+    /// `sig` to every process of the keeper's PID namespace but the keeper:
+    /// one system call, nothing to walk (only for the namespace's init).
+    fn signal_namespace(&self, sig: rustix::process::Signal) {
+        if self.pidns {
+            let _ = kill_all_in_namespace(sig);
         }
     }
 
@@ -220,13 +253,19 @@ impl Os for System {
                 Ok(None) => return Reaped::Running,
                 Err(rustix::io::Errno::INTR) => {}
                 // ECHILD: nothing left below us.
-                Err(_) => return Reaped::NoChild,
+                Err(rustix::io::Errno::CHILD) => return Reaped::NoChild,
+                // Anything else proves nothing: children may be left.
+                Err(_) => return Reaped::Running,
             }
         }
     }
 
     fn cgroup_empty(&self) -> bool {
-        self.cgroup.as_ref().is_none_or(|cg| cg.pids().is_empty())
+        // Unreadable (EMFILE cannot happen on the open descriptor, but any
+        // error) is never taken for empty.
+        self.cgroup
+            .as_ref()
+            .is_none_or(|cg| cg.populated() == Some(false))
     }
 
     fn remove_cgroup(&mut self) -> bool {
@@ -238,6 +277,11 @@ impl Os for System {
 
     fn signal_tree(&mut self, sig: Sig, leader: Option<i32>) {
         let sig = sig.to_rustix();
+        if self.pidns {
+            // The whole namespace is the tree.
+            self.signal_namespace(sig);
+            return;
+        }
         let done: HashSet<i32> = tree::signal_all(self.me, sig, None, leader)
             .into_iter()
             .collect();
@@ -256,12 +300,21 @@ impl Os for System {
 
     fn kill_tree(&mut self, leader: Option<i32>) -> Result<(), String> {
         let mut result = Ok(());
+        // One operation each where there is one: the namespace, the cgroup.
+        self.signal_namespace(rustix::process::Signal::KILL);
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.kill() {
                 result = Err(format!("cgroup.kill in {} failed: {e}", cg.dir().display()));
             }
         }
-        tree::kill_all(self.me, leader);
+        if !self.pidns {
+            tree::kill_all(self.me, leader);
+        }
+        // Whatever the walk could not open (EMFILE): our own children, by
+        // pid, through the descriptor opened at start.
+        if let Some(children) = &self.children {
+            tree::kill_own_children(children);
+        }
         result
     }
 
@@ -347,6 +400,23 @@ impl Os for System {
             Ok(_) | Err(rustix::io::Errno::INTR) => false,
             Err(_) => true,
         };
+        if failed {
+            drop(fds);
+            // No poll (EINVAL under a lowered RLIMIT_NOFILE, ENOMEM): wait
+            // without one, for the loop's next time or briefly, so the loop
+            // goes on (reaping, kill rounds) without spinning.
+            let pause = until.map_or(FAILED_POLL_PAUSE, |u| {
+                BootInstant::now().until(u).min(FAILED_POLL_PAUSE)
+            });
+            let _ = rustix::thread::nanosleep(&rustix::thread::Timespec {
+                tv_sec: 0,
+                tv_nsec: i64::from(pause.max(Duration::from_millis(1)).subsec_nanos()),
+            });
+            return Woken {
+                ctl: self.ctl.is_some(),
+                failed: true,
+            };
+        }
         let chld_ready = !fds[0].revents().is_empty();
         let timer_ready = !fds[1].revents().is_empty();
         let ctl = fds.get(2).is_some_and(|f| !f.revents().is_empty());
@@ -360,4 +430,46 @@ impl Os for System {
         }
         Woken { ctl, failed }
     }
+
+    fn sample(&mut self) -> Option<TreeSize> {
+        let pids: Vec<i32> = if self.pidns {
+            // Every process of the namespace but the keeper.
+            std::fs::read_dir("/proc")
+                .ok()?
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| p != self.me)
+                .collect()
+        } else {
+            tree::descendants(self.me).iter().map(|p| p.pid).collect()
+        };
+        let page = rustix::param::page_size() as u64;
+        let private_pages: u64 = pids.iter().map(|&p| private_pages(p)).sum();
+        Some(TreeSize {
+            procs: u32::try_from(pids.len()).unwrap_or(u32::MAX),
+            private_bytes: private_pages.saturating_mul(page),
+        })
+    }
+}
+
+/// How long a wait without `poll` lasts at most.
+const FAILED_POLL_PAUSE: Duration = Duration::from_millis(10);
+
+/// `kill(-1, sig)`: from the init of a PID namespace, every other process
+/// of the namespace.
+fn kill_all_in_namespace(sig: rustix::process::Signal) -> rustix::io::Result<()> {
+    crate::sys::keeper_spawn::kill_every_other(sig)
+}
+
+/// A process's resident pages less its shared ones (`/proc/PID/statm`):
+/// roughly its anonymous memory, what the kernel frees page by page when
+/// it dies. 0 for a process gone meanwhile.
+fn private_pages(pid: i32) -> u64 {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
+        return 0;
+    };
+    let mut f = text.split_whitespace().skip(1);
+    let resident: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let shared: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    resident.saturating_sub(shared)
 }

@@ -1,8 +1,17 @@
-//! Both ends of the keeper's two pipes, typed: what the agent asks
-//! ([`Command`], one byte each on the ctl pipe) and what the keeper reports
-//! ([`Report`], one line each on the report pipe). Before any command, the
-//! ctl pipe carries one "go" frame ([`encode_go`], [`GoReader`]): the
-//! job's environment from the grant, the keeper's cue to start the job.
+//! Both ends of the keeper's two channels, typed: what the agent asks
+//! ([`Command`], one byte each on the ctl socket) and what the keeper
+//! reports ([`Report`], one line each on the report socket). Before any
+//! command, the ctl socket carries one "go" frame ([`encode_go`],
+//! [`GoReader`]): the job's environment from the grant, the keeper's cue to
+//! start the job.
+//!
+//! The channels are two `AF_UNIX` stream socket pairs, not pipes: a pipe
+//! can be reopened, for writing, through `/proc/PID/fd/N` by anyone who may
+//! open that link, and the report pipe of an earlier version was how a job
+//! wrote a forged `X exit 0` / `G` into it. A socket cannot be opened
+//! through `/proc` at all (ENXIO), both guardians are non-dumpable (their
+//! `/proc/PID/fd` is root's), and a report is never enough to release: the
+//! agent confirms the tree gone itself (`keeper::handle`).
 //!
 //! One definition for both processes, so the writer's `Display` and the
 //! reader's `FromStr` cannot drift apart (a unit test round-trips every
@@ -19,13 +28,14 @@ use crate::time::clock::BootInstant;
 use crate::time::deadline::Deadline;
 
 /// What the agent asks of the keeper, on the ctl pipe: one byte each, but
-/// for [`Command::Arm`], a fixed frame of [`ARM_FRAME`] bytes. Every frame
-/// is at most `PIPE_BUF` long, so a write of one is atomic: a reader never
-/// sees half a frame from one write, though one `read` may end inside a
-/// frame when several are queued ([`Decoder`] keeps the rest).
+/// for [`Command::Arm`], a fixed frame of [`ARM_FRAME`] bytes, on a stream
+/// socket. A frame this small is queued whole or not at all by a
+/// non-blocking send (one socket buffer), so a reader never sees half a
+/// frame from one write, though one `read` may end inside a frame when
+/// several are queued ([`Decoder`] keeps the rest).
 ///
-/// EOF on the ctl pipe is not a command: it means the agent is gone, and the
-/// keeper kills the whole tree.
+/// End of file on the ctl socket is not a command: it means the agent is
+/// gone, and the keeper kills the whole tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     /// Relay this signal to the members of the job's process group.
@@ -50,8 +60,10 @@ pub struct Arm {
     pub deadline_us: u64,
     /// SIGTERM this long before the deadline.
     pub grace_us: u64,
-    /// SIGKILL this long before the deadline.
+    /// SIGKILL this long before the deadline (as the agent sized it).
     pub kill_lead_us: u64,
+    /// The granted ttl, which bounds the lead the keeper sizes itself.
+    pub ttl_us: u64,
 }
 
 impl Arm {
@@ -62,6 +74,7 @@ impl Arm {
             deadline_us: us(deadline.at.since_boot()),
             grace_us: us(deadline.grace),
             kill_lead_us: us(deadline.kill_lead),
+            ttl_us: us(deadline.ttl),
         }
     }
 
@@ -71,14 +84,15 @@ impl Arm {
             at: BootInstant::from_since_boot(Duration::from_micros(self.deadline_us)),
             grace: Duration::from_micros(self.grace_us),
             kill_lead: Duration::from_micros(self.kill_lead_us),
+            ttl: Duration::from_micros(self.ttl_us),
         }
     }
 }
 
 /// The tag byte of [`Command::Arm`].
 const ARM_TAG: u8 = b'A';
-/// The length of an [`Command::Arm`] frame: the tag and three u64 (LE).
-pub const ARM_FRAME: usize = 25;
+/// The length of an [`Command::Arm`] frame: the tag and four u64 (LE).
+pub const ARM_FRAME: usize = 33;
 
 impl Command {
     /// The bytes of this command on the ctl pipe.
@@ -92,7 +106,7 @@ impl Command {
             Command::Arm(a) => {
                 let mut v = Vec::with_capacity(ARM_FRAME);
                 v.push(ARM_TAG);
-                for n in [a.deadline_us, a.grace_us, a.kill_lead_us] {
+                for n in [a.deadline_us, a.grace_us, a.kill_lead_us, a.ttl_us] {
                     v.extend_from_slice(&n.to_le_bytes());
                 }
                 v
@@ -135,6 +149,7 @@ impl Decoder {
                         deadline_us: n(0),
                         grace_us: n(1),
                         kill_lead_us: n(2),
+                        ttl_us: n(3),
                     }));
                     self.pending.clear();
                 }
@@ -222,6 +237,40 @@ impl GoReader {
     }
 }
 
+/// What holds the job's tree (`LEASE_CONTAINMENT`): the keeper's PID
+/// namespace, a cgroup of the job's own, or the tree walk alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Containment {
+    /// The keeper is PID 1 of a PID namespace of the job's own: the
+    /// kernel kills the namespace with it, the job cannot name the agent
+    /// nor stop or kill the keeper.
+    Pidns,
+    /// No namespace, a cgroup v2 of the job's own (`cgroup.kill`).
+    Cgroup,
+    /// Neither: the keeper (a child subreaper) finds the tree in `/proc`.
+    Tree,
+}
+
+impl Containment {
+    /// The word of `LEASE_CONTAINMENT` and the state file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Containment::Pidns => "pidns",
+            Containment::Cgroup => "cgroup",
+            Containment::Tree => "tree",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Containment::Pidns, Containment::Cgroup, Containment::Tree]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
+}
+
+/// The variable that tells the job its containment.
+pub const ENV_CONTAINMENT: &str = "LEASE_CONTAINMENT";
+
 /// Why the command could not be started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpawnFailure {
@@ -288,8 +337,13 @@ impl Survival {
 /// What the keeper tells the agent; one line on the report pipe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Report {
-    /// The job runs; its process group id is its pid. `P pid`
-    Started { pid: i32 },
+    /// The job runs; its process group id is its pid (in the keeper's PID
+    /// namespace when it has one), held by `containment`.
+    /// `P pid containment`
+    Started { pid: i32, containment: Containment },
+    /// The tree as the keeper last sampled it (for the kill lead).
+    /// `Z procs private_kib`
+    Size { procs: u32, private_kib: u64 },
     /// The job could not be started (or the keeper could not guard it).
     /// `E kind message`
     SpawnFailed { kind: SpawnFailure, message: String },
@@ -314,6 +368,14 @@ pub enum Report {
     Info(String),
 }
 
+/// The tree size a [`Report::Size`] carries.
+pub fn tree_size(procs: u32, private_kib: u64) -> crate::time::deadline::TreeSize {
+    crate::time::deadline::TreeSize {
+        procs,
+        private_bytes: private_kib.saturating_mul(1024),
+    }
+}
+
 /// One line: newlines and control characters become visible escapes.
 fn one_line(s: &str) -> String {
     crate::escape::escape(s)
@@ -322,7 +384,8 @@ fn one_line(s: &str) -> String {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Report::Started { pid } => write!(f, "P {pid}"),
+            Report::Started { pid, containment } => write!(f, "P {pid} {}", containment.as_str()),
+            Report::Size { procs, private_kib } => write!(f, "Z {procs} {private_kib}"),
             Report::SpawnFailed { kind, message } => {
                 write!(f, "E {} {}", kind.as_str(), one_line(message))
             }
@@ -366,9 +429,20 @@ impl FromStr for Report {
             None => (line, None),
         };
         match (tag, rest) {
-            ("P", Some(pid)) => Ok(Report::Started {
-                pid: pid.parse().map_err(|_| bad())?,
-            }),
+            ("P", Some(rest)) => {
+                let (pid, containment) = rest.split_once(' ').ok_or_else(bad)?;
+                Ok(Report::Started {
+                    pid: pid.parse().map_err(|_| bad())?,
+                    containment: Containment::parse(containment).ok_or_else(bad)?,
+                })
+            }
+            ("Z", Some(rest)) => {
+                let (procs, kib) = rest.split_once(' ').ok_or_else(bad)?;
+                Ok(Report::Size {
+                    procs: procs.parse().map_err(|_| bad())?,
+                    private_kib: kib.parse().map_err(|_| bad())?,
+                })
+            }
             ("E", Some(rest)) => {
                 let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
                 let kind = match kind {
@@ -459,7 +533,18 @@ mod tests {
     #[test]
     fn every_report_round_trips() {
         let all = [
-            Report::Started { pid: 42 },
+            Report::Started {
+                pid: 42,
+                containment: Containment::Pidns,
+            },
+            Report::Started {
+                pid: 2,
+                containment: Containment::Tree,
+            },
+            Report::Size {
+                procs: 2_000,
+                private_kib: 4 << 20,
+            },
             Report::SpawnFailed {
                 kind: SpawnFailure::NotFound,
                 message: "No such file or directory (os error 2)".into(),
@@ -523,6 +608,9 @@ mod tests {
             "Q",
             "P x",
             "P",
+            "P 4",
+            "P 4 jail",
+            "Z 1",
             "X exit 3",
             "X oops 3 4",
             "G extra",
@@ -545,6 +633,7 @@ mod tests {
                 deadline_us: u64::MAX - 7,
                 grace_us: 500_000,
                 kill_lead_us: 20_000,
+                ttl_us: 4_000_000,
             }),
         ];
         let mut d = Decoder::default();
@@ -569,6 +658,7 @@ mod tests {
             at: BootInstant::from_since_boot(Duration::new(5, 123_456_789)),
             grace: Duration::from_nanos(1_500_999),
             kill_lead: Duration::from_millis(20),
+            ttl: Duration::from_secs(4),
         };
         let arm = Arm::of(d);
         assert_eq!(
@@ -577,10 +667,11 @@ mod tests {
                 deadline_us: 5_123_456,
                 grace_us: 1_500,
                 kill_lead_us: 20_000,
+                ttl_us: 4_000_000,
             }
         );
         let mut frame = vec![b'A'];
-        for n in [5_123_456u64, 1_500, 20_000] {
+        for n in [5_123_456u64, 1_500, 20_000, 4_000_000] {
             frame.extend_from_slice(&n.to_le_bytes());
         }
         assert_eq!(Command::Arm(arm).encode(), frame);

@@ -22,10 +22,11 @@ use std::process::Command;
 
 use crate::keeper::cgroup;
 use crate::keeper::os::Reporter;
-use crate::keeper::protocol::{Report, SpawnFailure};
+use crate::keeper::protocol::{Containment, ENV_CONTAINMENT, Report, SpawnFailure};
 use crate::keeper::tree;
 
 /// What the job is started with.
+#[derive(Clone, Copy)]
 pub(super) struct Job<'a> {
     pub program: &'a OsString,
     /// The file `program` names along `PATH`, when found beforehand.
@@ -35,44 +36,76 @@ pub(super) struct Job<'a> {
     pub env: &'a [(OsString, OsString)],
     pub oom_score_adj: i16,
     /// `--user`, the child's own steps (`sys::spawn::ChildSteps`).
-    pub steps: crate::sys::spawn::ChildSteps,
+    pub steps: &'a crate::sys::spawn::ChildSteps,
+}
+
+/// `job` with `LEASE_CONTAINMENT` set to what will hold it (over any value
+/// the grant's variables or the agent's environment had).
+fn contained<'a>(
+    job: &Job<'a>,
+    env: &'a mut Vec<(OsString, OsString)>,
+    containment: Containment,
+) -> Job<'a> {
+    env.clear();
+    env.extend(
+        job.env
+            .iter()
+            .filter(|(k, _)| k != ENV_CONTAINMENT)
+            .cloned(),
+    );
+    env.push((ENV_CONTAINMENT.into(), containment.as_str().into()));
+    Job { env, ..*job }
 }
 
 /// Starts the job in a process group of its own, inside its cgroup if any
-/// (said in a report once it runs there); returns its pid. We reap through
-/// `waitpid`.
+/// (said in a report once it runs there); returns its pid and what holds
+/// it (the keeper's PID namespace when the keeper is its PID 1, the cgroup,
+/// or the tree walk alone), which the job finds in `LEASE_CONTAINMENT`.
+/// We reap through `waitpid`.
 pub(super) fn spawn_job(
     out: &mut Reporter,
     job: &Job<'_>,
     cgroup: &mut Option<cgroup::JobCgroup>,
-) -> Result<i32, Report> {
+) -> Result<(i32, Containment), Report> {
+    let pidns = rustix::process::getpid().as_raw_nonzero().get() == 1;
+    let held = |in_cgroup: bool| match (pidns, in_cgroup) {
+        (true, _) => Containment::Pidns,
+        (false, true) => Containment::Cgroup,
+        (false, false) => Containment::Tree,
+    };
+    let mut env = Vec::new();
     let mut how = String::new();
     let spawned = match cgroup.as_ref() {
-        Some(cg) => match spawn_into(cg, job) {
+        Some(cg) => match spawn_into(cg, &contained(job, &mut env, held(true))) {
             Ok(result) => result,
             // The kernel cannot clone into a cgroup: move there instead.
             Err(refused) => match cg.probe_moves() {
                 Ok(()) => {
                     how = format!(" (moved there: {refused})");
-                    spawn_by_moving(cg, job)
+                    spawn_by_moving(cg, &contained(job, &mut env, held(true)))
                 }
                 Err(_) => {
                     *cgroup = None;
-                    spawn_plain(job)
+                    spawn_plain(&contained(job, &mut env, held(false)))
                 }
             },
         },
-        None => spawn_plain(job),
+        None => spawn_plain(&contained(job, &mut env, held(false))),
     };
     match spawned {
         Ok(pid) => {
             if let Some(cg) = cgroup.as_ref() {
                 out.send(&Report::Info(format!(
-                    "the job runs in cgroup {}{how}; stops use cgroup.kill and the process tree",
-                    cg.dir().display()
+                    "the job runs in cgroup {}{how}; stops use cgroup.kill{}",
+                    cg.dir().display(),
+                    if pidns {
+                        " and the PID namespace"
+                    } else {
+                        " and the process tree"
+                    }
                 )));
             }
-            Ok(pid)
+            Ok((pid, held(cgroup.is_some())))
         }
         Err(e) => {
             if let Some(cg) = cgroup.take() {
@@ -122,7 +155,7 @@ fn spawn_into(cg: &cgroup::JobCgroup, job: &Job<'_>) -> Result<std::io::Result<i
         job.env,
         dir.as_fd(),
         job.oom_score_adj,
-        &job.steps,
+        job.steps,
     ) {
         Ok(pid) => Ok(Ok(pid)),
         Err(crate::sys::spawn::Failure::Exec(e)) => Ok(Err(e)),

@@ -2,15 +2,18 @@
 //! lives here and nowhere else, each block with a `// SAFETY:` note: the
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
-//! (`spawn`), the SQLite VFS that opens through a checked directory
-//! (`sqlite_at`), and the user lookups and the uid switch of `--user`
-//! (`user`). Also: walking configured paths as the kernel's
-//! `protected_symlinks` rule would (`walk`), where state and runtime files
+//! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`),
+//! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
+//! the user lookups and the uid switch of `--user` (`user`). Also: walking
+//! configured paths as the kernel's `protected_symlinks` rule would
+//! (`walk`), where state and runtime files
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
 #[allow(unsafe_code)]
 pub mod fd;
+#[allow(unsafe_code)]
+pub mod keeper_spawn;
 #[allow(unsafe_code)]
 pub mod malloc;
 pub mod memory;

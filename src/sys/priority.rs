@@ -52,7 +52,14 @@ pub fn oom_score_adj_on_exec(cmd: &mut Command, adj: i16) {
 /// Writes `text` (a formatted `oom_score_adj`) to this process's own; best
 /// effort. Async-signal-safe (rustix's raw open/write/close, no
 /// allocation): for a child between `fork` and `exec`.
+///
+/// The keeper is not dumpable (`PR_SET_DUMPABLE 0`, out of the job's
+/// reach), and its child inherits that until `exec`: the child's
+/// `/proc/self` files then belong to root (or to nobody in a user
+/// namespace), and this write would fail. So the child, which is the job
+/// about to be, makes itself dumpable first, as its `exec` would anyway.
 pub fn write_own_oom_score_adj(text: &[u8]) {
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable);
     if let Ok(fd) = rustix::fs::open(
         c"/proc/self/oom_score_adj",
         rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,

@@ -12,10 +12,18 @@
 //!   the authority's expiry.
 //! - **SIGTERM** to the tree at `deadline − grace`, never after the kill
 //!   time ([`Deadline::term_at`]); **SIGKILL** at `deadline − kill lead`
-//!   ([`Deadline::kill_at`]), the lead being [`KILL_LEAD`] capped at a
-//!   twentieth of the ttl ([`kill_lead`]): the kernel needs a moment to take
-//!   a killed process down, and "dead before the deadline" must hold, not
-//!   "signalled at it".
+//!   ([`Deadline::kill_at`]). The kernel needs time to take a killed tree
+//!   down, and "dead before the deadline" means reaped, not "signalled at
+//!   it": the lead is sized from the tree as it runs ([`kill_lead`]): a
+//!   floor ([`KILL_LEAD`], at most a twentieth of the ttl) plus a cost per
+//!   process and per GiB of private resident memory ([`TreeSize`]), from
+//!   the teardown times measured for #31 (2,000 processes: up to 170 ms
+//!   after `cgroup.kill` on 2 CPUs; 4 GiB: up to 450 ms) with about twice
+//!   their margin, at most a quarter of the ttl
+//!   ([`max_kill_lead`]). A quarter keeps the contract's "two lost
+//!   heartbeats do not stop the command" with default flags (the third
+//!   try, at 1.67 heartbeats, is answered before 2.25), and a tree too big
+//!   for it on this host is killed as early as the lease allows.
 //!
 //! Both guardians work from the same [`Deadline`] (the agent hands the
 //! keeper the one its machine computed, through `keeper::protocol::Arm`),
@@ -25,8 +33,30 @@ use std::time::Duration;
 
 use crate::time::clock::BootInstant;
 
-/// How long before the deadline SIGKILL is sent (capped at ttl/20).
+/// The floor of the kill lead: how long before the deadline SIGKILL goes
+/// out for the smallest tree (capped at ttl/20).
 pub const KILL_LEAD: Duration = Duration::from_millis(20);
+
+/// What a process of the tree adds to the kill lead: its share of the
+/// kernel's teardown on a busy two-CPU host, sized for the slowest stop,
+/// the fallback's walk (2,000 processes of `nobody`, each in a session of
+/// its own, took up to 433 ms from the first SIGKILL to the last death in
+/// #31's figures, and 300-450 ms in `agent_contain`'s test), with margin;
+/// `cgroup.kill` and a PID namespace take about half of that.
+pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(400);
+
+/// What a GiB of private resident memory (anonymous pages: freed one by
+/// one at exit) adds to the kill lead (4 GiB took up to 450 ms), with
+/// margin.
+pub const LEAD_PER_GIB: Duration = Duration::from_millis(200);
+
+/// The tree as last sampled: how many processes, how much private
+/// resident memory (resident less shared, in bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeSize {
+    pub procs: u32,
+    pub private_bytes: u64,
+}
 
 /// ε of the deadline: an authority may floor its receipt time to whole
 /// milliseconds (the reference engine does), so its expiry can be up to 1 ms
@@ -47,10 +77,25 @@ pub fn local(sent: BootInstant, ttl: Duration, drift_ppm: u32) -> BootInstant {
     sent + budget.saturating_sub(ROUNDING_MARGIN)
 }
 
-/// How long before the deadline of a lease of `ttl` SIGKILL goes out:
-/// [`KILL_LEAD`], at most a twentieth of the ttl.
-pub fn kill_lead(ttl: Duration) -> Duration {
-    KILL_LEAD.min(ttl / 20)
+/// The longest kill lead of a lease of `ttl`: a quarter of it.
+pub fn max_kill_lead(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+/// How long before the deadline of a lease of `ttl` SIGKILL goes out for a
+/// tree of `tree`'s size: [`KILL_LEAD`] (at most ttl/20), plus
+/// [`LEAD_PER_PROCESS`] a process and [`LEAD_PER_GIB`] a GiB of private
+/// resident memory, at most [`max_kill_lead`].
+pub fn kill_lead(ttl: Duration, tree: TreeSize) -> Duration {
+    const GIB: u128 = 1 << 30;
+    let floor = KILL_LEAD.min(ttl / 20);
+    let per_mem_ns = LEAD_PER_GIB.as_nanos() * u128::from(tree.private_bytes) / GIB;
+    let sized = floor
+        .saturating_add(LEAD_PER_PROCESS.saturating_mul(tree.procs))
+        .saturating_add(Duration::from_nanos(
+            u64::try_from(per_mem_ns).unwrap_or(u64::MAX),
+        ));
+    sized.min(max_kill_lead(ttl)).max(floor)
 }
 
 /// A deadline and how the tree is stopped before it.
@@ -62,6 +107,9 @@ pub struct Deadline {
     pub grace: Duration,
     /// SIGKILL this long before `at`.
     pub kill_lead: Duration,
+    /// The granted ttl, which bounds the lead ([`kill_lead`]): the keeper
+    /// sizes a lead of its own from its samples of the tree with it.
+    pub ttl: Duration,
 }
 
 impl Deadline {
@@ -74,6 +122,13 @@ impl Deadline {
     /// shorter than the kill lead.
     pub fn term_at(&self) -> BootInstant {
         (self.at - self.grace).min(self.kill_at())
+    }
+
+    /// The lead for a tree of `tree`'s size under this deadline's ttl, or
+    /// the one it carries if that is longer (a lead only ever grows: the
+    /// earlier kill is the safe one).
+    pub fn lead_for(&self, tree: TreeSize) -> Duration {
+        self.kill_lead.max(kill_lead(self.ttl, tree))
     }
 
     /// The same deadline with the grace it actually gets (`at − term_at`):
@@ -117,6 +172,7 @@ mod tests {
             at: at(10_000),
             grace: ms(3_000),
             kill_lead: ms(200),
+            ttl: ms(10_000),
         };
         assert_eq!(d.term_at(), at(7_000));
         assert_eq!(d.kill_at(), at(9_800));
@@ -126,7 +182,47 @@ mod tests {
         let short = Deadline { grace: ms(5), ..d };
         assert_eq!(short.term_at(), at(9_800));
         assert_eq!(short.with_effective_grace().grace, ms(200));
-        assert_eq!(kill_lead(ms(30_000)), KILL_LEAD);
-        assert_eq!(kill_lead(ms(200)), ms(10));
+        let none = TreeSize::default();
+        assert_eq!(kill_lead(ms(30_000), none), KILL_LEAD);
+        assert_eq!(kill_lead(ms(200), none), ms(10));
+    }
+
+    #[test]
+    fn the_lead_grows_with_the_tree_up_to_a_quarter_of_the_ttl() {
+        let ttl = ms(30_000);
+        let procs = |n| TreeSize {
+            procs: n,
+            private_bytes: 0,
+        };
+        assert_eq!(kill_lead(ttl, procs(1)), KILL_LEAD + LEAD_PER_PROCESS);
+        assert_eq!(
+            kill_lead(ttl, procs(1_000)),
+            KILL_LEAD + LEAD_PER_PROCESS * 1_000
+        );
+        let gib = TreeSize {
+            procs: 0,
+            private_bytes: 2 << 30,
+        };
+        assert_eq!(kill_lead(ttl, gib), KILL_LEAD + LEAD_PER_GIB * 2);
+        // Capped at ttl/4, never below the floor.
+        let huge = TreeSize {
+            procs: u32::MAX,
+            private_bytes: u64::MAX,
+        };
+        assert_eq!(kill_lead(ms(4_000), huge), ms(1_000));
+        assert_eq!(kill_lead(ms(40), none()), ms(2));
+        // A deadline's lead only grows with a sample.
+        let d = Deadline {
+            at: at(10_000),
+            grace: ms(3_000),
+            kill_lead: ms(300),
+            ttl: ms(4_000),
+        };
+        assert_eq!(d.lead_for(procs(1)), ms(300));
+        assert_eq!(d.lead_for(huge), ms(1_000));
+    }
+
+    fn none() -> TreeSize {
+        TreeSize::default()
     }
 }

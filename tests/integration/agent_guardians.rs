@@ -541,7 +541,19 @@ fn a_setuid_root_helper_under_a_non_root_agent_is_125_and_never_released() {
     c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(bin())
         .args(["--authority", &fake.url(), "--task", "setuid-helper"])
-        .args(["--ttl", "30s", "--grace", "300ms", "--", "sh", "-c"])
+        // Without a namespace: in the user namespace an unprivileged agent
+        // gets, a set-user-ID root file runs without gaining root (root is
+        // not mapped there), which agent_contain's tests rely on instead.
+        .args([
+            "--no-pid-namespace",
+            "--ttl",
+            "30s",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(format!(
             "{} </dev/null >/dev/null 2>&1 & echo $! >> {}; sleep 0.2; exit 0",
             helper_bin.display(),
@@ -584,7 +596,10 @@ fn a_setuid_root_helper_under_a_non_root_agent_is_125_and_never_released() {
         "{err}"
     );
     assert!(fake.requests_to("/v1/release").is_empty(), "{err}");
-    assert!(keeper_alive, "the keeper stays with what it could not kill");
+    assert!(
+        keeper_alive,
+        "the keeper stays with what it could not kill: {err}"
+    );
     assert!(ticks <= 9, "the keeper burnt {ticks} ticks in 3 s");
     wait_for(T, || (!exists(keeper)).then_some(())).expect("the keeper ends with the helper");
 }

@@ -35,6 +35,7 @@ fn state(dir: &std::path::Path, view: LeaseView, left: Duration, boot: String) -
         boot_id: boot,
         agent_pid: std::process::id(),
         outcome: None,
+        containment: None,
     })
     .unwrap();
     w

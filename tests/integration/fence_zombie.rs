@@ -124,6 +124,8 @@ fn agent(url: &str, task: &str, work: &Path, who: &str, extra: &[&str], job: &st
             TTL,
             "--holder",
             who,
+            // The job writes its pid (`$$`) for the test to resume it.
+            "--no-pid-namespace",
         ])
         .args(extra)
         .args(["--", "sh", "-c", job])

@@ -78,6 +78,8 @@ impl Scene {
             .args(["--authority", authority, "--task", "part"])
             .args(timing)
             .args(["--holder", name])
+            // The job writes its pid (`$$`) for the test to watch.
+            .arg("--no-pid-namespace")
             .args(extra)
             .arg("--")
             .arg("sh")

@@ -24,13 +24,15 @@ impl Machine {
         Deadline {
             at: self.deadline,
             grace: self.grace,
-            kill_lead: deadline::kill_lead(self.ttl),
+            kill_lead: deadline::kill_lead(self.ttl, self.tree),
+            ttl: self.ttl,
         }
     }
 
-    /// When SIGKILL goes out: the kill lead (at most a twentieth of the
-    /// ttl) before the deadline, so the group is dead, not merely
-    /// signalled, by the deadline.
+    /// When SIGKILL goes out: the kill lead, sized from the tree as the
+    /// keeper last sampled it ([`deadline::kill_lead`]), before the
+    /// deadline, so the tree is dead, reaped, not merely signalled, by the
+    /// deadline.
     pub fn kill_time(&self) -> BootInstant {
         self.stop_times().kill_at()
     }
@@ -55,6 +57,9 @@ impl Machine {
 
     /// When the loop must wake up next, even if nothing happens.
     pub fn next_wake(&self) -> Option<BootInstant> {
+        if let Job::Unstarted { since, .. } = self.job {
+            return Some(since + TREE_GONE_TIMEOUT);
+        }
         if !self.job_alive() {
             return None;
         }
@@ -70,6 +75,16 @@ impl Machine {
 
     /// Deadline rules; called after every event.
     pub(super) fn check_time(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        if let Job::Unstarted { status, since, .. } = self.job {
+            if now >= since + TREE_GONE_TIMEOUT {
+                // The keeper said it started nothing but was never seen
+                // gone: nothing proves it, so no release.
+                self.job = Job::Finished;
+                out.push(Action::Report(Notice::NotReleasing));
+                out.push(Action::Exit(status));
+            }
+            return;
+        }
         if !self.job_alive() {
             return;
         }

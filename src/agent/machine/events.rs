@@ -9,10 +9,11 @@ use std::time::Duration;
 use crate::agent::report::{Notice, Status};
 use crate::agent::state_file::LeaseView;
 use crate::exit::ChildStatus;
+use crate::keeper::protocol::Containment;
 use crate::lease::{Outcome, RefusalReason};
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
-use crate::time::deadline::Deadline;
+use crate::time::deadline::{Deadline, TreeSize};
 
 /// Something that happened, as the supervisor loop saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,8 +37,11 @@ pub enum Event {
     },
     /// A signal was delivered to the agent.
     Signal(Sig),
-    /// The keeper started the job; its process group id is `pid`.
-    ChildStarted { pid: i32 },
+    /// The keeper started the job; its process group id is `pid`, and
+    /// `containment` holds its tree.
+    ChildStarted { pid: i32, containment: Containment },
+    /// The keeper sampled the tree: the kill lead follows its size.
+    TreeSized(TreeSize),
     /// The command could not be started.
     SpawnFailed { not_found: bool, message: String },
     /// The job's leader ended (at `at`, on the boot clock, as the keeper saw it).
@@ -45,10 +49,14 @@ pub enum Event {
         status: ChildStatus,
         at: BootInstant,
     },
-    /// Every process of the job's tree has been reaped.
+    /// The keeper says every process of the job's tree has been reaped: a
+    /// claim, never enough to release ([`Event::KeeperReaped`] is).
     TreeGone,
-    /// The keeper died without saying the tree was gone.
-    KeeperLost,
+    /// The agent reaped the keeper itself; `tree_empty`: and found no
+    /// process of the tree left (with a PID namespace, the init's reaping
+    /// proves it; without, no child is left below the agent, the subreaper
+    /// the keeper's orphans would go to). The one proof a release needs.
+    KeeperReaped { tree_empty: bool },
 }
 
 /// How the job's whole tree is stopped.
@@ -84,8 +92,8 @@ pub enum Action {
     /// The run's result, before any release: published in the state file and
     /// the last STATUS line.
     Finished { outcome: Outcome, status: u8 },
-    /// Release the lease with this outcome (after the tree was reported
-    /// gone, or when no job was ever started).
+    /// Release the lease with this outcome (after the agent confirmed the
+    /// tree gone, or when no job was ever handed to the keeper).
     Release {
         outcome: Outcome,
         exit_code: Option<i32>,

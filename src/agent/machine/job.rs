@@ -1,6 +1,6 @@
 //! The machine and the job's life: whether it may start at all, then what
-//! the keeper reports (started, could not start, leader ended, tree gone)
-//! and the keeper's own end without that report.
+//! the keeper reports (started, could not start, leader ended), and the
+//! agent's own reaping of the keeper, the one proof that the tree is gone.
 
 use super::events::{Action, Stop, passed_on};
 use super::outcome::TreeEnd;
@@ -8,6 +8,7 @@ use super::state::{Job, Machine, Phase, StopReason, Stopping};
 use crate::agent::report::{Notice, Status};
 use crate::agent::state_file::LeaseView;
 use crate::exit::{self, ChildStatus};
+use crate::keeper::protocol::Containment;
 use crate::lease::Outcome;
 use crate::time::clock::BootInstant;
 
@@ -36,12 +37,16 @@ impl Machine {
         }
     }
 
-    pub(super) fn on_started(&mut self, pid: i32, out: &mut Vec<Action>) {
+    pub(super) fn on_started(&mut self, pid: i32, containment: Containment, out: &mut Vec<Action>) {
         if self.job != Job::Starting {
             return;
         }
         self.job = Job::Running;
-        out.push(Action::Report(Notice::CommandStarted { pgid: pid }));
+        self.containment = Some(containment);
+        out.push(Action::Report(Notice::CommandStarted {
+            pgid: pid,
+            containment,
+        }));
         match self.stop {
             // A stop decided before the group existed is carried out now.
             Some(stop) => {
@@ -64,13 +69,18 @@ impl Machine {
         }
     }
 
+    /// The keeper says the command could not be started: decided at once,
+    /// released only once the agent has reaped the keeper and found nothing
+    /// left (a report alone never releases), or never, TREE_GONE_TIMEOUT
+    /// later.
     pub(super) fn on_spawn_failed(
         &mut self,
         not_found: bool,
         message: String,
+        now: BootInstant,
         out: &mut Vec<Action>,
     ) {
-        if !self.job_alive() {
+        if !matches!(self.job, Job::Starting) {
             return;
         }
         let code = if not_found {
@@ -78,8 +88,17 @@ impl Machine {
         } else {
             exit::CANNOT_EXECUTE
         };
-        let notice = Notice::SpawnFailed { message };
-        self.end_unstarted(notice, Outcome::Failed, code, Some(i32::from(code)), out);
+        out.push(Action::Report(Notice::SpawnFailed { message }));
+        out.push(Action::StopHeartbeat);
+        out.push(Action::Finished {
+            outcome: Outcome::Failed,
+            status: code,
+        });
+        self.job = Job::Unstarted {
+            status: code,
+            exit_code: Some(i32::from(code)),
+            since: now,
+        };
     }
 
     /// The end of a run whose command never ran: nothing to stop, so the
@@ -120,26 +139,73 @@ impl Machine {
         }
     }
 
-    pub(super) fn on_tree_gone(&mut self, out: &mut Vec<Action>) {
-        match self.job {
-            Job::Exited { .. } => self.finish(TreeEnd::Gone, out),
-            // The keeper saw no child left before reporting an exit: as
-            // with a lost keeper, nothing is known of the job's end
-            // (cannot happen with a sound keeper).
-            Job::Running | Job::Starting => self.finish(TreeEnd::GivenUp, out),
-            Job::Finished => {}
+    /// The agent reaped the keeper: the one proof that the tree is gone
+    /// (`tree_empty`), or that it is not (processes of it were left: the
+    /// keeper's orphans, without a namespace). A `TreeGone` report before
+    /// it changes nothing but the words: only this releases.
+    pub(super) fn on_keeper_reaped(
+        &mut self,
+        tree_empty: bool,
+        now: BootInstant,
+        out: &mut Vec<Action>,
+    ) {
+        if let Job::Unstarted {
+            status, exit_code, ..
+        } = self.job
+        {
+            self.job = Job::Finished;
+            if tree_empty {
+                out.push(Action::Release {
+                    outcome: Outcome::Failed,
+                    exit_code,
+                });
+                out.push(Action::Exit(status));
+            } else {
+                // The keeper said it started nothing, yet something is
+                // left below the agent: never released.
+                out.push(Action::Stop(Stop::Kill));
+                out.push(Action::Report(Notice::NotReleasing));
+                out.push(Action::Exit(exit::AGENT_FAILED));
+            }
+            return;
         }
-    }
-
-    pub(super) fn on_keeper_lost(&mut self, now: BootInstant, out: &mut Vec<Action>) {
         if !self.job_alive() || self.unwatched() {
             return;
         }
-        out.push(Action::Report(Notice::KeeperLost));
-        // SIGKILL now (the agent walks the tree itself: the keeper's orphans
-        // are its own children), again if it went out before; nobody will
-        // report the tree gone, so the run ends TREE_GONE_TIMEOUT later
-        // without a release.
+        if !tree_empty {
+            self.lose_keeper(now, out);
+            return;
+        }
+        if !self.reported_gone && !self.killed() {
+            // Nobody killed it and it said nothing: the keeper died (killed
+            // from outside, its own failure), taking the tree with it.
+            out.push(Action::Report(Notice::KeeperLost { tree_gone: true }));
+            self.keeper_failed = true;
+        }
+        if let (
+            Job::Running | Job::Starting,
+            Some(Stopping {
+                phase: Phase::Killed { at },
+                ..
+            }),
+        ) = (&self.job, self.stop)
+        {
+            // The agent's own SIGKILL (to the namespace's init) ended the
+            // leader before the keeper could say so.
+            self.job = Job::Exited {
+                status: ChildStatus::Signaled(9),
+                at,
+            };
+        }
+        self.finish(TreeEnd::Gone, out);
+    }
+
+    /// The keeper is gone and processes of the tree are left: SIGKILL now
+    /// (the agent walks the tree itself: they are its own children), again
+    /// if it went out before; nothing can prove the tree gone, so the run
+    /// ends TREE_GONE_TIMEOUT later without a release.
+    fn lose_keeper(&mut self, now: BootInstant, out: &mut Vec<Action>) {
+        out.push(Action::Report(Notice::KeeperLost { tree_gone: false }));
         if self.stop.is_none() {
             out.push(Action::Stopping(Status::StoppingCommand));
         }

@@ -15,7 +15,7 @@ use crate::time::clock::BootInstant;
 /// How the wait for the job's tree ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum TreeEnd {
-    /// The keeper reported every process of the tree reaped.
+    /// The agent reaped the keeper and found no process of the tree left.
     Gone,
     /// The tree was not reported gone (a survivor, a process that may not
     /// be signalled, a lost keeper), so something may still run: exit 125,
@@ -79,8 +79,9 @@ impl Machine {
         } else if lost {
             let code = exited.and_then(|(s, _)| s.exit_code());
             (Outcome::Lost, code, exit::LEASE_LOST)
-        } else if self.unwatched() {
-            // Reported gone by a keeper already lost (it cannot be).
+        } else if self.unwatched() || self.keeper_failed {
+            // The tree is gone, but the keeper died on its own: whatever
+            // the job did, the run failed.
             (Outcome::Failed, None, exit::AGENT_FAILED)
         } else if let Some((status, _)) = exited {
             let outcome = if self.cancel.is_some() {

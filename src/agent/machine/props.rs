@@ -6,13 +6,13 @@ use proptest::prelude::*;
 
 use super::outcome::floor_ms;
 use super::state::StopReason;
-use super::tests::{SIGKILL, at, exit_of, ms, settings, signals};
+use super::tests::{PIDNS, SIGKILL, at, exit_of, gone, ms, settings, signals};
 use super::*;
 use crate::exit::{self, ChildStatus};
 use crate::lease::RefusalReason;
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
-use crate::time::deadline::KILL_LEAD;
+use crate::time::deadline::{KILL_LEAD, TreeSize};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
@@ -36,7 +36,7 @@ proptest! {
         let grace = ttl * grace_frac / 100;
         let st = Settings { drift_ppm, ..settings(ttl, grace) };
         let mut m = Machine::new(at(0), ms(ttl), st);
-        m.step(Event::ChildStarted { pid: 4 }, at(1));
+        m.step(Event::ChildStarted { pid: 4, containment: PIDNS }, at(1));
         let term = (m.term_time().since_boot().as_millis() as u64).saturating_sub(1_000_000);
         prop_assume!(term > 2);
         let pause = 2 + (term - 2) * pause_frac / 100;
@@ -53,7 +53,8 @@ proptest! {
             actions.extend(m.step(Event::Tick, resume));
         }
         if !m.is_finished() {
-            actions.extend(m.step(Event::TreeGone, resume + ms(1)));
+            let t = (resume + ms(1)).since_boot().as_millis() as u64 - 1_000_000;
+            actions.extend(gone(&mut m, t));
         }
         // The keeper's timer stops the job at the term time even while
         // the agent is paused: an end from then on counts as lost.
@@ -79,7 +80,13 @@ enum Op {
     Refused,
     Signal(Sig),
     Exit(i32),
+    /// The keeper's claim that the tree is gone (only once it is).
     TreeGone,
+    /// The agent reaps the keeper: nothing left (only once the tree is
+    /// gone, or the agent killed it), or orphans left.
+    Reaped(bool),
+    /// The keeper's sample of the tree: processes, MiB.
+    Sized(u32, u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -92,6 +99,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::sample::select(Sig::caught().collect::<Vec<_>>()).prop_map(Op::Signal),
         1 => (0i32..3).prop_map(Op::Exit),
         1 => Just(Op::TreeGone),
+        1 => any::<bool>().prop_map(Op::Reaped),
+        1 => ((0u32..5_000), (0u64..8_192)).prop_map(|(p, m)| Op::Sized(p, m)),
     ]
 }
 
@@ -106,7 +115,11 @@ proptest! {
     ///   still running);
     /// - the local deadline never exceeds what the renewals prove, and
     ///   is the latest renewal's `sent + ttl·(1 − ρ) − ε` while the
-    ///   lease is held (lower or higher than before).
+    ///   lease is held (lower or higher than before);
+    /// - whatever the tree's size, the kill time keeps its lead, and a
+    ///   size that moves it into the past kills in that same step;
+    /// - the lease is released only after the agent reaped the keeper and
+    ///   found nothing left: a `TreeGone` report alone never releases.
     #[test]
     fn kill_never_late_and_never_early(
         ttl in 1000u64..10_000,
@@ -130,7 +143,8 @@ proptest! {
         let mut pending_exit = None;
         let mut exit_seen = false;
         let mut stopping = false;
-        let first = m.step(Event::ChildStarted { pid: 10 }, now);
+        let mut reaped = None;
+        let first = m.step(Event::ChildStarted { pid: 10, containment: PIDNS }, now);
 
         let check = |m: &Machine, actions: &[Action], now: BootInstant, relay: Option<Sig>,
                          killed: &mut bool, stopping: &mut bool, justified: bool, (proven, budget): (BootInstant, BootInstant), leader_running: bool| {
@@ -140,8 +154,9 @@ proptest! {
                 *stopping = true;
                 if s == SIGKILL { *killed = true; }
                 // Judge the decision to stop; its SIGKILL follows from it.
+                let lead = m.deadline().saturating_since(m.kill_time()).max(KILL_LEAD);
                 prop_assert!(
-                    !first_stop || justified || !leader_running || now >= budget - ms(grace).max(KILL_LEAD),
+                    !first_stop || justified || !leader_running || now >= budget - ms(grace).max(lead),
                     "signal {s:?} at {now:?} with the lease provably valid until {budget:?} (grace {grace})"
                 );
             }
@@ -216,8 +231,21 @@ proptest! {
                     if leader_running { continue; }
                     (Event::TreeGone, None)
                 }
+                Op::Reaped(tree_empty) => {
+                    if reaped.is_some() || (tree_empty && leader_running && !killed) { continue; }
+                    reaped = Some(tree_empty);
+                    // Orphans of a lost keeper are killed at once.
+                    if !tree_empty { justified_stop = true; }
+                    if tree_empty { leader_running = false; }
+                    (Event::KeeperReaped { tree_empty }, None)
+                }
+                Op::Sized(procs, mib) => {
+                    (Event::TreeSized(TreeSize { procs, private_bytes: mib << 20 }), None)
+                }
             };
             let a = m.step(event, now);
+            let released = a.iter().any(|x| matches!(x, Action::Release { .. }));
+            prop_assert!(!released || reaped == Some(true), "released without the agent's own finding: {a:?}");
             exit_seen |= exit_of(&a).is_some();
             check(&m, &a, now, relay, &mut killed, &mut stopping, justified_stop, (proven, budget), leader_running)?;
             if let Some(status) = pending_exit.take() {

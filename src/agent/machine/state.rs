@@ -4,9 +4,11 @@
 use std::time::Duration;
 
 use crate::exit::ChildStatus;
+use crate::keeper::protocol::Containment;
 use crate::lease::RefusalReason;
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
+use crate::time::deadline::TreeSize;
 
 use super::events::{Action, Event};
 use super::settings::Settings;
@@ -21,7 +23,8 @@ pub(super) enum StopReason {
     Cancelled(Sig),
     /// The leader exited; leftovers of its group are being stopped.
     Drain,
-    /// The keeper vanished; the group is killed.
+    /// The keeper was reaped with processes of the tree left (its orphans,
+    /// without a namespace); they are killed.
     KeeperLost,
 }
 
@@ -34,9 +37,10 @@ pub(super) enum Phase {
     /// SIGKILL went out at `at`; the keeper reports the tree gone, or the
     /// run gives up `TREE_GONE_TIMEOUT` later.
     Killed { at: BootInstant },
-    /// The keeper is gone, so nobody will report the tree gone. SIGKILL
-    /// went out at `killed_at` (the agent walks the tree itself); one last
-    /// sweep `TREE_GONE_TIMEOUT` later, then the run ends unreleased.
+    /// The keeper is gone and processes of the tree were left, so nothing
+    /// can prove the tree gone. SIGKILL went out at `killed_at` (the agent
+    /// walks the tree itself); one last sweep `TREE_GONE_TIMEOUT` later,
+    /// then the run ends unreleased.
     Unwatched { killed_at: BootInstant },
 }
 
@@ -54,6 +58,14 @@ pub(super) enum Job {
     Exited {
         status: ChildStatus,
         at: BootInstant,
+    },
+    /// The keeper says the command could not be started (since `since`):
+    /// decided, released once the agent has reaped the keeper and found
+    /// nothing left.
+    Unstarted {
+        status: u8,
+        exit_code: Option<i32>,
+        since: BootInstant,
     },
     Finished,
 }
@@ -88,6 +100,16 @@ pub struct Machine {
     /// Relayable signals that arrived after the keeper was started but
     /// before its start report (the job may already run).
     pub(super) early_signals: Vec<Sig>,
+    /// What holds the job's tree, once started.
+    pub(super) containment: Option<Containment>,
+    /// The tree as the keeper last sampled it: the kill lead's size.
+    pub(super) tree: TreeSize,
+    /// The keeper said the tree is gone (a claim: the agent's reaping of
+    /// the keeper is the proof).
+    pub(super) reported_gone: bool,
+    /// The keeper ended without saying the tree was gone and without the
+    /// agent killing it: whatever the job did, the run failed (125).
+    pub(super) keeper_failed: bool,
 }
 
 impl Machine {
@@ -106,7 +128,16 @@ impl Machine {
             cancel: None,
             lost_at: None,
             early_signals: Vec::new(),
+            containment: None,
+            tree: TreeSize::default(),
+            reported_gone: false,
+            keeper_failed: false,
         }
+    }
+
+    /// What holds the job's tree, once the keeper said.
+    pub fn containment(&self) -> Option<Containment> {
+        self.containment
     }
 
     /// The local deadline. The job must be dead by then.
@@ -140,9 +171,10 @@ impl Machine {
             Event::RenewFailed { error } => self.on_renew_failed(error, now, &mut out),
             Event::Refused { reason, message } => self.on_refused(reason, message, now, &mut out),
             Event::Signal(sig) => self.on_signal(sig, now, &mut out),
-            Event::ChildStarted { pid } => self.on_started(pid, &mut out),
+            Event::ChildStarted { pid, containment } => self.on_started(pid, containment, &mut out),
+            Event::TreeSized(size) => self.tree = size,
             Event::SpawnFailed { not_found, message } => {
-                self.on_spawn_failed(not_found, message, &mut out)
+                self.on_spawn_failed(not_found, message, now, &mut out)
             }
             Event::ChildExited { status, at } => {
                 // The clock first: the keeper's timer acted on the deadline
@@ -150,8 +182,8 @@ impl Machine {
                 self.check_time(now, &mut out);
                 self.on_exited(status, at, now, &mut out)
             }
-            Event::TreeGone => self.on_tree_gone(&mut out),
-            Event::KeeperLost => self.on_keeper_lost(now, &mut out),
+            Event::TreeGone => self.reported_gone = true,
+            Event::KeeperReaped { tree_empty } => self.on_keeper_reaped(tree_empty, now, &mut out),
         }
         self.check_time(now, &mut out);
         out

@@ -9,6 +9,7 @@ use crate::agent::report::{Loss, Notice, Status};
 use crate::agent::state_file::LeaseView;
 use crate::exit;
 use crate::exit::ChildStatus;
+use crate::keeper::protocol::Containment;
 use crate::lease::{Outcome, RefusalReason};
 use crate::sys::signal::Sig;
 use crate::time::clock::BootInstant;
@@ -22,6 +23,7 @@ pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+pub(super) const PIDNS: Containment = Containment::Pidns;
 pub(super) const SIGTERM: Sig = Sig::Term;
 pub(super) const SIGKILL: Sig = Sig::Kill;
 pub(super) const SIGINT: Sig = Sig::Int;
@@ -66,8 +68,9 @@ pub(super) fn exit_of(actions: &[Action]) -> Option<u8> {
     })
 }
 
-/// The leader ends at `at` (seen at `seen`), then the tree is gone a
-/// millisecond later: the actions of that last step.
+/// The leader ends at `at` (seen at `seen`), then the keeper reports the
+/// tree gone a millisecond later and the agent reaps it: the actions of
+/// that last step.
 pub(super) fn end(m: &mut Machine, status: ChildStatus, at_ms: u64, seen_ms: u64) -> Vec<Action> {
     m.step(
         Event::ChildExited {
@@ -76,12 +79,26 @@ pub(super) fn end(m: &mut Machine, status: ChildStatus, at_ms: u64, seen_ms: u64
         },
         at(seen_ms),
     );
-    m.step(Event::TreeGone, at(seen_ms + 1))
+    gone(m, seen_ms + 1)
+}
+
+/// The keeper reports the tree gone, then the agent reaps it and finds
+/// nothing left: the actions of both steps.
+pub(super) fn gone(m: &mut Machine, at_ms: u64) -> Vec<Action> {
+    let mut a = m.step(Event::TreeGone, at(at_ms));
+    a.extend(m.step(Event::KeeperReaped { tree_empty: true }, at(at_ms)));
+    a
 }
 
 fn started(ttl: u64, grace: u64) -> Machine {
     let mut m = machine(ttl, grace);
-    m.step(Event::ChildStarted { pid: 100 }, at(1));
+    m.step(
+        Event::ChildStarted {
+            pid: 100,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     m
 }
 
@@ -105,7 +122,7 @@ fn silence_gives_term_at_deadline_minus_grace_and_kill_at_deadline() {
         at(3001),
     );
     assert!(signals(&a).is_empty());
-    let a = m.step(Event::TreeGone, at(3002));
+    let a = gone(&mut m, 3002);
     assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
     assert!(a.contains(&release(Outcome::Lost, None)));
 }
@@ -235,7 +252,7 @@ fn a_tree_not_reported_gone_after_sigkill_is_never_released_and_exits_125() {
 #[test]
 fn keeper_loss_kills_and_never_releases() {
     let mut m = started(30_000, 1000);
-    let a = m.step(Event::KeeperLost, at(100));
+    let a = m.step(Event::KeeperReaped { tree_empty: false }, at(100));
     assert_eq!(signals(&a), vec![SIGKILL]);
     assert!(!m.is_finished());
     let a = m.step(Event::Tick, at(100) + TREE_GONE_TIMEOUT);
@@ -246,7 +263,7 @@ fn keeper_loss_kills_and_never_releases() {
     // Keeper lost before its start report: the agent still kills what
     // it can reach, and nothing is released.
     let mut m = machine(30_000, 1000);
-    let a = m.step(Event::KeeperLost, at(5));
+    let a = m.step(Event::KeeperReaped { tree_empty: false }, at(5));
     assert_eq!(signals(&a), vec![SIGKILL]);
     let a = m.step(Event::Tick, at(5) + TREE_GONE_TIMEOUT);
     assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
@@ -267,14 +284,21 @@ fn sigkill_goes_out_at_the_kill_time_even_without_a_start_report() {
 #[test]
 fn the_keeper_is_armed_on_start_and_after_every_renewal() {
     let mut m = machine(3000, 500);
-    let a = m.step(Event::ChildStarted { pid: 4 }, at(1));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 4,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     assert_eq!(arms(&a), vec![at(2999)]);
     assert_eq!(
         m.arm_keeper(),
         Action::ArmKeeper(Deadline {
             at: at(2999),
             grace: ms(500),
-            kill_lead: KILL_LEAD
+            kill_lead: KILL_LEAD,
+            ttl: ms(3000),
         })
     );
     let a = m.step(
@@ -365,7 +389,13 @@ fn remap_exit_turns_the_jobs_own_124_and_125_into_1() {
                 ..settings(30_000, 1000)
             };
             let mut m = Machine::new(at(0), ms(30_000), s);
-            m.step(Event::ChildStarted { pid: 3 }, at(1));
+            m.step(
+                Event::ChildStarted {
+                    pid: 3,
+                    containment: PIDNS,
+                },
+                at(1),
+            );
             let a = end(&mut m, ChildStatus::Exited(code), 10, 10);
             assert_eq!(exit_of(&a), Some(if remap { remapped } else { plain }));
             // The authority still hears the job's real code.
@@ -446,7 +476,13 @@ fn stop_decided_before_the_group_exists_is_carried_out_on_start() {
         at(10),
     );
     assert!(signals(&a).is_empty());
-    let a = m.step(Event::ChildStarted { pid: 5 }, at(20));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 5,
+            containment: PIDNS,
+        },
+        at(20),
+    );
     assert_eq!(signals(&a), vec![SIGTERM]);
 }
 
@@ -455,7 +491,13 @@ fn signals_before_the_start_report_are_relayed_once_the_group_is_known() {
     let mut m = machine(30_000, 500);
     assert!(signals(&m.step(Event::Signal(Sig::Usr1), at(1))).is_empty());
     assert!(signals(&m.step(Event::Signal(Sig::Hup), at(2))).is_empty());
-    let a = m.step(Event::ChildStarted { pid: 7 }, at(3));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 7,
+            containment: PIDNS,
+        },
+        at(3),
+    );
     assert_eq!(signals(&a), vec![Sig::Usr1, Sig::Hup]);
     assert!(
         signals(&m.step(Event::Tick, at(4))).is_empty(),
@@ -472,9 +514,146 @@ fn spawn_failure_maps_to_127_and_126() {
             message: "x".into(),
         };
         let a = m.step(event, at(1));
+        // Decided, but released only once the agent has reaped the keeper.
+        assert!(a.contains(&Action::Finished {
+            outcome: Outcome::Failed,
+            status: code
+        }));
+        assert!(!released(&a) && exit_of(&a).is_none(), "{a:?}");
+        let a = m.step(Event::KeeperReaped { tree_empty: true }, at(2));
         assert_eq!(exit_of(&a), Some(code));
         assert!(a.contains(&release(Outcome::Failed, Some(code as i32))));
+        assert!(m.is_finished());
     }
+}
+
+#[test]
+fn a_spawn_failure_without_the_keepers_reaping_is_never_released() {
+    let mut m = machine(3000, 500);
+    m.step(
+        Event::SpawnFailed {
+            not_found: true,
+            message: "x".into(),
+        },
+        at(1),
+    );
+    assert_eq!(m.next_wake(), Some(at(1) + TREE_GONE_TIMEOUT));
+    let a = m.step(Event::Tick, at(1) + TREE_GONE_TIMEOUT);
+    assert_eq!(exit_of(&a), Some(127));
+    assert!(!released(&a));
+    assert!(a.contains(&Action::Report(Notice::NotReleasing)));
+    // And where something is left below the agent: killed, never released.
+    let mut m = machine(3000, 500);
+    m.step(
+        Event::SpawnFailed {
+            not_found: false,
+            message: "x".into(),
+        },
+        at(1),
+    );
+    let a = m.step(Event::KeeperReaped { tree_empty: false }, at(2));
+    assert_eq!(signals(&a), vec![SIGKILL]);
+    assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+    assert!(!released(&a));
+}
+
+#[test]
+fn a_tree_gone_report_alone_never_releases() {
+    let mut m = started(30_000, 1000);
+    m.step(
+        Event::ChildExited {
+            status: ChildStatus::Exited(0),
+            at: at(100),
+        },
+        at(100),
+    );
+    let a = m.step(Event::TreeGone, at(101));
+    assert!(!released(&a) && exit_of(&a).is_none(), "{a:?}");
+    assert!(!m.is_finished());
+    // Nothing but the claim, for as long as it takes: the drain's SIGKILL
+    // and then the end without a release.
+    assert_eq!(signals(&m.step(Event::Tick, at(1100))), vec![SIGKILL]);
+    let a = m.step(Event::Tick, at(1100) + TREE_GONE_TIMEOUT);
+    assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+    assert!(!released(&a));
+    // The agent's own finding releases, with the job's status.
+    let mut m = started(30_000, 1000);
+    let a = end(&mut m, ChildStatus::Exited(0), 100, 100);
+    assert_eq!(exit_of(&a), Some(0));
+    assert!(a.contains(&release(Outcome::Succeeded, Some(0))));
+}
+
+#[test]
+fn a_keeper_that_died_on_its_own_taking_the_tree_along_fails_but_releases() {
+    // A PID namespace: nobody killed the keeper, it said nothing, and the
+    // agent found nothing left after reaping it.
+    let mut m = started(30_000, 1000);
+    let a = m.step(Event::KeeperReaped { tree_empty: true }, at(500));
+    assert!(a.contains(&Action::Report(Notice::KeeperLost { tree_gone: true })));
+    assert_eq!(exit_of(&a), Some(exit::AGENT_FAILED));
+    assert!(a.contains(&release(Outcome::Failed, None)));
+}
+
+#[test]
+fn the_agents_own_sigkill_of_the_namespace_ends_the_leader_with_sigkill() {
+    // Cancelled, grace over, SIGKILL (to the namespace's init): the keeper
+    // never reports the leader's end, the agent reaps it and finds nothing.
+    let mut m = started(30_000, 1000);
+    m.step(Event::Signal(Sig::Term), at(100));
+    assert_eq!(signals(&m.step(Event::Tick, at(1100))), vec![SIGKILL]);
+    let a = m.step(Event::KeeperReaped { tree_empty: true }, at(1105));
+    assert_eq!(exit_of(&a), Some(137));
+    assert!(a.contains(&release(Outcome::Cancelled, None)));
+    assert!(
+        !a.iter()
+            .any(|x| matches!(x, Action::Report(Notice::KeeperLost { .. })))
+    );
+    // For the deadline: lost, 124.
+    let mut m = started(3000, 500);
+    m.step(Event::Tick, at(2499));
+    assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
+    let a = m.step(Event::KeeperReaped { tree_empty: true }, at(2990));
+    assert_eq!(exit_of(&a), Some(exit::LEASE_LOST));
+}
+
+#[test]
+fn the_kill_lead_follows_the_trees_size() {
+    use crate::time::deadline::{KILL_LEAD, LEAD_PER_PROCESS, TreeSize};
+    let mut m = started(30_000, 5_000);
+    assert_eq!(m.kill_time(), m.deadline() - KILL_LEAD);
+    let big = TreeSize {
+        procs: 2_000,
+        private_bytes: 0,
+    };
+    assert!(m.step(Event::TreeSized(big), at(10)).is_empty());
+    assert_eq!(
+        m.kill_time(),
+        m.deadline() - KILL_LEAD - LEAD_PER_PROCESS * 2_000
+    );
+    // The keeper is handed the lead with the next renewal's deadline.
+    let a = m.step(
+        Event::Renewed {
+            sent_at: at(10_000),
+            ttl: ms(30_000),
+        },
+        at(10_010),
+    );
+    let lead = a.iter().find_map(|x| match x {
+        Action::ArmKeeper(d) => Some(d.kill_lead),
+        _ => None,
+    });
+    assert_eq!(lead, Some(KILL_LEAD + LEAD_PER_PROCESS * 2_000));
+    // A sample that moves the kill time into the past kills at once.
+    let mut m = started(4_000, 500);
+    m.step(Event::Tick, at(3_499));
+    let huge = TreeSize {
+        procs: 100_000,
+        private_bytes: 0,
+    };
+    let a = m.step(Event::TreeSized(huge), at(3_500));
+    assert_eq!(signals(&a), vec![SIGKILL]);
+    // Capped at a quarter of the ttl.
+    assert_eq!(m.kill_time(), m.deadline() - ms(1_000));
 }
 
 #[test]
@@ -504,7 +683,16 @@ fn a_grant_with_less_than_grace_left_is_released_as_lost_and_never_started() {
     assert!(m.is_finished());
     assert_eq!(m.next_wake(), None);
     // Nothing the keeper could still say changes that.
-    assert!(m.step(Event::ChildStarted { pid: 3 }, at(901)).is_empty());
+    assert!(
+        m.step(
+            Event::ChildStarted {
+                pid: 3,
+                containment: PIDNS
+            },
+            at(901)
+        )
+        .is_empty()
+    );
 }
 
 #[test]
@@ -576,13 +764,17 @@ fn a_keeper_lost_after_sigkill_gives_up_counting_from_the_first_sigkill() {
     let mut m = started(3000, 500);
     m.step(Event::Tick, at(2499));
     assert_eq!(signals(&m.step(Event::Tick, at(2979))), vec![SIGKILL]);
-    let a = m.step(Event::KeeperLost, at(3500));
+    let a = m.step(Event::KeeperReaped { tree_empty: false }, at(3500));
     assert_eq!(signals(&a), vec![SIGKILL], "killed again, by the agent");
     assert!(
         !a.iter().any(|x| matches!(x, Action::Stopping(_))),
         "already stopping"
     );
-    assert!(m.step(Event::KeeperLost, at(3600)).is_empty(), "said once");
+    assert!(
+        m.step(Event::KeeperReaped { tree_empty: false }, at(3600))
+            .is_empty(),
+        "said once"
+    );
     assert_eq!(m.next_wake(), Some(at(2979) + TREE_GONE_TIMEOUT));
     let a = m.step(Event::Tick, at(2979) + TREE_GONE_TIMEOUT);
     // No "not reported gone" notice: the keeper's loss said it already.
@@ -598,7 +790,13 @@ fn a_keeper_lost_after_sigkill_gives_up_counting_from_the_first_sigkill() {
 #[test]
 fn statuses_are_typed_for_the_reporter_to_word() {
     let mut m = machine(3000, 500);
-    let a = m.step(Event::ChildStarted { pid: 4 }, at(1));
+    let a = m.step(
+        Event::ChildStarted {
+            pid: 4,
+            containment: PIDNS,
+        },
+        at(1),
+    );
     assert!(a.contains(&Action::Ready(Status::CommandRunning)));
     assert!(a.contains(&Action::Publish(LeaseView::Valid, Status::Holding)));
     let a = m.step(Event::RenewFailed { error: "x".into() }, at(1000));

@@ -64,7 +64,20 @@ pub fn helper(name: &str) -> String {
 }
 
 /// A `leaseagent` command against `authority` with test-friendly defaults.
+///
+/// With `--no-pid-namespace`: these tests read the pids the job writes
+/// (`$$`), which name host processes only outside a PID namespace of the
+/// job's own; they hold the fallback containment (cgroup or tree walk).
+/// The namespace's own tests (`agent_contain`) use [`agent_in_pidns`].
 pub fn agent(authority: &str, task: &str) -> Command {
+    let mut c = agent_in_pidns(authority, task);
+    c.arg("--no-pid-namespace");
+    c
+}
+
+/// The agent as it runs by default: the job in a PID namespace of its own
+/// where the machine allows one.
+pub fn agent_in_pidns(authority: &str, task: &str) -> Command {
     let mut c = Command::new(bin());
     c.arg("--authority").arg(authority).arg("--task").arg(task);
     c.env("RUST_LOG", "leaseagent=debug");

@@ -13,8 +13,8 @@
 //! keeper dies). Resuming instead would let it run on against a test
 //! authority that is already gone, for up to a ttl.
 //!
-//! A keeper killed so leaves the job's cgroup (`leaseagent-job-<keeper pid>`,
-//! below the keeper's own cgroup v2), which only a living keeper or agent
+//! A keeper killed so leaves the job's cgroup (`leaseagent-job-<agent pid>`,
+//! below the keeper's own cgroup v2, which is the agent's), which only a living keeper or agent
 //! removes: the guard kills what is left in it (`cgroup.kill`) and removes
 //! it, for each process it killed.
 //!
@@ -39,6 +39,8 @@ pub struct StopGuard {
 
 struct Watched {
     pid: i32,
+    /// Its parent when it was watched (a keeper's is its agent).
+    ppid: Option<i32>,
     fd: OwnedFd,
     /// The process's cgroup v2 directory when it was watched: where a
     /// keeper makes its job's cgroup.
@@ -70,7 +72,22 @@ impl StopGuard {
         // Read after the pidfd: if the pid was already someone else's, the
         // pidfd is that one's too, and the path is of what we hold.
         let cgroup = cgroup_v2_dir(pid);
-        self.procs.push(Watched { pid, fd, cgroup });
+        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()?
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse()
+                    .ok()
+            });
+        self.procs.push(Watched {
+            pid,
+            ppid,
+            fd,
+            cgroup,
+        });
     }
 
     /// Watches `pid` and stops it (SIGSTOP; it may take a moment to stop).
@@ -104,8 +121,12 @@ impl Drop for StopGuard {
             .filter(|w| pidfd_send_signal(&w.fd, Signal::KILL).is_ok())
             .collect();
         for w in killed {
+            // Named by the agent: the watched process, or (a keeper) its
+            // parent.
             if let Some(dir) = &w.cgroup {
-                remove_job_cgroup(&dir.join(format!("leaseagent-job-{}", w.pid)));
+                for agent in std::iter::once(w.pid).chain(w.ppid) {
+                    remove_job_cgroup(&dir.join(format!("leaseagent-job-{agent}")));
+                }
             }
         }
     }
@@ -195,7 +216,7 @@ mod tests {
         let keeper = crate::support::fence::children(agent)[0];
         let job_cgroup = cgroup_v2_dir(keeper)
             .expect("a cgroup v2 hierarchy")
-            .join(format!("leaseagent-job-{keeper}"));
+            .join(format!("leaseagent-job-{agent}"));
         assert!(
             job_cgroup.is_dir(),
             "{} (the keeper made none)",

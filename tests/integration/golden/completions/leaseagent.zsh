@@ -218,6 +218,7 @@ _leaseagent() {
         '--clock-drift=[Clock-rate difference budgeted between this host and the authority: the deadline is sent + ttl*(1 - PPM/1e6) - 1ms]:PPM: ' \
         '--renew-priority=[How renewal packets are marked, so that a host or link that honours priority sends them ahead of the command'\''s own traffic: DSCP (0-63, cs0-cs7, ef, af11-af43) and SO_PRIORITY (0-7, 7 needs CAP_NET_ADMIN), or off]:DSCP,PRIO: ' \
         '--remap-exit[The command'\''s own exit codes 124 and 125 become 1, so 124/125 always mean the agent'\''s (lease lost / agent failed)]' \
+        '--no-pid-namespace[Run the command in the agent'\''s own PID namespace, for a command that must see the host'\''s processes; its tree is then held by a cgroup or the process tree alone (LEASE_CONTAINMENT=cgroup|tree), and a command that signals its own supervisors can outlive them]' \
         '--user=[Run the command as this user (and group), with its supplementary groups and HOME, USER, LOGNAME as runuser sets them (root only); the agent and its keeper keep their own]:NAME[:GROUP]: ' \
         '--ca-file=[PEM CAs that sign the authority'\''s certificate]:FILE:_files' \
         '--client-cert=[PEM client certificate for mutual TLS (with --client-key)]:FILE:_files' \
