@@ -300,7 +300,7 @@ impl Supervisor {
             state: view,
             outcome: self.outcome.map(|o| o.as_str().to_string()),
             containment: self.machine.containment().map(|c| c.as_str().to_string()),
-            deadline_boot_ms: self.machine.deadline().since_boot().as_millis() as u64,
+            deadline_boot_ms: crate::time::ms(self.machine.deadline().since_boot()),
             boot_id: self.boot_id.clone(),
             agent_pid: std::process::id(),
         }

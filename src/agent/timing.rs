@@ -130,7 +130,7 @@ fn largest_heartbeat(window: Duration) -> Option<Duration> {
     } else {
         window.saturating_sub(floor)
     };
-    let h = Duration::from_millis(h.as_millis() as u64);
+    let h = Duration::from_millis(crate::time::ms(h));
     (h >= MIN_HEARTBEAT && h + retry_interval(h) <= window).then_some(h)
 }
 

@@ -152,7 +152,7 @@ impl<O: Os> EventLoop<O> {
                 Reaped::Ended { pid, status } => {
                     if pid == self.job_pid && !self.leader_reaped {
                         self.leader_reaped = true;
-                        let at_ms = self.os.now().since_boot().as_millis() as u64;
+                        let at_ms = crate::time::ms(self.os.now().since_boot());
                         self.os.report(Report::Exited { status, at_ms });
                     }
                 }
