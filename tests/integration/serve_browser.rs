@@ -630,19 +630,45 @@ fn the_status_page_scopes_before_it_cuts_and_counts_what_it_leaves_out() {
 /// 40), the loop deletes only its own rows.
 #[test]
 fn one_principal_s_churn_does_not_erase_another_s_history() {
-    let (_dir, s) = fleet_serve(&[
-        "--history-max-rows",
-        "40",
-        "--history-max-rows-per-principal",
-        "10",
-    ]);
+    let (_dir, s) = fleet_serve(&CHURN_BOUNDS);
+    churn_leaves_the_quiet_principal_s_history(&s.addr);
+}
+
+/// The same on a PostgreSQL store (`serve --store`): the bound is the
+/// engine's, the pruning the store's own SQL.
+#[test]
+fn one_principal_s_churn_does_not_erase_another_s_history_on_postgres() {
+    use crate::support::authority::{Server, Store};
+    let pg = crate::support::postgres::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let auth = roles_file(dir.path(), &agent_principal("fleet", "fleet-token"));
+    let store = Store::Postgres {
+        url: pg.url("postgres"),
+        password_file: pg.password_file.clone(),
+        leader_ttl: "1s",
+    };
+    let mut flags = vec!["--auth-file", auth.to_str().unwrap()];
+    flags.extend(CHURN_BOUNDS);
+    let s = Server::start_on(&store, &flags);
+    churn_leaves_the_quiet_principal_s_history(&s.addr);
+}
+
+/// History bounds of the churn tests: 40 rows in all, 10 per principal.
+const CHURN_BOUNDS: [&str; 4] = [
+    "--history-max-rows",
+    "40",
+    "--history-max-rows-per-principal",
+    "10",
+];
+
+fn churn_leaves_the_quiet_principal_s_history(addr: &str) {
     let mine: Vec<u64> = (0..3)
-        .map(|_| cycle(&s.addr, "agent-token", "etl/kept"))
+        .map(|_| cycle(addr, "agent-token", "etl/kept"))
         .collect();
     for _ in 0..60 {
-        cycle(&s.addr, "fleet-token", "churn");
+        cycle(addr, "fleet-token", "churn");
     }
-    let h = history_as(&s.addr, "operator-token", "?limit=1000");
+    let h = history_as(addr, "operator-token", "?limit=1000");
     assert_eq!(h.status, 200, "{h:?}");
     let rows = h.body["attempts"].as_array().unwrap();
     let of = |task: &str| -> Vec<u64> {

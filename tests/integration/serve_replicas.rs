@@ -176,7 +176,7 @@ fn serve_makes_its_schema_and_refuses_a_newer_one() {
             "postgres",
             "SELECT value FROM leaseagent.meta WHERE key = 'schema_version'"
         ),
-        "1"
+        "2"
     );
     let (st, g) = r.acquire("schema", "h", 60_000);
     assert_eq!(st, 200, "{g}");
@@ -196,7 +196,7 @@ fn serve_makes_its_schema_and_refuses_a_newer_one() {
     let (code, err) = refused(&s, &[]);
     assert_ne!(code, Some(0), "{err}");
     assert!(
-        err.contains("schema version 99 is newer than this leaseagent knows (1)"),
+        err.contains("schema version 99 is newer than this leaseagent knows (2)"),
         "{err}"
     );
     assert_eq!(

@@ -184,7 +184,7 @@ impl PgStore {
 struct Stmts(Vec<(&'static str, tokio_postgres::Statement)>);
 
 impl Stmts {
-    const ALL: [&'static str; 10] = [
+    const ALL: [&'static str; 11] = [
         FENCE,
         rows::SELECT_ROW,
         rows::UPSERT,
@@ -195,6 +195,7 @@ impl Stmts {
         rows::HIST_END,
         rows::PRUNE_COUNT,
         rows::PRUNE_AGE,
+        rows::PRUNE_PRINCIPAL,
     ];
 
     /// Prepares them (once per connection: `Conn` keeps them).
@@ -332,12 +333,19 @@ impl Txn for PgTxn<'_> {
         Ok(())
     }
 
-    fn record(&mut self, op: &Op, _bounds: Bounds) -> Result<(), StoreError> {
-        if let Op::Begin { token, at_ms, .. } = op {
+    fn record(&mut self, op: &Op, bounds: Bounds) -> Result<(), StoreError> {
+        self.pending.push(rows::record(op)?);
+        if let Op::Begin {
+            token,
+            at_ms,
+            principal,
+            ..
+        } = op
+        {
             let (t, a, n) = self.begins.unwrap_or((0, 0, 0));
             self.begins = Some((t.max(*token), a.max(*at_ms), n + 1));
+            self.pending.push(rows::prune_principal(principal, bounds)?);
         }
-        self.pending.push(rows::record(op)?);
         Ok(())
     }
 }

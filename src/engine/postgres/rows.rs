@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::engine::error::{StoreError, to_i64};
-use crate::engine::history::{AGE_PRUNE_BATCH, Bounds, Op, Record};
+use crate::engine::history::{AGE_PRUNE_BATCH, Bounds, Op, Record, TOTAL_PRUNE_EVERY};
 use crate::engine::rules::{Lease, TaskRow};
 use crate::lease::{Ended, ExpiryPolicy, Outcome, RefusalReason};
 use crate::time::ms;
@@ -35,15 +35,24 @@ pub const SEQ_GET: &str = "SELECT last_token FROM leaseagent.seq WHERE id = 1";
 pub const SEQ_SET: &str =
     "UPDATE leaseagent.seq SET last_token = GREATEST(last_token, $1) WHERE id = 1";
 pub const HIST_BEGIN: &str =
-    "INSERT INTO leaseagent.history(token, task, holder, principal, acquired_at)
-     VALUES ($1, $2, $3, $4, $5)
+    "INSERT INTO leaseagent.history(token, task, holder, principal, acquired_at, pseq)
+     VALUES ($1, $2, $3, $4, $5, (SELECT COALESCE(MAX(pseq), 0) + 1
+       FROM leaseagent.history WHERE principal = $4))
      ON CONFLICT (token) DO UPDATE SET task = excluded.task, holder = excluded.holder,
        principal = excluded.principal, acquired_at = excluded.acquired_at, ended_at = NULL,
-       ended = NULL, outcome = NULL, exit_code = NULL, held_ms = NULL";
+       ended = NULL, outcome = NULL, exit_code = NULL, held_ms = NULL, pseq = excluded.pseq";
+/// A principal's attempts more than `$2` older than its newest (the
+/// per-principal bound; an index range, usually one row).
+pub const PRUNE_PRINCIPAL: &str = "DELETE FROM leaseagent.history WHERE principal = $1
+     AND pseq <= (SELECT MAX(pseq) FROM leaseagent.history WHERE principal = $1) - $2";
 pub const HIST_END: &str = "UPDATE leaseagent.history SET ended = $2, ended_at = $3,
        held_ms = GREATEST(0, $3 - acquired_at), outcome = $4, exit_code = $5
      WHERE token = $1 AND ($6 OR ended IS NULL)";
-pub const PRUNE_COUNT: &str = "DELETE FROM leaseagent.history WHERE token <= $1";
+/// The oldest rows past `$1` in all (the total bound; run every
+/// [`TOTAL_PRUNE_EVERY`]th token, as SQLite's: counting is not free).
+pub const PRUNE_COUNT: &str = "DELETE FROM leaseagent.history WHERE token IN
+       (SELECT token FROM leaseagent.history ORDER BY token
+        LIMIT GREATEST(0, (SELECT COUNT(*) FROM leaseagent.history) - $1))";
 pub const PRUNE_AGE: &str = "DELETE FROM leaseagent.history WHERE token IN
        (SELECT token FROM leaseagent.history ORDER BY token LIMIT $2)
      AND ended IS NOT NULL AND acquired_at < $1";
@@ -278,11 +287,11 @@ pub fn prune(
     bounds: Bounds,
 ) -> Result<Vec<Write>, StoreError> {
     let mut out = Vec::new();
-    let keep_from = token.saturating_sub(bounds.max_rows);
-    if keep_from > 0 {
+    // A multiple of TOTAL_PRUNE_EVERY among this batch's tokens.
+    if token / TOTAL_PRUNE_EVERY != token.saturating_sub(begins.max(1)) / TOTAL_PRUNE_EVERY {
         out.push(Write {
             sql: PRUNE_COUNT,
-            params: vec![Box::new(to_i64(keep_from)?)],
+            params: vec![Box::new(to_i64(bounds.max_rows)?)],
             one_row: false,
         });
     }
@@ -296,6 +305,18 @@ pub fn prune(
         one_row: false,
     });
     Ok(out)
+}
+
+/// The per-principal bound after a grant to `principal`.
+pub fn prune_principal(principal: &str, bounds: Bounds) -> Result<Write, StoreError> {
+    Ok(Write {
+        sql: PRUNE_PRINCIPAL,
+        params: vec![
+            Box::new(principal.to_string()),
+            Box::new(to_i64(bounds.max_rows_per_principal.min(bounds.max_rows))?),
+        ],
+        one_row: false,
+    })
 }
 
 /// An attempt of the run history as stored, checked.

@@ -28,7 +28,8 @@ use super::conn::{CALL_TIMEOUT, Conn, block};
 use crate::engine::error::StoreError;
 
 /// The schema's migrations, in order; the version is how many are applied.
-pub const MIGRATIONS: &[&str] = &["
+pub const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE leaseagent.tasks(
   task text PRIMARY KEY,
   last_token bigint NOT NULL,
@@ -80,7 +81,12 @@ CREATE TABLE leaseagent.replicas(
   url text PRIMARY KEY,
   holder text NOT NULL,
   seen_ms bigint NOT NULL
-);"];
+);",
+    // 2: each attempt's number among its principal's (`pseq`), so one
+    // principal's churn prunes only its own history (engine/history.rs).
+    "ALTER TABLE leaseagent.history ADD COLUMN pseq bigint;
+CREATE INDEX history_principal ON leaseagent.history(principal, pseq);",
+];
 
 /// The version this build writes.
 pub fn latest() -> i64 {
