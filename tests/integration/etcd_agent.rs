@@ -31,7 +31,10 @@ fn agent(etcd: &Etcd, state: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_leaseagent"));
     c.env("LEASEAGENT_STATE_DIR", state)
         .env("XDG_RUNTIME_DIR", state)
-        .env("RUST_LOG", "info")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .args(["--authority", &etcd.url()])
         .args(args)
         .stdin(Stdio::null());

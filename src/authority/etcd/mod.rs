@@ -40,8 +40,12 @@
 //! Waiting (`--wait`) goes through the client's [`Waiter`] capability
 //! ([`Waiter::acquire_wait`]): the queued key is kept (and its lease kept
 //! alive) between calls, so a waiter keeps its place in the queue like
-//! `etcdctl lock` does instead of re-entering at the back. Every way out of
-//! a wait except "still queued" revokes the place.
+//! `etcdctl lock` does instead of re-entering at the back. "Still queued" and
+//! a transient failure (a leader change; not a TLS or credential problem)
+//! keep the place, since the agent asks again and calls
+//! [`Waiter::abandon_wait`] when it stops waiting; every other way out of a
+//! wait revokes it. The place is given up as lost only when a linearizable
+//! read shows our key gone (see `refresh_queued`).
 //!
 //! The operator calls ([`Operator`]): `leases` lists the lock keys, `revoke`
 //! revokes the holder's lease; etcd keeps no run history and no task held
@@ -151,6 +155,14 @@ impl EtcdAuthority {
     /// Keeps the lease of the queued place (see `acquire_wait`) alive.
     /// `Ok(true)`: refreshed; `Ok(false)`: the place is gone and forgotten
     /// (the caller queues again); `Err`: transient, the place is kept.
+    ///
+    /// A keepalive saying the lease is gone is confirmed by a linearizable
+    /// read of our key before the place is given up: an etcd member that
+    /// just became leader may not have applied the lease's grant yet and
+    /// answer "not found" (TTL 0) for a live lease (etcd-io/etcd#13675).
+    /// The key goes with the lease in the same raft entry, so the key still
+    /// there means the place is still there; the keepalive is retried at the
+    /// next poll.
     fn refresh_queued(&mut self, lease: i64, deadline: Instant) -> Result<bool, KeepAliveError> {
         match self.keepalive(lease, deadline) {
             Ok(_) => {
@@ -159,7 +171,21 @@ impl EtcdAuthority {
                 }
                 Ok(true)
             }
-            Err(KeepAliveError::Gone(_, m)) => {
+            Err(KeepAliveError::Gone(reason, m)) => {
+                let Some((key, create_rev)) =
+                    self.queued.as_ref().map(|q| (q.key.clone(), q.create_rev))
+                else {
+                    return Ok(false);
+                };
+                // Range reads are linearizable unless asked otherwise.
+                let r: RangeResponse = self
+                    .gw
+                    .call("/v3/kv/range", &RangeRequest::key(&key), deadline)
+                    .map_err(KeepAliveError::Call)?;
+                if place_held(r.kvs.first(), lease, create_rev) {
+                    log::debug!("etcd: keepalive said {m}, but our queued key is still there");
+                    return Err(KeepAliveError::Gone(reason, m));
+                }
                 log::info!("etcd: queued place lost ({m}); queueing again");
                 self.queued = None;
                 Ok(false)
@@ -590,11 +616,7 @@ impl EtcdAuthority {
         let (Some(ahead), Some(own)) = (r.range(0), r.range(1)) else {
             return Step::Failed(lacks_reads());
         };
-        let own_ok = own
-            .kvs
-            .first()
-            .is_some_and(|kv| kv.create_revision == create_rev && kv.lease == lease);
-        if !own_ok {
+        if !place_held(own.kvs.first(), lease, create_rev) {
             log::info!("etcd: our queued key vanished; queueing again");
             self.queued = None;
             return Step::PlaceLost;
@@ -608,6 +630,37 @@ impl EtcdAuthority {
         }
         Step::Behind(r.range(2).and_then(|o| o.kvs.first().cloned()))
     }
+}
+
+/// Whether an answer of [`Waiter::acquire_wait`] that is not a grant keeps
+/// the queued place for the next call.
+///
+/// "Still queued" does, and so does a transient failure: `--wait` waits
+/// through the authority's failures (an etcd leader change answers 503 or
+/// times out for a second or two) and asks again, and giving the place up
+/// there sent the waiter to the back of the queue, behind waiters that
+/// queued after it. The agent calls [`Waiter::abandon_wait`] on every way
+/// out of its wait, so no phantom waiter is left ahead of others. A refusal
+/// of the request, a TLS or credential problem (etcd RBAC taking our read
+/// permission: no leader change fixes that), or any other answer gives it up.
+fn keeps_place(answer: &Result<Grant, AcquireError>) -> bool {
+    match answer {
+        Err(AcquireError::Held {
+            retry_after: Some(r),
+            ..
+        }) => r.is_zero(),
+        Err(AcquireError::Transient(f)) => {
+            !matches!(f.kind, FailureKind::Trust(_) | FailureKind::Denied)
+        }
+        _ => false,
+    }
+}
+
+/// Whether a read of our own queue key shows our place still there: the
+/// key exists, was created at our place's revision and carries our lease.
+/// Only a linearizable read that says otherwise gives the place up.
+fn place_held(own: Option<&KeyValue>, lease: i64, create_rev: i64) -> bool {
+    own.is_some_and(|kv| kv.create_revision == create_rev && kv.lease == lease)
 }
 
 /// The largest listing read (`leaseagent leases`).
@@ -838,14 +891,7 @@ impl Waiter for EtcdAuthority {
     ) -> Result<Grant, AcquireError> {
         Self::check_request(req)?;
         let answer = self.wait_in_queue(req, Instant::now() + wait, timeout);
-        // Only "still queued" keeps the place; every other way out of the
-        // wait (including a transient failure: the agent exits on it) gives
-        // the place up, so no phantom waiter is left ahead of others.
-        let still_queued = matches!(
-            &answer,
-            Err(AcquireError::Held { retry_after: Some(r), .. }) if r.is_zero()
-        );
-        if answer.is_err() && !still_queued {
+        if answer.is_err() && !keeps_place(&answer) {
             self.abandon_wait(timeout);
         }
         answer
@@ -1032,6 +1078,49 @@ mod tests {
         assert_eq!(lock_key(b"a/b/zz"), None);
         assert_eq!(lock_key(b"noslash"), None);
         assert_eq!(lock_key(b"a/"), None);
+    }
+
+    #[test]
+    fn a_transient_failure_keeps_the_queued_place() {
+        let held = |r| {
+            Err(AcquireError::Held {
+                holder: "h".into(),
+                retry_after: r,
+            })
+        };
+        assert!(keeps_place(&held(Some(Duration::ZERO))));
+        // The review's case: a leader change answered 503 at the end of a
+        // slice, and the waiter was sent to the back of the queue.
+        assert!(keeps_place(&Err(AcquireError::Transient(Failure::new(
+            FailureKind::Status(503),
+            "etcdserver: leader changed",
+        )))));
+        assert!(keeps_place(&Err(AcquireError::Transient(Failure::new(
+            FailureKind::Timeout,
+            "timed out",
+        )))));
+        assert!(!keeps_place(&Err(AcquireError::Transient(Failure::new(
+            FailureKind::Denied,
+            "permission denied",
+        )))));
+        assert!(!keeps_place(&held(None)));
+        assert!(!keeps_place(&held(Some(Duration::from_secs(1)))));
+        assert!(!keeps_place(&Err(AcquireError::Rejected("r".into()))));
+        assert!(!keeps_place(&Err(AcquireError::Trust("t".into()))));
+    }
+
+    #[test]
+    fn the_place_is_held_only_by_our_key() {
+        let kv = |create_revision, lease| KeyValue {
+            create_revision,
+            lease,
+            ..Default::default()
+        };
+        assert!(place_held(Some(&kv(7, 0x1f)), 0x1f, 7));
+        // Gone, recreated later (a new place at the back), or another lease's.
+        assert!(!place_held(None, 0x1f, 7));
+        assert!(!place_held(Some(&kv(9, 0x1f)), 0x1f, 7));
+        assert!(!place_held(Some(&kv(7, 0x2f)), 0x1f, 7));
     }
 
     #[test]
