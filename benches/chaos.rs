@@ -636,11 +636,23 @@ fn group_key(line: &str) -> String {
 }
 
 /// Whether the job an attempt started (its pid file) is gone, or never ran.
+/// Whether no job process of the attempt whose pid file is `pidfile` is
+/// left, found by its command line (`EXE --job SINK TASK ATTEMPT PIDFILE`),
+/// not by the pid it wrote: in its own PID namespace (the default where
+/// the agent may have one) that pid is the namespace's, not this host's.
 fn job_gone(pidfile: &Path) -> bool {
-    let pid: Option<i32> = std::fs::read_to_string(pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    !pid.is_some_and(alive)
+    let want = pidfile.as_os_str().as_encoded_bytes();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    !rd.flatten().any(|e| {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            return false;
+        };
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+        args.get(1) == Some(&b"--job".as_slice()) && args.last() == Some(&want) && alive(p)
+    })
 }
 
 /// Live processes whose environment carries `CHAOS_RUN=run`.
