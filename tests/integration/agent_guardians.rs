@@ -784,3 +784,34 @@ fn an_agent_sigkilled_is_said_agent_died_on_the_keepers_stderr() {
         "{line}"
     );
 }
+
+/// A job cgroup left by a dead run (its agent pid gone) is removed by the
+/// next run; one whose agent pid is alive (another run) stays.
+#[test]
+fn the_next_run_removes_a_dead_runs_job_cgroup_and_keeps_a_live_ones() {
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let mut live = Command::new("sleep").arg("1000").spawn().unwrap();
+    let me = std::process::id() as i32;
+    let parent = support::stop::cgroup_v2_dir(me).expect("a cgroup v2 hierarchy");
+    let stale = parent.join(format!("leaseagent-job-{dead_pid}"));
+    let other = parent.join(format!("leaseagent-job-{}", live.id()));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::create_dir(&other).unwrap();
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "stale-cgroups");
+    c.env("XDG_RUNTIME_DIR", dir.0.path());
+    c.args(["--ttl", "30s", "--", "true"]);
+    let mut child = spawn_logged(c, &dir);
+    let (status, err) = wait_logged(&mut child, &dir);
+    let (stale_left, other_left) = (stale.exists(), other.exists());
+    let _ = std::fs::remove_dir(&stale);
+    let _ = std::fs::remove_dir(&other);
+    let _ = live.kill();
+    let _ = live.wait();
+    assert!(status.success(), "{err}");
+    assert!(!stale_left, "a dead run's job cgroup stayed: {err}");
+    assert!(other_left, "a live run's job cgroup was removed");
+}
