@@ -320,9 +320,58 @@ pub fn remove_left_by(agent: u32) {
     }
 }
 
+/// The agent pid a job cgroup's name carries (`leaseagent-job-<pid>`).
+fn agent_of(name: &str) -> Option<u32> {
+    let pid = name.strip_prefix("leaseagent-job-")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok().filter(|&p| p > 0)
+}
+
+/// Removes the job cgroups of dead runs beside ours: a keeper killed (or
+/// aborted) after its agent died leaves `leaseagent-job-<agent pid>`
+/// behind, which nobody else removes. Run by the agent before it starts
+/// its keeper. Only a cgroup whose agent pid is not alive (no
+/// `/proc/<pid>`, seen from the agent's PID namespace) is tried, and only
+/// an empty one goes (`rmdir` of a cgroup with members fails): another
+/// live run's cgroup is never touched; a dead run's pid reused by some
+/// other process only keeps its cgroup a while longer. Best effort.
+pub fn remove_stale(me: u32) {
+    let Ok(parent) = own_dir() else { return };
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(agent) = name.to_str().and_then(agent_of) else {
+            continue;
+        };
+        if agent == me || Path::new(&format!("/proc/{agent}")).exists() {
+            continue;
+        }
+        let _ = std::fs::remove_dir(entry.path());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_job_cgroups_name_gives_an_agent_pid() {
+        assert_eq!(agent_of("leaseagent-job-4242"), Some(4242));
+        for bad in [
+            "leaseagent-job-",
+            "leaseagent-job-0",
+            "leaseagent-job-+12",
+            "leaseagent-job-12x",
+            "leaseagent-job-99999999999",
+            "other-12",
+        ] {
+            assert_eq!(agent_of(bad), None, "{bad}");
+        }
+    }
 
     const MOUNTINFO: &str = "\
 22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw

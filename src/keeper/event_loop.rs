@@ -59,6 +59,12 @@ const SAMPLE_COST_RATIO: u32 = 50;
 /// A sample is reported when the lead it sizes moves by this much.
 const LEAD_REPORT_STEP: Duration = Duration::from_millis(5);
 
+/// What the keeper says when the agent died without its `Done` (its ctl
+/// socket ended): the agent was killed (SIGKILL, the OOM killer) or
+/// crashed, not the job. The agent is gone, so it reaches the keeper's
+/// stderr (see `os::Reporter`); wrappers look for the `agent_died` word.
+pub const AGENT_DIED: &str = "agent_died: the agent is gone without a word (SIGKILL, the OOM killer, a crash): stopping the job's tree now";
+
 /// A kill in progress: rounds of SIGKILL until the tree is gone.
 struct Killing {
     since: BootInstant,
@@ -287,9 +293,13 @@ impl<O: Os> EventLoop<O> {
         (!self.leader_reaped).then_some(self.job_pid)
     }
 
-    /// The agent is gone (EOF, a failed wait): kill the whole tree at once.
+    /// The agent is gone (EOF without `Done`): kill the whole tree at once.
+    /// Said as `agent_died` (the agent died: SIGKILL, the OOM killer, a
+    /// crash), so that a wrapper reading the keeper's stderr can tell it
+    /// from a job that was killed; the agent cannot say it any more.
     fn agent_gone(&mut self) {
         self.finishing = true;
+        self.os.report(Report::Warning(AGENT_DIED.into()));
         self.start_kill();
     }
 
@@ -701,6 +711,7 @@ mod tests {
         assert_eq!(
             f.sent(),
             vec![
+                Report::Warning(AGENT_DIED.into()),
                 Report::Exited {
                     status: ChildStatus::Signaled(9),
                     at_ms: 1_000_000
@@ -708,6 +719,14 @@ mod tests {
                 Report::TreeGone
             ]
         );
+    }
+
+    #[test]
+    fn agent_died_is_said_only_when_the_agent_ended_without_done() {
+        let died = |f: &Fake| f.sent().contains(&Report::Warning(AGENT_DIED.into()));
+        assert!(died(&run(&[JOB, 8], vec![Then::Eof])));
+        let failed = run(&[JOB, 8], vec![Then::Fails]);
+        assert!(!died(&failed), "{:?}", failed.sent());
     }
 
     #[test]

@@ -126,6 +126,8 @@ pub fn prestart_keeper(
             None,
         )
     };
+    // Job cgroups of dead runs (their keepers killed) beside ours.
+    crate::keeper::cgroup::remove_stale(std::process::id());
     let (ctl_ours, ctl_theirs) = pair()?;
     let (rep_theirs, rep_ours) = pair()?;
     let agent = std::process::id().to_string();

@@ -157,7 +157,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
     crate::sys::malloc::one_arena();
     let agent = args.first().and_then(|a| a.to_str()?.parse::<u32>().ok());
     let Some(agent) = agent else {
-        eprintln!("leaseagent: __keeper is internal to leaseagent");
+        os::stderr_line("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     let claimed = (
@@ -165,11 +165,11 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         crate::sys::fd::claim_inherited_fd(crate::sys::keeper_spawn::KEEPER_REPORT_FD),
     );
     let (Ok(ctl), Ok(report)) = claimed else {
-        eprintln!("leaseagent: keeper: control descriptors missing");
+        os::stderr_line("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     let Some((options, command)) = JobOptions::parse(args.get(1..).unwrap_or_default()) else {
-        eprintln!("leaseagent: __keeper is internal to leaseagent");
+        os::stderr_line("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
     run(ctl, report, command.to_vec(), agent, dumpable, options)

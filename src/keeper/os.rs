@@ -149,18 +149,64 @@ impl Reporter {
         }
         for r in &reports {
             match r {
-                Report::Survivor { pid, command, why } => eprintln!(
+                Report::Survivor { pid, command, why } => stderr_line(&format!(
                     "leaseagent: keeper: error: process {pid} ({}) is still alive: {}",
                     crate::escape::escape(command),
                     why.describe()
-                ),
-                Report::Warning(m) => {
-                    eprintln!("leaseagent: keeper: warn: {}", crate::escape::escape(m))
-                }
+                )),
+                Report::Warning(m) => stderr_line(&format!(
+                    "leaseagent: keeper: warn: {}",
+                    crate::escape::escape(m)
+                )),
                 _ => {}
             }
         }
     }
+}
+
+/// At most this much of one line goes to stderr: `PIPE_BUF`, what a pipe
+/// with room takes in one write.
+const STDERR_LINE_MAX: usize = 4096;
+
+/// One line to stderr, best effort: written only if stderr takes it now
+/// (`poll` says writable), in one write, and any failure ignored.
+///
+/// Why not `eprintln!`: once the agent is gone the keeper is the job's last
+/// guardian, and `eprintln!` panics when the write fails (EPIPE on a pipe
+/// whose reader is gone; the release build aborts with SIGABRT), leaving
+/// the tree and its cgroup behind. Nor may it block on a full pipe or a
+/// stopped terminal past the deadline. SIGPIPE is ignored (Rust's runtime
+/// does it before `main`; the job gets it back at `exec`), so EPIPE is an
+/// error here, not a death. A line the job squeezes out between the poll
+/// and the write could still block one write of at most [`STDERR_LINE_MAX`]
+/// bytes; the pipe had a page free a moment before.
+pub fn stderr_line(text: &str) {
+    use std::os::fd::AsFd;
+    let line = line_bytes(text);
+    let err = std::io::stderr();
+    let fd = err.as_fd();
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let zero = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut fds, Some(&zero)) {
+        Ok(1) if fds[0].revents().contains(rustix::event::PollFlags::OUT) => {
+            let _ = rustix::io::write(fd, &line);
+        }
+        _ => {}
+    }
+}
+
+/// `text` and a newline, cut to [`STDERR_LINE_MAX`] bytes (the newline kept).
+fn line_bytes(text: &str) -> Vec<u8> {
+    let mut line: Vec<u8> = text.as_bytes().to_vec();
+    line.truncate(STDERR_LINE_MAX - 1);
+    line.push(b'\n');
+    line
 }
 
 impl Drop for Reporter {
@@ -472,4 +518,17 @@ fn private_pages(pid: i32) -> u64 {
     let resident: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
     let shared: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
     resident.saturating_sub(shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stderr_line_ends_in_a_newline_and_fits_one_pipe_write() {
+        assert_eq!(line_bytes("agent_died"), b"agent_died\n".to_vec());
+        let long = line_bytes(&"x".repeat(10_000));
+        assert_eq!(long.len(), STDERR_LINE_MAX);
+        assert_eq!(long.last(), Some(&b'\n'));
+    }
 }

@@ -673,3 +673,145 @@ fn a_keeper_resumed_after_a_long_stop_acts_on_the_newest_deadline() {
     assert_eq!(released.len(), 1, "{err}");
     assert_eq!(released[0].body["outcome"], "cancelled", "{err}");
 }
+
+// ------------------------------------------- the keeper's own output
+
+/// The agent's stderr as `how` leaves it once the job runs, then the agent
+/// SIGKILLed: the keeper, now the last guardian, says `agent_died` on that
+/// stderr without dying of it (EPIPE used to panic it, SIGABRT in release)
+/// or blocking on it, kills the tree and removes the job's cgroup.
+fn keeper_outlives_its_stderr(how: &str) {
+    use std::os::fd::{AsFd, OwnedFd};
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let pids = dir.path("pids");
+    let (reader, writer) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+    let ours: OwnedFd = writer.try_clone().unwrap();
+    let mut c = agent(&fake.url(), &format!("keeper-stderr-{how}"));
+    c.env("XDG_RUNTIME_DIR", dir.0.path());
+    c.stdout(Stdio::null()).stderr(Stdio::from(writer));
+    c.args(["--ttl", "30s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
+    let mut child = c.spawn().unwrap();
+    let agent_pid = child.id() as i32;
+    let job = wait_pids(&pids, 1)[0];
+    let keeper = keeper_of(agent_pid);
+    let job_cgroup = support::stop::cgroup_v2_dir(keeper)
+        .expect("a cgroup v2 hierarchy")
+        .join(format!("leaseagent-job-{agent_pid}"));
+    assert!(
+        job_cgroup.is_dir(),
+        "{} (no job cgroup)",
+        job_cgroup.display()
+    );
+    let kept = match how {
+        "closed" => {
+            drop(reader);
+            None
+        }
+        _ => {
+            // Full: nobody reads, and every byte of room is taken.
+            rustix::fs::fcntl_setfl(&ours, rustix::fs::OFlags::NONBLOCK).unwrap();
+            let chunk = [b'x'; 4096];
+            while rustix::io::write(ours.as_fd(), &chunk).is_ok() {}
+            let one = [b'x'; 1];
+            while rustix::io::write(ours.as_fd(), &one).is_ok() {}
+            Some(reader)
+        }
+    };
+    drop(ours);
+    kill(agent_pid, 9);
+    let _ = wait_exit(&mut child, T);
+    let gone = wait_for(Duration::from_secs(10), || {
+        (!alive(job) && !alive(keeper) && !job_cgroup.exists()).then_some(())
+    });
+    let left = (alive(job), alive(keeper), job_cgroup.exists());
+    if gone.is_none() {
+        // Leave nothing behind for the next test.
+        kill(keeper, 9);
+        kill(job, 9);
+        let _ = std::fs::write(job_cgroup.join("cgroup.kill"), "1");
+        let _ = wait_for(Duration::from_secs(10), || {
+            std::fs::remove_dir(&job_cgroup).ok()
+        });
+    }
+    assert!(
+        gone.is_some(),
+        "stderr {how}: (job alive, keeper alive, cgroup left) = {left:?}"
+    );
+    // The full pipe's reader is closed only now, after the keeper ended.
+    drop(kept);
+}
+
+#[test]
+fn a_keeper_whose_stderr_reader_is_gone_still_kills_the_tree_and_removes_its_cgroup() {
+    keeper_outlives_its_stderr("closed");
+}
+
+#[test]
+fn a_keeper_whose_stderr_is_full_still_kills_the_tree_and_removes_its_cgroup() {
+    keeper_outlives_its_stderr("full");
+}
+
+/// The keeper's stderr, read in full: after an agent SIGKILLed it says
+/// `agent_died`, where a wrapper reading the unit's log can find it.
+#[test]
+fn an_agent_sigkilled_is_said_agent_died_on_the_keepers_stderr() {
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let pids = dir.path("pids");
+    let mut c = agent(&fake.url(), "agent-died-said");
+    c.env("XDG_RUNTIME_DIR", dir.0.path());
+    c.args(["--ttl", "30s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 1000", pids.display()));
+    let mut child = spawn_logged(c, &dir);
+    let agent_pid = child.id() as i32;
+    let job = wait_pids(&pids, 1)[0];
+    let keeper = keeper_of(agent_pid);
+    kill(agent_pid, 9);
+    let _ = wait_exit(&mut child, T);
+    let gone = wait_for(Duration::from_secs(10), || {
+        (!alive(job) && !alive(keeper)).then_some(())
+    });
+    let err = std::fs::read_to_string(dir.path("agent.log")).unwrap_or_default();
+    assert!(gone.is_some(), "job or keeper outlived the agent: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("agent_died"))
+        .unwrap_or_else(|| panic!("no agent_died line: {err}"));
+    assert!(
+        line.starts_with("leaseagent: keeper: warn: agent_died"),
+        "{line}"
+    );
+}
+
+/// A job cgroup left by a dead run (its agent pid gone) is removed by the
+/// next run; one whose agent pid is alive (another run) stays.
+#[test]
+fn the_next_run_removes_a_dead_runs_job_cgroup_and_keeps_a_live_ones() {
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let mut live = Command::new("sleep").arg("1000").spawn().unwrap();
+    let me = std::process::id() as i32;
+    let parent = support::stop::cgroup_v2_dir(me).expect("a cgroup v2 hierarchy");
+    let stale = parent.join(format!("leaseagent-job-{dead_pid}"));
+    let other = parent.join(format!("leaseagent-job-{}", live.id()));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::create_dir(&other).unwrap();
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    let mut c = agent(&fake.url(), "stale-cgroups");
+    c.env("XDG_RUNTIME_DIR", dir.0.path());
+    c.args(["--ttl", "30s", "--", "true"]);
+    let mut child = spawn_logged(c, &dir);
+    let (status, err) = wait_logged(&mut child, &dir);
+    let (stale_left, other_left) = (stale.exists(), other.exists());
+    let _ = std::fs::remove_dir(&stale);
+    let _ = std::fs::remove_dir(&other);
+    let _ = live.kill();
+    let _ = live.wait();
+    assert!(status.success(), "{err}");
+    assert!(!stale_left, "a dead run's job cgroup stayed: {err}");
+    assert!(other_left, "a live run's job cgroup was removed");
+}

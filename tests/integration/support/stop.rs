@@ -134,7 +134,7 @@ impl Drop for StopGuard {
 
 /// The cgroup v2 directory `pid` is in (its `0::` line under the cgroup2
 /// mount), if any.
-fn cgroup_v2_dir(pid: i32) -> Option<PathBuf> {
+pub fn cgroup_v2_dir(pid: i32) -> Option<PathBuf> {
     let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
