@@ -374,7 +374,13 @@ fn wall_bound(written_ms: u64, ttl_ms: u64, (now_boot, now_wall): (u64, u64)) ->
     let until = written_ms
         .saturating_add(ttl_ms)
         .saturating_add(foreign_margin_ms(ttl_ms));
-    now_boot.saturating_add(until.saturating_sub(now_wall))
+    if until <= now_wall {
+        // Over: long expired, not "expires now". `now_boot` is read after
+        // the engine took its own now, so "now" here would read as 1 ms
+        // still to go to a caller whose clock reading came first.
+        return 0;
+    }
+    now_boot.saturating_add(until - now_wall)
 }
 
 fn fix(mut s: Stored, exp: Expiry<'_>) -> TaskRow {
@@ -531,8 +537,9 @@ mod tests {
         );
         assert_eq!(
             foreign_expiry(u64::MAX, 30_000, Some("other"), Some(1), "b", now),
-            50_000,
-            "long past on the wall clock: free"
+            0,
+            "long past on the wall clock: free (expired long ago, not \"now\", which a \
+             caller whose clock reading came first would take for 1 ms to go)"
         );
         // Unreadable views are another boot too.
         assert_eq!(
