@@ -15,7 +15,8 @@
 # the commands instead of one. The fresh state directory is new when the measurement
 # starts (its only history is the measured runs themselves). One more line,
 # a fresh state directory on tmpfs (/dev/shm: fsync costs nothing there),
-# shows how much of a run is the disk's flush.
+# shows how much of a run is the disk's flush, and one more, a fresh state
+# directory with --no-pid-namespace, what the job's own PID namespace costs.
 #
 # LEASEAGENT_BEFORE=/path/to/an/older/leaseagent adds that binary's fresh
 # and filled runs to every round ("fresh, before", "after N runs, before"),
@@ -51,7 +52,8 @@ if [ -n "$BEFORE" ]; then
 fi
 OLD=$DIR/old
 FRESH=$DIR/fresh
-mkdir -m 700 "$OLD" "$FRESH" "$SHM/fresh" "$DIR/old-before" "$DIR/fresh-before"
+NOPIDNS=$DIR/fresh-nopidns
+mkdir -m 700 "$OLD" "$FRESH" "$NOPIDNS" "$SHM/fresh" "$DIR/old-before" "$DIR/fresh-before"
 
 size() { du -sk --apparent-size "$1" | cut -f1; }
 files() { (cd "$1" && for f in *; do printf '%s %s B, ' "$f" "$(stat -c %s "$f")"; done) | sed 's/, $//'; }
@@ -81,6 +83,7 @@ for r in $(seq "$ROUNDS"); do
         -n fresh "$AGENT --authority sqlite:$FRESH/leases.sqlite3 --task t -- true" \
         -n tmpfs "$AGENT --authority sqlite:$SHM/fresh/leases.sqlite3 --task t -- true" \
         -n after "$AGENT --authority sqlite:$OLD/leases.sqlite3 --task t -- true" \
+        -n nopidns "$AGENT --no-pid-namespace --authority sqlite:$NOPIDNS/leases.sqlite3 --task t -- true" \
         "${EXTRA[@]}" >/dev/null 2>&1
 done
 
@@ -96,6 +99,7 @@ print(f"{os.cpu_count()} cores, {len(times['flock'])} runs each ({rounds} rounds
 for k, label in [("flock", "flock FILE true"), ("fresh", "leaseagent -- true, fresh state dir"),
                  ("after", f"leaseagent -- true, after {fill} runs"),
                  ("tmpfs", "leaseagent -- true, fresh, on tmpfs"),
+                 ("nopidns", "the same, fresh, --no-pid-namespace"),
                  ("fresh-before", "the same, fresh, before"),
                  ("after-before", f"the same, after {fill} runs, before")]:
     if k not in times:

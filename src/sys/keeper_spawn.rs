@@ -39,6 +39,8 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use super::clone3::{CLONE_CLEAR_SIGHAND, CloneArgs, clone3};
+
 /// The namespaces the keeper is created in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Namespaces {
@@ -196,24 +198,6 @@ impl Prepared {
     }
 }
 
-/// `struct clone_args` up to `set_tid_size` (`CLONE_ARGS_SIZE_VER1`).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-}
-
-const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
-
 /// Starts the keeper in `ns`. `Err` says which step failed (nothing is
 /// left running: a child that failed was reaped).
 pub fn spawn(prep: &Prepared, ns: Namespaces) -> Result<Spawned, SpawnError> {
@@ -250,13 +234,7 @@ pub fn spawn(prep: &Prepared, ns: Namespaces) -> Result<Spawned, SpawnError> {
     // gets a copy of this address space and returns here on a copy of this
     // stack, as after fork(); it then only runs `child`, which never
     // returns.
-    let mut pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let mut pid = unsafe { clone3(&mut args) };
     if pid == 0 {
         child(prep, ns, err_w.as_raw_fd());
     }

@@ -3,6 +3,7 @@
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
 //! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`),
+//! both through `clone3`'s argument block (`clone3`),
 //! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
 //! the user lookups and the uid switch of `--user` (`user`). Also: walking
 //! configured paths as the kernel's `protected_symlinks` rule would
@@ -10,6 +11,8 @@
 //! live, the systemd notification socket, and the agent's defences against
 //! memory pressure.
 
+#[allow(unsafe_code)]
+pub mod clone3;
 #[allow(unsafe_code)]
 pub mod fd;
 #[allow(unsafe_code)]

@@ -38,6 +38,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::clone3::{CLONE_CLEAR_SIGHAND, CLONE_INTO_CGROUP, CloneArgs, clone3};
 use super::user::{Identity, Switch, SwitchStep};
 
 /// Why no job was started.
@@ -226,26 +227,6 @@ fn take_terminal() {
     }
 }
 
-/// `struct clone_args` up to `cgroup` (`CLONE_ARGS_SIZE_VER2`, Linux 5.7).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
-const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
 /// Starts `program` with `args`, with this process's environment and `env`
 /// over it, in the cgroup whose directory `cgroup` is open, in a process
 /// group of its own, with `oom_score_adj` = `oom_adj` and `steps`. Returns
@@ -310,13 +291,7 @@ pub fn spawn_in_cgroup(
     // of the size passed. Without CLONE_VM the child gets a copy of this
     // address space and returns here on a copy of this stack, as after
     // fork(); it then only runs `child` below, which never returns.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut cl_args as *mut CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let pid = unsafe { clone3(&mut cl_args) };
     if pid < 0 {
         return Err(Failure::Clone(std::io::Error::last_os_error()));
     }

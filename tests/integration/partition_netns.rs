@@ -37,7 +37,10 @@ struct Scene {
 
 impl Scene {
     fn new() -> Scene {
-        let dir = tempfile::tempdir().unwrap();
+        // On tmpfs: the etcd members' WALs live here, and an fsync stalled
+        // by a busy shared disk would read as a partition (see
+        // support/etcd.rs).
+        let dir = tempfile::tempdir_in("/dev/shm").expect("a temp dir on /dev/shm");
         std::fs::create_dir(dir.path().join("sink")).unwrap();
         std::fs::write(dir.path().join("job.sh"), JOB).unwrap();
         Scene { dir }
