@@ -58,6 +58,13 @@ pub struct LeaseStateFile {
     /// CLOCK_BOOTTIME.
     pub deadline_boot_ms: u64,
     pub boot_id: String,
+    /// The writer's time namespace's `CLOCK_BOOTTIME` offset (ns; absent
+    /// when 0, the host's own clock): a reader in another time namespace
+    /// of the same boot translates `deadline_boot_ms` by the difference
+    /// (a job may sit in a time namespace of its own, e.g. after a CRIU
+    /// restore, where the raw numbers would be a day or more apart).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub boot_offset_ns: i64,
     pub agent_pid: u32,
     /// The run's outcome once the agent decided it (`succeeded`, `failed`,
     /// `cancelled`, `lost`): tells a job's own 124 from the agent's.
@@ -69,15 +76,35 @@ pub struct LeaseStateFile {
     pub containment: Option<String>,
 }
 
+fn is_zero(v: &i64) -> bool {
+    *v == 0
+}
+
 impl LeaseStateFile {
     /// Time the lease has left as the agent sees it, 0 when lost or from
     /// another boot.
-    pub fn remaining(&self, now: BootInstant, boot_id: &str) -> std::time::Duration {
+    ///
+    /// `now` is read on the reader's boot clock, whose time namespace
+    /// offset is `offset_ns` ([`crate::time::clock::boottime_offset`]).
+    pub fn remaining(
+        &self,
+        now: BootInstant,
+        boot_id: &str,
+        offset_ns: i128,
+    ) -> std::time::Duration {
         if self.boot_id != boot_id || matches!(self.state, LeaseView::Lost) {
             return std::time::Duration::ZERO;
         }
+        // The deadline on the reader's clock: the host's instant plus the
+        // reader's offset. One that falls before the reader's boot clock's
+        // zero has passed.
+        let ns = i128::from(self.deadline_boot_ms) * 1_000_000 - i128::from(self.boot_offset_ns)
+            + offset_ns;
+        let Ok(ns) = u64::try_from(ns) else {
+            return std::time::Duration::ZERO;
+        };
         now.until(BootInstant::from_since_boot(
-            std::time::Duration::from_millis(self.deadline_boot_ms),
+            std::time::Duration::from_nanos(ns),
         ))
     }
 
@@ -295,15 +322,16 @@ mod tests {
             deadline_boot_ms: (now + Duration::from_secs(10)).since_boot().as_millis() as u64,
             boot_id: "b".into(),
             agent_pid: 1,
+            boot_offset_ns: 0,
             outcome: None,
             containment: None,
         };
         w.write(&s).unwrap();
         let back = LeaseStateFile::read(w.path()).unwrap();
         assert_eq!(back, s);
-        let left = back.remaining(now, "b");
+        let left = back.remaining(now, "b", 0);
         assert!(left > Duration::from_secs(9) && left <= Duration::from_secs(10));
-        assert_eq!(back.remaining(now, "other-boot"), Duration::ZERO);
+        assert_eq!(back.remaining(now, "other-boot", 0), Duration::ZERO);
         w.remove();
         assert!(!w.path().exists());
     }
@@ -321,6 +349,7 @@ mod tests {
             deadline_boot_ms: 1,
             boot_id: "b".into(),
             agent_pid: 1,
+            boot_offset_ns: 0,
             outcome: None,
             containment: None,
         };
@@ -352,6 +381,7 @@ mod tests {
             deadline_boot_ms: 1,
             boot_id: "b".into(),
             agent_pid: 1,
+            boot_offset_ns: 0,
             outcome: None,
             containment: None,
         };

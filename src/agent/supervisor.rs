@@ -44,6 +44,8 @@ pub struct Supervisor {
     /// The state file's removal, asked for with the release.
     removing: Option<Removing>,
     boot_id: String,
+    /// This process's time namespace's boot-clock offset (ns).
+    boot_offset_ns: i64,
     reporter: Reporter,
     /// Dropped to stop renewals.
     heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
@@ -84,6 +86,12 @@ impl Supervisor {
             queue: None,
             removing: None,
             boot_id: crate::time::clock::boot_id().unwrap_or_default(),
+            // Unreadable: 0, the host's clock, as every agent before this
+            // field wrote.
+            boot_offset_ns: crate::time::clock::boottime_offset()
+                .ok()
+                .and_then(|o| i64::try_from(o).ok())
+                .unwrap_or(0),
             heartbeat: None,
             keeper: None,
             _events_tx: events.0,
@@ -302,6 +310,7 @@ impl Supervisor {
             containment: self.machine.containment().map(|c| c.as_str().to_string()),
             deadline_boot_ms: crate::time::ms(self.machine.deadline().since_boot()),
             boot_id: self.boot_id.clone(),
+            boot_offset_ns: self.boot_offset_ns,
             agent_pid: std::process::id(),
         }
     }

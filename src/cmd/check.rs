@@ -8,7 +8,9 @@
 //! every renewal ([`crate::agent::state_file`]); `check` reads it and compares the
 //! recorded deadline with `CLOCK_BOOTTIME` now. So a paused agent's stale
 //! file still expires on time: the deadline, not the freshness of the file,
-//! decides. A file from another boot is never valid.
+//! decides. A file from another boot is never valid; one written in another
+//! time namespace of this boot (the job unshared one, or was restored by
+//! CRIU) is read through the two namespaces' boot-clock offsets.
 //!
 //! Advisory only. Between `check` answering 0 and the write, the process can
 //! be paused past the lease; the sink's fence (`publish`, [`crate::fence`])
@@ -72,10 +74,11 @@ pub fn evaluate(
     file: &LeaseStateFile,
     now: BootInstant,
     boot_id: &str,
+    offset_ns: i128,
     env_token: Option<u64>,
     min: Duration,
 ) -> Verdict {
-    let remaining = file.remaining(now, boot_id);
+    let remaining = file.remaining(now, boot_id, offset_ns);
     let mut v = Verdict {
         ok: false,
         token: Some(file.token),
@@ -134,12 +137,16 @@ pub fn verdict(min: Duration) -> Verdict {
         Ok(b) => b,
         Err(e) => return Verdict::no(format!("cannot read this boot's id: {e}")),
     };
+    let offset = match crate::time::clock::boottime_offset() {
+        Ok(o) => o,
+        Err(e) => return Verdict::no(format!("cannot read this time namespace's offsets: {e}")),
+    };
     let env_token = match crate::fence::token_from_env() {
         Ok(t) => Some(t),
         Err(crate::fence::TokenEnvError::Unset) => None,
         Err(e) => return Verdict::no(e.to_string()),
     };
-    evaluate(&file, BootInstant::now(), &boot_id, env_token, min)
+    evaluate(&file, BootInstant::now(), &boot_id, offset, env_token, min)
 }
 
 pub fn main(a: CheckArgs) -> ExitCode {
@@ -174,6 +181,7 @@ mod tests {
             deadline_boot_ms: ms((now + left).since_boot()),
             boot_id: "b".into(),
             agent_pid: 1,
+            boot_offset_ns: 0,
             outcome: None,
             containment: None,
         }
@@ -183,26 +191,82 @@ mod tests {
     fn verdicts() {
         let now = BootInstant::from_since_boot(Duration::from_secs(1000));
         let s = Duration::from_secs;
-        let ok = evaluate(&file(LeaseView::Valid, s(10), now), now, "b", Some(9), s(5));
+        let ok = evaluate(
+            &file(LeaseView::Valid, s(10), now),
+            now,
+            "b",
+            0,
+            Some(9),
+            s(5),
+        );
         assert!(ok.ok, "{ok:?}");
         assert_eq!(ok.remaining_ms, 10_000);
-        assert!(evaluate(&file(LeaseView::Renewing, s(10), now), now, "b", None, s(5)).ok);
+        assert!(
+            evaluate(
+                &file(LeaseView::Renewing, s(10), now),
+                now,
+                "b",
+                0,
+                None,
+                s(5)
+            )
+            .ok
+        );
 
-        let short = evaluate(&file(LeaseView::Valid, s(3), now), now, "b", None, s(5));
+        let short = evaluate(&file(LeaseView::Valid, s(3), now), now, "b", 0, None, s(5));
         assert!(!short.ok);
         assert_eq!(
             short.reason.as_deref(),
             Some("only 3s left, less than --min-remaining 5s")
         );
-        let lost = evaluate(&file(LeaseView::Lost, s(10), now), now, "b", None, s(0));
+        let lost = evaluate(&file(LeaseView::Lost, s(10), now), now, "b", 0, None, s(0));
         assert!(lost.reason.unwrap().starts_with("lease lost"));
-        let expired = evaluate(&file(LeaseView::Valid, s(0), now), now, "b", None, s(0));
+        let expired = evaluate(&file(LeaseView::Valid, s(0), now), now, "b", 0, None, s(0));
         assert!(expired.reason.unwrap().starts_with("lease expired"));
-        let boot = evaluate(&file(LeaseView::Valid, s(10), now), now, "c", None, s(0));
+        let boot = evaluate(&file(LeaseView::Valid, s(10), now), now, "c", 0, None, s(0));
         assert!(boot.reason.unwrap().contains("previous boot"));
-        let other = evaluate(&file(LeaseView::Valid, s(10), now), now, "b", Some(8), s(0));
+        let other = evaluate(
+            &file(LeaseView::Valid, s(10), now),
+            now,
+            "b",
+            0,
+            Some(8),
+            s(0),
+        );
         assert!(other.reason.unwrap().contains("LEASE_TOKEN is 8"));
-        let stopping = evaluate(&file(LeaseView::Stopping, s(10), now), now, "b", None, s(0));
+        let stopping = evaluate(
+            &file(LeaseView::Stopping, s(10), now),
+            now,
+            "b",
+            0,
+            None,
+            s(0),
+        );
         assert!(!stopping.ok);
+
+        // A reader in a time namespace a day ahead (a job that unshared
+        // one): the same 10 s left, read through the two offsets; on the
+        // raw numbers the lease would have "ended" a day ago.
+        let day: i128 = 86_400 * 1_000_000_000;
+        let ahead = now + s(86_400);
+        let v = evaluate(
+            &file(LeaseView::Valid, s(10), now),
+            ahead,
+            "b",
+            day,
+            None,
+            s(5),
+        );
+        assert!(v.ok, "{v:?}");
+        assert_eq!(v.remaining_ms, 10_000);
+        // Written in that namespace and read on the host's clock: the same.
+        let mut f = file(LeaseView::Valid, s(10), ahead);
+        f.boot_offset_ns = day as i64;
+        let v = evaluate(&f, now, "b", 0, None, s(5));
+        assert_eq!(v.remaining_ms, 10_000, "{v:?}");
+        // An offset that puts the deadline before the reader's zero: over.
+        f.boot_offset_ns = (day * 2) as i64;
+        let v = evaluate(&f, now, "b", 0, None, s(0));
+        assert!(!v.ok);
     }
 }

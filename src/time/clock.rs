@@ -85,16 +85,24 @@ pub fn boot_id() -> std::io::Result<String> {
 /// namespaces of one boot by their offsets ([`split_view`]).
 pub fn view() -> std::io::Result<String> {
     let id = boot_id()?;
+    Ok(match boottime_offset()? {
+        0 => id,
+        off => format!("{id}@{off}"),
+    })
+}
+
+/// This process's time namespace's `CLOCK_BOOTTIME` offset against the
+/// host's, in nanoseconds (0 in the host's own namespace, or on a kernel
+/// without time namespaces). A boot-clock instant read here is the host's
+/// plus this offset.
+pub fn boottime_offset() -> std::io::Result<i128> {
     let offsets = match std::fs::read_to_string("/proc/self/timens_offsets") {
         Ok(text) => text,
         // No time namespaces in this kernel: the host's clock.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e),
     };
-    Ok(match boottime_offset_ns(&offsets)? {
-        0 => id,
-        off => format!("{id}@{off}"),
-    })
+    boottime_offset_ns(&offsets)
 }
 
 /// The `boottime` line of `/proc/self/timens_offsets` ("boottime  SECS

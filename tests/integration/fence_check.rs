@@ -34,6 +34,7 @@ fn state(dir: &std::path::Path, view: LeaseView, left: Duration, boot: String) -
         deadline_boot_ms: (BootInstant::now() + left).since_boot().as_millis() as u64,
         boot_id: boot,
         agent_pid: std::process::id(),
+        boot_offset_ns: 0,
         outcome: None,
         containment: None,
     })
@@ -142,4 +143,40 @@ fn under_the_agent() {
     assert_eq!(v["token"].as_u64(), Some(auth.token()));
     let err = std::fs::read_to_string(d.path().join("out.json.err")).unwrap();
     assert!(err.contains("less than --min-remaining 1h"), "{err}");
+}
+
+/// A job that moved its boot clock (a time namespace of its own, a day
+/// ahead or 1,000 s back, as `unshare --time` or a CRIU restore gives) is
+/// told what its agent knows: a valid lease with no more than its ttl left,
+/// neither "expired a day ago" nor 1,000 s longer than it has.
+#[test]
+fn a_job_in_another_time_namespace_reads_the_same_deadline() {
+    for offset in ["86400", "-1000"] {
+        let auth = support::FakeAuthority::start();
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out.json");
+        let script = format!(
+            "unshare --time --boottime {offset} --fork leaseagent check --min-remaining 1s --json > {o}",
+            o = out.display()
+        );
+        let mut c = support::agent(&auth.url(), "check-timens");
+        c.args(["--ttl", "5s", "--", "sh", "-c", &script])
+            .env("PATH", support::fence::path_with_bin())
+            .env("LEASEAGENT_STATE_DIR", d.path());
+        let f = support::run_agent(c, Duration::from_secs(30));
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        assert_eq!(
+            f.status.code(),
+            Some(0),
+            "offset {offset}: {text}\n{}",
+            f.stderr
+        );
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["ok"], true, "offset {offset}: {text}");
+        let left = v["remaining_ms"].as_u64().unwrap();
+        assert!(
+            (1_000..=5_000).contains(&left),
+            "offset {offset}: {left} ms left of a 5 s lease: {text}"
+        );
+    }
 }
