@@ -15,7 +15,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Value, json};
 
 use crate::support;
-use support::authority::{Store, poll, post, request, spawn_serve_on};
+use support::authority::{Store, poll, post, request, spawn_serve_on, spawn_serve_via};
 use support::postgres::Postgres;
 
 /// The leadership ttl of these tests' replicas.
@@ -45,7 +45,19 @@ impl Replica {
     fn start_with(store: &Store, flags: &[&str]) -> Replica {
         let mut args: Vec<std::ffi::OsString> = vec!["--listen".into(), "127.0.0.1:0".into()];
         args.extend(flags.iter().map(Into::into));
-        let s = spawn_serve_on(store, &args);
+        Self::spawned(spawn_serve_on(store, &args))
+    }
+
+    /// A replica on `wire`'s host, listening on its address.
+    fn start_in(wire: &support::netns::Wire, store: &Store) -> Replica {
+        let cmd = wire.cmd(support::bin().to_str().unwrap());
+        let listen = format!("{}:0", wire.there);
+        // Plain HTTP beyond loopback, on a wire only this test uses.
+        let args = ["--listen".into(), listen.into(), "--insecure-listen".into()];
+        Self::spawned(spawn_serve_via(cmd, store, &args))
+    }
+
+    fn spawned(s: support::authority::Spawned) -> Replica {
         Replica {
             child: s.child,
             addr: s.addr,
@@ -480,7 +492,18 @@ fn a_leader_stopped_past_its_ttl_answers_nothing_as_leader_when_it_wakes() {
 }
 
 fn one_leader_of(r: &Replica, within: Duration) {
-    poll("the standby to lead", within, || r.leads().then_some(()));
+    let deadline = Instant::now() + within;
+    while !r.leads() {
+        if Instant::now() > deadline {
+            let said: Vec<String> = r._stderr.try_iter().collect();
+            panic!(
+                "{} did not lead within {within:?}; it said:\n{}",
+                r.addr,
+                said.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -619,18 +642,59 @@ fn a_leader_cut_off_from_the_store_stops_answering_before_another_leads() {
     // turns into a black hole (its connections cut, new ones swallowed);
     // agents still reach the leader itself.
     let proxy = support::Proxy::start(format!("127.0.0.1:{}", pg.port).parse().unwrap());
-    let via_proxy = Store::Postgres {
+    let a = Replica::start(&store_at(&pg, "127.0.0.1", proxy.addr.port()));
+    leader_cut_off(&pg, a, store(&pg), || {
+        proxy.set(support::ProxyMode::Blackhole)
+    });
+}
+
+/// The same cut as a real partition: the leader runs on a host of its own
+/// (a network namespace) whose packets to PostgreSQL vanish (no RST, no
+/// ICMP: its connection and every new one just get no answer), while the
+/// test, as the agents, still reaches it.
+#[test]
+fn a_leader_on_a_host_cut_off_from_the_store_stops_answering_before_another_leads() {
+    let wire = support::netns::Wire::new();
+    // Beyond loopback serve talks to PostgreSQL over verified TLS only.
+    let pki = support::tls::Pki::new();
+    let san = format!("IP:{},IP:127.0.0.1", wire.here);
+    pki.issue("wire", "pg", &san, "serverAuth");
+    let pg =
+        Postgres::start_tls_also_on((&pki.path("wire.pem"), &pki.path("wire.key")), &wire.here);
+    let tls_at = |host: &str| {
+        let mut store = store_at(&pg, host, pg.port);
+        if let Store::Postgres { url, .. } = &mut store {
+            let ca = pki.path("ca.pem");
+            url.push_str(&format!(
+                "?sslmode=verify-full&sslrootcert={}",
+                ca.display()
+            ));
+        }
+        store
+    };
+    let a = Replica::start_in(&wire, &tls_at(&wire.here));
+    leader_cut_off(&pg, a, tls_at("127.0.0.1"), || wire.cut_source());
+}
+
+/// `pg`'s store, reached at `host`:`port`.
+fn store_at(pg: &Postgres, host: &str, port: u16) -> Store {
+    Store::Postgres {
         url: format!(
-            "postgresql://{}@127.0.0.1:{}/postgres",
+            "postgresql://{}@{host}:{port}/postgres",
             support::postgres::USER,
-            proxy.addr.port()
         ),
         password_file: pg.password_file.clone(),
         leader_ttl: LEADER_TTL,
-    };
-    let a = Replica::start(&via_proxy);
+    }
+}
+
+/// `a` leads (reaching `pg` through what `cut` cuts), a standby on
+/// `standby` follows;
+/// while renewals go to `a`, `cut` cuts it off from the store: `a` answers
+/// no renewal as leader once the standby took over, and says not_leader.
+fn leader_cut_off(pg: &Postgres, a: Replica, standby: Store, cut: impl FnOnce()) {
     one_leader_of(&a, Duration::from_secs(30));
-    let b = Replica::start(&store(&pg));
+    let b = Replica::start(&standby);
     assert_eq!(one_leader(&[&a, &b], Duration::from_secs(30)), 0);
     let (st, g) = a.acquire("cut", "h", 60_000);
     assert_eq!(st, 200, "{g}");
@@ -658,7 +722,7 @@ fn a_leader_cut_off_from_the_store_stops_answering_before_another_leads() {
             seen
         })
     };
-    proxy.set(support::ProxyMode::Blackhole);
+    cut();
     let cut = wall_ms();
     one_leader_of(&b, Duration::from_secs(30));
     // Renewals go on a while longer, then stop.

@@ -68,7 +68,13 @@ pub fn spawn_serve(db: &Path, args: &[std::ffi::OsString]) -> Spawned {
 
 /// [`spawn_serve`] on any store.
 pub fn spawn_serve_on(store: &Store, args: &[std::ffi::OsString]) -> Spawned {
-    let mut child = Command::new(bin())
+    spawn_serve_via(Command::new(bin()), store, args)
+}
+
+/// [`spawn_serve_on`] with `cmd` as the `leaseagent` to run (e.g. `ip
+/// netns exec NS .../leaseagent`, which execs it: the child is serve).
+pub fn spawn_serve_via(mut cmd: Command, store: &Store, args: &[std::ffi::OsString]) -> Spawned {
+    let mut child = cmd
         .arg("serve")
         .args(store.args())
         .args(args)
@@ -280,8 +286,15 @@ pub fn request(
     body: &[u8],
     timeout: Duration,
 ) -> std::io::Result<(u16, Vec<u8>)> {
+    // serve takes only its listen address, or `localhost` on loopback, as
+    // the `Host` (no DNS rebinding).
+    let host = if addr.starts_with("127.") {
+        "localhost"
+    } else {
+        addr
+    };
     let mut raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     )
     .into_bytes();

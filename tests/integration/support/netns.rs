@@ -158,3 +158,105 @@ impl Drop for Proc {
         let _ = self.0.wait();
     }
 }
+
+/// A host of its own wired straight to the test's namespace by one veth
+/// pair, for cutting one flow while the others pass: the test's side has
+/// [`Wire::here`] (`10.A.B.1/29`), the host has [`Wire::there`] (`.2`) and
+/// [`Wire::source`] (`.3`), and reaches [`Wire::here`] *from*
+/// [`Wire::source`] (a route with `src`). The test (and whatever else
+/// connects to [`Wire::there`]) keeps talking to the host while
+/// [`Wire::cut_source`] makes everything the host sends from
+/// [`Wire::source`] vanish: the host's outgoing connections (to a database
+/// here) get no answer, no RST, no ICMP, as behind a dead router, and
+/// nothing on the test's side gets an error either (a blackhole route here
+/// for the one address). `A.B` is unique to the process and the wire, so
+/// parallel tests never share a subnet in the test's namespace.
+///
+/// Why not `tc` filters on a port: the kernels this runs on may lack the
+/// `gact` action module (`tc ... action drop` fails), while routing is
+/// always there.
+pub struct Wire {
+    pub ns: String,
+    /// This end's interface (in the test's namespace).
+    dev: String,
+    pub here: String,
+    pub there: String,
+    pub source: String,
+    cut: std::sync::atomic::AtomicBool,
+}
+
+impl Wire {
+    pub fn new() -> Wire {
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let net = format!("10.{}.{}", 200 + n % 50, pid % 256);
+        let w = Wire {
+            ns: format!("la{pid}w{n}"),
+            dev: format!("la{pid}v{n}"),
+            here: format!("{net}.1"),
+            there: format!("{net}.2"),
+            source: format!("{net}.3"),
+            cut: std::sync::atomic::AtomicBool::new(false),
+        };
+        ip(&["netns", "add", &w.ns]);
+        ip(&[
+            "link", "add", &w.dev, "type", "veth", "peer", "name", "eth0", "netns", &w.ns,
+        ]);
+        ip(&["addr", "add", &format!("{}/29", w.here), "dev", &w.dev]);
+        ip(&["link", "set", &w.dev, "up"]);
+        for a in [&w.there, &w.source] {
+            ip(&[
+                "-n",
+                &w.ns,
+                "addr",
+                "add",
+                &format!("{a}/29"),
+                "dev",
+                "eth0",
+            ]);
+        }
+        ip(&["-n", &w.ns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &w.ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &w.ns,
+            "route",
+            "replace",
+            &format!("{}/32", w.here),
+            "dev",
+            "eth0",
+            "src",
+            &w.source,
+        ]);
+        w
+    }
+
+    /// `program` to be run on the host.
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, program]);
+        c
+    }
+
+    /// What the host sends from [`Wire::source`] vanishes from now on.
+    pub fn cut_source(&self) {
+        ip(&["route", "add", "blackhole", &format!("{}/32", self.source)]);
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        if self.cut.load(Ordering::SeqCst) {
+            let _ = Command::new("ip")
+                .args(["route", "del", "blackhole", &format!("{}/32", self.source)])
+                .stderr(Stdio::null())
+                .status();
+        }
+        // The veth pair goes with the namespace.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+}

@@ -87,6 +87,17 @@ impl Postgres {
     /// server takes TCP connections over TLS only (`hostssl` in
     /// `pg_hba.conf`: a plain connection is refused).
     pub fn start_with(tls: Option<(&Path, &Path)>) -> Postgres {
+        Self::start_full(tls, None)
+    }
+
+    /// [`Postgres::start_with`] `tls`, also listening on `addr` (an
+    /// address of this namespace, e.g. a [`super::netns::Wire`]'s) and
+    /// taking password logins from its /24.
+    pub fn start_tls_also_on(tls: (&Path, &Path), addr: &str) -> Postgres {
+        Self::start_full(Some(tls), Some(addr))
+    }
+
+    fn start_full(tls: Option<(&Path, &Path)>, also_on: Option<&str>) -> Postgres {
         require();
         let dir = tempfile::tempdir().expect("temp dir");
         own_file(dir.path());
@@ -131,6 +142,14 @@ impl Postgres {
             )
             .unwrap();
             settings.extend(["ssl=on".to_string()]);
+        }
+        if let Some(addr) = also_on {
+            let hba = data.join("pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+            text.push_str(&format!("hostssl all all {addr}/24 scram-sha-256\n"));
+            std::fs::write(&hba, text).expect("write pg_hba.conf");
+            // The later setting wins over launch's loopback-only one.
+            settings.push(format!("listen_addresses=127.0.0.1,{addr}"));
         }
         Self::run(dir, settings)
     }

@@ -32,20 +32,22 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// `openssl req` options for a new P-256 key without a passphrase.
+const EC: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
 impl Pki {
     pub fn new() -> Pki {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ];
         for (ca, cn) in [("ca", "leaseagent test CA"), ("other-ca", "unrelated CA")] {
             let mut a = vec!["req", "-x509"];
-            a.extend(ec);
+            a.extend(EC);
             let (key, pem, subj) = (
                 format!("{ca}.key"),
                 format!("{ca}.pem"),
@@ -54,52 +56,8 @@ impl Pki {
             a.extend(["-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subj]);
             openssl(d, &a);
         }
-        let leaf = |name: &str, cn: &str, san: &str, usage: &str| {
-            let mut a = vec!["req"];
-            a.extend(ec);
-            let (key, csr, pem) = (
-                format!("{name}.key"),
-                format!("{name}.csr"),
-                format!("{name}.pem"),
-            );
-            // An empty `cn` gives a subject without a Common Name (etcd's
-            // gateway refuses client certificates that carry one).
-            let subj = if cn.is_empty() {
-                "/O=leaseagent tests".to_string()
-            } else {
-                format!("/CN={cn}")
-            };
-            a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
-            openssl(d, &a);
-            let ext = format!("{name}.ext");
-            let mut text = format!("basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n");
-            if !san.is_empty() {
-                text.push_str(&format!("subjectAltName={san}\n"));
-            }
-            std::fs::write(d.join(&ext), text).expect("ext file");
-            openssl(
-                d,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca.pem",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAcreateserial",
-                    "-out",
-                    &pem,
-                    "-days",
-                    "2",
-                    "-extfile",
-                    &ext,
-                ],
-            );
-            std::fs::set_permissions(d.join(&key), std::fs::Permissions::from_mode(0o600))
-                .expect("chmod key");
-        };
+        let pki = Pki { dir };
+        let leaf = |name: &str, cn: &str, san: &str, usage: &str| pki.issue(name, cn, san, usage);
         leaf(
             "server",
             "localhost",
@@ -113,7 +71,58 @@ impl Pki {
             "serverAuth",
         );
         leaf("client", "", "DNS:agent-1", "clientAuth");
-        Pki { dir }
+        pki
+    }
+
+    /// Issues `NAME.pem` and `NAME.key` (0600), signed by `ca.pem`, with
+    /// common name `cn` (none when empty), subjectAltName `san` (none when
+    /// empty, e.g. `IP:10.0.0.1,DNS:x`) and extendedKeyUsage `usage`.
+    pub fn issue(&self, name: &str, cn: &str, san: &str, usage: &str) {
+        let d = self.dir.path();
+        let mut a = vec!["req"];
+        a.extend(EC);
+        let (key, csr, pem) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+        );
+        // An empty `cn` gives a subject without a Common Name (etcd's
+        // gateway refuses client certificates that carry one).
+        let subj = if cn.is_empty() {
+            "/O=leaseagent tests".to_string()
+        } else {
+            format!("/CN={cn}")
+        };
+        a.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(d, &a);
+        let ext = format!("{name}.ext");
+        let mut text = format!("basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n");
+        if !san.is_empty() {
+            text.push_str(&format!("subjectAltName={san}\n"));
+        }
+        std::fs::write(d.join(&ext), text).expect("ext file");
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+        std::fs::set_permissions(d.join(&key), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod key");
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
