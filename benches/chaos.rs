@@ -1,14 +1,15 @@
 //! Chaos soak with an invariant checker.
 //!
 //! ```text
-//! cargo test --bench chaos -- --minutes 1 --authority serve   # debug build, as CI runs it
+//! cargo test --bench chaos -- --minutes 3 --authority all     # debug build, as CI runs it
 //! cargo bench --bench chaos -- --minutes 30                   # both authorities, 15 min each
 //! ```
 //!
 //! N agents (`--agents`, default 6) compete for K tasks (`--tasks`, default 2)
 //! against `leaseagent serve` or a 3-member etcd cluster (`--authority
 //! serve|etcd|both`, default both, the time split between them), or three
-//! `serve` replicas on one PostgreSQL store (`--authority replicas`: the
+//! `serve` replicas on one PostgreSQL store (`--authority replicas`, or
+//! `all` for the three kinds, as CI runs it: the
 //! agents are given every replica; a PostgreSQL 15 started as `nobody` by
 //! the tests' harness, `tests/integration/support/postgres.rs`). Each agent
 //! reaches the authority through its own loopback TCP proxy, so it can be
@@ -93,7 +94,8 @@ fn main() {
         "etcd" => vec!["etcd"],
         "both" => vec!["serve", "etcd"],
         "replicas" => vec!["replicas"],
-        w => panic!("--authority serve|etcd|both|replicas, not {w}"),
+        "all" => vec!["serve", "etcd", "replicas"],
+        w => panic!("--authority serve|etcd|both|replicas|all, not {w}"),
     };
     checker_self_test();
     let each = Duration::from_secs_f64(minutes * 60.0 / kinds.len() as f64);
@@ -368,6 +370,7 @@ impl Authority {
                     guarded(&bin())
                         .args(["serve", "--listen", &format!("127.0.0.1:{}", ports[i])])
                         .args(["--store", &pg.url("postgres"), "--leader-ttl", "1s"])
+                        .arg("--no-auth")
                         .arg("--store-password-file")
                         .arg(&pg.password_file)
                         .stdin(Stdio::null())
