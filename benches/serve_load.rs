@@ -108,8 +108,15 @@ fn main() {
     }
     let mut server = Server(cmd.stderr(Stdio::piped()).spawn().unwrap());
     let mut err = BufReader::new(server.0.stderr.take().unwrap());
+    // Its listening line (a warning may come first: serve logs on stderr).
     let mut line = String::new();
-    err.read_line(&mut line).unwrap();
+    while !line.contains("listening on") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "serve ended before it listened"
+        );
+    }
     let addr = line
         .split("http://")
         .nth(1)
@@ -123,7 +130,7 @@ fn main() {
     let leads = Instant::now() + Duration::from_secs(60);
     while store.is_some() {
         let mut h = TcpStream::connect(&addr).unwrap();
-        h.write_all(b"GET /healthz HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n")
+        h.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             .unwrap();
         let mut text = String::new();
         h.read_to_string(&mut text).unwrap();

@@ -99,50 +99,7 @@ pub fn init() {
         });
         builder.target(env_logger::Target::Pipe(Box::new(QueueWriter)));
     }
-    let logger = Capped(builder.build());
-    let max = logger.0.filter();
-    if log::set_boxed_logger(Box::new(logger)).is_ok() {
-        log::set_max_level(max);
-    }
-}
-
-/// Crates whose own log records may carry what goes over the wire (ureq's
-/// request dumps and hex traces, TLS internals): never above `info`,
-/// whatever `RUST_LOG` says, so no level shows a bearer token or an etcd
-/// token. The agent's own records never hold a secret ([`Secret`] has no
-/// `Display`).
-///
-/// [`Secret`]: crate::authority::trust::Secret
-const CAPPED: &[&str] = &["ureq", "ureq_proto", "rustls", "webpki", "hyper", "h2"];
-
-/// `env_logger` with [`CAPPED`] applied on every record: a filter of its
-/// own rather than `filter_module` directives, because a more specific
-/// directive in `RUST_LOG` (`ureq::unversioned=trace`) would win over those.
-struct Capped(env_logger::Logger);
-
-fn capped(m: &log::Metadata<'_>) -> bool {
-    m.level() > log::Level::Info
-        && CAPPED.iter().any(|c| {
-            m.target()
-                .strip_prefix(c)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
-        })
-}
-
-impl log::Log for Capped {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        !capped(m) && self.0.enabled(m)
-    }
-
-    fn log(&self, r: &log::Record<'_>) {
-        if !capped(r.metadata()) {
-            self.0.log(r);
-        }
-    }
-
-    fn flush(&self) {
-        self.0.flush();
-    }
+    crate::sys::logcap::install(builder.build());
 }
 
 /// How many lines were dropped so far because stderr was stalled.

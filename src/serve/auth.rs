@@ -395,12 +395,10 @@ impl Auth {
                 let n = p.len();
                 *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
                 self.stats.loaded();
-                log::warn!("auth file reloaded: {n} principal(s)");
                 eprintln!("leaseagent serve: auth file reloaded: {n} principal(s)");
             }
             Err(e) => {
                 self.stats.reload_failures.fetch_add(1, Ordering::Relaxed);
-                log::error!("auth file not reloaded, keeping the old one: {e}");
                 eprintln!(
                     "leaseagent serve: error: auth file not reloaded, keeping the old one: {e}"
                 );

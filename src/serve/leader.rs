@@ -130,6 +130,12 @@ pub struct Machine {
     pub timing: Timing,
     /// A step-down is due (deposed, or the writer failed) for this epoch.
     stepping_down: Option<u64>,
+    /// Writer failures in a row with no confirmed renewal between them:
+    /// each doubles the wait before this replica takes its own row again
+    /// (up to one leadership ttl), so a store whose rows cannot be loaded
+    /// is not taken over and given up several times a second, each time
+    /// with a new epoch.
+    failures: u32,
 }
 
 impl Role {
@@ -152,6 +158,7 @@ impl Machine {
             identity,
             timing,
             stepping_down: None,
+            failures: 0,
         }
     }
 
@@ -228,9 +235,14 @@ impl Machine {
             ) => {
                 *deadline_ms = (*deadline_ms).max(t.deadline(sent_ms));
                 *next_renew_ms = sent_ms.saturating_add(t.renew_every_ms);
+                self.failures = 0;
             }
-            (Role::Leading { epoch, .. }, Event::Deposed | Event::EngineFailed) => {
+            (Role::Leading { epoch, .. }, Event::Deposed) => {
                 self.stepping_down = Some(*epoch);
+            }
+            (Role::Leading { epoch, .. }, Event::EngineFailed) => {
+                self.stepping_down = Some(*epoch);
+                self.failures = self.failures.saturating_add(1);
             }
             (Role::Leading { next_renew_ms, .. }, Event::Failed) => {
                 *next_renew_ms = now.saturating_add(RETRY_MS);
@@ -248,8 +260,20 @@ impl Machine {
         self.stepping_down = None;
         self.role = Role::Standby {
             seen: None,
-            next_ms: now,
+            next_ms: now.saturating_add(self.backoff_ms()),
         };
+    }
+
+    /// How long to wait before watching again after a step-down: nothing
+    /// after a deposition or a first writer failure (a restart), then
+    /// [`RETRY_MS`] doubling per failure in a row, at most one ttl.
+    fn backoff_ms(&self) -> u64 {
+        match self.failures {
+            0 | 1 => 0,
+            n => RETRY_MS
+                .saturating_mul(1u64 << (n - 2).min(20))
+                .min(self.timing.ttl_ms),
+        }
     }
 }
 
@@ -369,6 +393,49 @@ mod tests {
             20,
         );
         assert_eq!(m.next(20), Step::TakeOver(row(2, 5, Some("me#1"))));
+    }
+
+    /// A writer that fails at every takeover (rows it cannot load) is
+    /// restarted at once the first time, then ever more slowly, at most
+    /// one ttl apart; a confirmed renewal forgives the failures.
+    #[test]
+    fn a_writer_failing_again_and_again_backs_off_up_to_one_ttl() {
+        let mut m = m();
+        let ttl = m.timing.ttl_ms;
+        let mut now = 0;
+        let mut gaps = Vec::new();
+        for epoch in 1..=12 {
+            m.apply(
+                Event::TookOver {
+                    epoch,
+                    sent_ms: now,
+                },
+                now,
+            );
+            m.apply(Event::EngineFailed, now);
+            assert_eq!(m.next(now), Step::Resign { epoch });
+            m.stepped_down(now);
+            let Role::Standby { next_ms, .. } = m.role else {
+                panic!("standby after a step-down")
+            };
+            gaps.push(next_ms - now);
+            now = next_ms;
+        }
+        assert_eq!(&gaps[..4], &[0, 100, 200, 400], "{gaps:?}");
+        assert!(gaps.windows(2).all(|w| w[0] <= w[1]), "{gaps:?}");
+        assert_eq!(*gaps.last().unwrap(), ttl, "{gaps:?}");
+        // Leading well again: the next failure restarts at once.
+        m.apply(
+            Event::TookOver {
+                epoch: 20,
+                sent_ms: now,
+            },
+            now,
+        );
+        m.apply(Event::Renewed { sent_ms: now + 10 }, now + 10);
+        m.apply(Event::EngineFailed, now + 20);
+        m.stepped_down(now + 20);
+        assert!(matches!(m.role, Role::Standby { next_ms, .. } if next_ms == now + 20));
     }
 
     proptest! {

@@ -413,6 +413,7 @@ fn read_key_file(path: &Path) -> Result<Vec<u8>, ServeError> {
 /// Runs `leaseagent serve`: exit 0 after a clean stop, 125 with one line
 /// on a configuration or startup error.
 pub fn main(args: ServeArgs) -> ExitCode {
+    init_logging();
     match serve(&args) {
         Ok(()) => {
             eprintln!("leaseagent serve: stopped");
@@ -420,6 +421,26 @@ pub fn main(args: ServeArgs) -> ExitCode {
         }
         Err(e) => usage(&e),
     }
+}
+
+/// serve's log records on stderr as `leaseagent serve: LEVEL: ...`,
+/// `warn` and above unless `RUST_LOG` says otherwise, the wire crates
+/// capped ([`crate::sys::logcap`]). Without a logger every `log::warn!` and
+/// `log::error!` of the server was dropped: a replica that could not load
+/// the store's rows, or was deposed, said nothing of it.
+fn init_logging() {
+    use std::io::Write;
+    let env = env_logger::Env::default().filter_or("RUST_LOG", "warn");
+    let mut builder = env_logger::Builder::from_env(env);
+    builder.format(|buf, record| {
+        writeln!(
+            buf,
+            "leaseagent serve: {}: {}",
+            record.level().as_str().to_lowercase(),
+            record.args()
+        )
+    });
+    crate::sys::logcap::install(builder.build());
 }
 
 /// The server's lifecycle, one named step each.

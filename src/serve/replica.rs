@@ -28,7 +28,7 @@ use tokio::runtime::Handle;
 use super::leader::{Event, Machine, Step, Timing};
 use crate::engine::EngineError;
 use crate::engine::batched::{BatchedEngine, Counters, Limits};
-use crate::engine::error::{StoreError, chain};
+use crate::engine::error::chain;
 use crate::engine::history::Record;
 use crate::engine::postgres::conn::Conn;
 use crate::engine::postgres::connect::PgConfig;
@@ -256,7 +256,7 @@ impl Leading {
             if let Some(t) = self.replica.current() {
                 if !t.engine.healthy() {
                     log::error!(
-                        "leaseagent serve: the store refused or failed a commit of leader epoch {}; stepping down",
+                        "the store refused or failed a commit of leader epoch {}; stepping down",
                         t.epoch
                     );
                     self.machine.apply(Event::EngineFailed, now);
@@ -305,21 +305,23 @@ impl Leading {
                 );
             }
             Err(e) => {
-                log::warn!("leaseagent serve: reading the leadership: {}", chain(&e));
+                log::warn!("reading the leadership: {}", chain(&e));
                 self.machine.apply(Event::Failed, boot_ms());
             }
         }
     }
 
-    fn refused(&mut self, e: &StoreError) {
-        let text = chain(e);
+    /// Logs why this replica does not lead: `why` and the store's error,
+    /// once a minute while it stays the same (it is tried again and again).
+    fn refused(&mut self, why: &str, detail: String) {
+        let text = format!("{why}: {detail}");
         let now = boot_ms();
         let said = self
             .last_refusal
             .as_ref()
             .is_some_and(|(t, at)| *t == text && now.saturating_sub(*at) < 60_000);
         if !said {
-            log::error!("leaseagent serve: not taking over: {text}");
+            log::error!("{text}");
             self.last_refusal = Some((text, now));
         }
     }
@@ -330,7 +332,7 @@ impl Leading {
             .replication(Self::call_within(CALL_MS))
             .and_then(|r| judge(&r, self.config.allow_async));
         if let Err(e) = checked {
-            self.refused(&e);
+            self.refused("not taking over", chain(&e));
             self.machine.apply(Event::Failed, boot_ms());
             return;
         }
@@ -346,7 +348,7 @@ impl Leading {
             Ok(Some(epoch)) => epoch,
             Ok(None) => return self.machine.apply(Event::Moved, boot_ms()),
             Err(e) => {
-                log::warn!("leaseagent serve: taking over: {}", chain(&e));
+                log::warn!("taking over: {}", chain(&e));
                 return self.machine.apply(Event::Failed, boot_ms());
             }
         };
@@ -369,9 +371,12 @@ impl Leading {
         let engine = match started {
             Ok(e) => e,
             Err(e) => {
-                log::error!(
-                    "leaseagent serve: took over (epoch {epoch}) but could not load the leases: {}",
-                    chain(&e)
+                // Tried again with a doubling wait (leader.rs): said once
+                // a minute, not at every try.
+                // (An engine error's text already carries its causes.)
+                self.refused(
+                    "took over but cannot lead: loading the leases",
+                    e.to_string(),
                 );
                 return self.machine.apply(Event::EngineFailed, boot_ms());
             }
@@ -422,11 +427,11 @@ impl Leading {
                 }
             }
             Ok(false) => {
-                log::error!("leaseagent serve: another replica took over from epoch {epoch}");
+                log::error!("another replica took over from epoch {epoch}");
                 self.machine.apply(Event::Deposed, boot_ms());
             }
             Err(e) => {
-                log::warn!("leaseagent serve: renewing the leadership: {}", chain(&e));
+                log::warn!("renewing the leadership: {}", chain(&e));
                 self.machine.apply(Event::Failed, boot_ms());
             }
         }
@@ -473,10 +478,7 @@ impl Leading {
                     "leaseagent serve: let go of the leadership (epoch {})",
                     term.epoch
                 ),
-                Err(e) => log::warn!(
-                    "leaseagent serve: letting go of the leadership: {}",
-                    chain(&e)
-                ),
+                Err(e) => log::warn!("letting go of the leadership: {}", chain(&e)),
             }
         }
     }

@@ -8,8 +8,9 @@
 //! the user lookups and the uid switch of `--user` (`user`). Also: walking
 //! configured paths as the kernel's `protected_symlinks` rule would
 //! (`walk`), where state and runtime files
-//! live, the systemd notification socket, and the agent's defences against
-//! memory pressure.
+//! live, the systemd notification socket, the agent's defences against
+//! memory pressure, and the cap every logger of the process applies to the
+//! wire crates' records (`logcap`).
 
 #[allow(unsafe_code)]
 pub mod clone3;
@@ -17,6 +18,7 @@ pub mod clone3;
 pub mod fd;
 #[allow(unsafe_code)]
 pub mod keeper_spawn;
+pub mod logcap;
 #[allow(unsafe_code)]
 pub mod malloc;
 pub mod memory;
