@@ -118,6 +118,21 @@ impl Etcd {
 
     /// `n` members with TLS on the client port and etcd's own options.
     pub fn start_secure(n: usize, secure: Secure) -> Etcd {
+        Self::start_in(tempfile::tempdir().expect("temp dir"), n, secure)
+    }
+
+    /// One member with its data on tmpfs (`/dev/shm`): no fsync stall of
+    /// a busy disk delays a write past a client's lease ttl (Patroni's
+    /// leader key). The directory goes with the cluster.
+    pub fn start_in_memory() -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("leaseagent-etcd-")
+            .tempdir_in("/dev/shm")
+            .expect("temp dir on /dev/shm");
+        Self::start_in(dir, 1, Secure::default())
+    }
+
+    fn start_in(dir: tempfile::TempDir, n: usize, secure: Secure) -> Etcd {
         let scheme = if secure.tls.is_some() {
             "https"
         } else {
@@ -125,7 +140,6 @@ impl Etcd {
         };
         require("etcd");
         require("etcdctl");
-        let dir = tempfile::tempdir().expect("temp dir");
         let mut members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
