@@ -39,6 +39,7 @@ mod layout;
 mod partition_netns;
 mod serve_attack;
 mod serve_browser;
+mod serve_patroni;
 mod serve_replicas;
 mod serve_trust;
 mod status_page;

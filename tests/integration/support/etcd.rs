@@ -117,7 +117,28 @@ impl Etcd {
     }
 
     /// `n` members with TLS on the client port and etcd's own options.
+    ///
+    /// The data directories live on tmpfs: a member fsyncs its WAL on
+    /// every commit, and on a disk shared with a busy parallel test run
+    /// one fsync can stall past the election and commit timeouts ("failed
+    /// to commit proposal: context deadline exceeded") or a client's lease
+    /// ttl (Patroni's leader key), which would test the host's disk, not
+    /// leaseagent. A power loss is not what these tests simulate (a member
+    /// is killed, stopped or cut off instead).
     pub fn start_secure(n: usize, secure: Secure) -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("leaseagent-etcd-")
+            .tempdir_in(shm_dir())
+            .expect("temp dir on /dev/shm");
+        Self::start_in(dir, n, secure)
+    }
+
+    /// One member (its data on tmpfs, as every cluster here).
+    pub fn start_in_memory() -> Etcd {
+        Self::start()
+    }
+
+    fn start_in(dir: tempfile::TempDir, n: usize, secure: Secure) -> Etcd {
         let scheme = if secure.tls.is_some() {
             "https"
         } else {
@@ -125,13 +146,6 @@ impl Etcd {
         };
         require("etcd");
         require("etcdctl");
-        // The data directories live on tmpfs: a member fsyncs its WAL on
-        // every commit, and on a disk shared with a busy parallel test run
-        // one fsync can stall past the election and commit timeouts ("failed
-        // to commit proposal: context deadline exceeded"), which would test
-        // the host's disk, not leaseagent. A power loss is not what these
-        // tests simulate (a member is killed, stopped or cut off instead).
-        let dir = tempfile::tempdir_in(shm_dir()).expect("temp dir on /dev/shm");
         let mut members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod fence;
 pub mod golden;
 pub mod netns;
+pub mod patroni;
 pub mod postgres;
 pub mod stop;
 pub mod sysns;

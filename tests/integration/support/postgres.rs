@@ -43,7 +43,7 @@ pub fn require() {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
     l.local_addr().expect("local addr").port()
 }
@@ -268,20 +268,7 @@ impl Postgres {
     /// Runs SQL through psql (as the test's superuser); its stdout, or a
     /// panic with psql's error.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new(Path::new(BIN).join("psql"))
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", USER])
-            .args(["-d", db, "-c", sql])
-            .env("PGPASSWORD", PASSWORD)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run psql");
-        assert!(
-            out.status.success(),
-            "psql {sql:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        psql_at(self.port, USER, PASSWORD, db, sql)
     }
 
     /// SIGQUIT (immediate shutdown), then SIGKILL after 10 s; reaped.
@@ -304,7 +291,26 @@ impl Postgres {
     }
 }
 
-fn own_file(p: &Path) {
+/// Runs SQL through psql on the loopback server at `port`, logged in as
+/// `user` with `password`; its stdout, or a panic with psql's error.
+pub fn psql_at(port: u16, user: &str, password: &str, db: &str, sql: &str) -> String {
+    let out = Command::new(Path::new(BIN).join("psql"))
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user])
+        .args(["-d", db, "-c", sql])
+        .env("PGPASSWORD", password)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "psql {sql:?} on port {port}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+pub fn own_file(p: &Path) {
     rustix::fs::chown(
         p,
         Some(rustix::fs::Uid::from_raw(NOBODY)),
