@@ -138,6 +138,15 @@ impl Etcd {
         Self::start()
     }
 
+    /// `n` members with their data on this disk (a temporary directory),
+    /// each commit fsynced as in production: for benchmarks
+    /// (`benches/etcd_load.rs`, which includes this file), never for tests.
+    #[allow(dead_code)]
+    pub fn start_on_disk(n: usize) -> Etcd {
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(dir, n, Secure::default())
+    }
+
     fn start_in(dir: tempfile::TempDir, n: usize, secure: Secure) -> Etcd {
         let scheme = if secure.tls.is_some() {
             "https"
