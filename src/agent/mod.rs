@@ -24,6 +24,7 @@ pub mod env;
 pub mod heartbeat;
 pub mod logging;
 pub mod machine;
+pub mod release;
 pub mod report;
 pub mod signals;
 pub mod state_file;
@@ -39,7 +40,7 @@ use crate::agent::acquire::Acquired;
 use crate::agent::config::{RunAs, RunConfig};
 use crate::agent::env::{job_env, keeper_env_remove};
 use crate::agent::machine::{Event, Machine};
-use crate::agent::supervisor::{Supervisor, release_timeout};
+use crate::agent::supervisor::Supervisor;
 use crate::authority::{self, Grant, LeaseClient, Outcome};
 use crate::exit;
 use crate::keeper::handle::News;
@@ -123,8 +124,8 @@ fn run(cfg: RunConfig) -> u8 {
         Acquired::Granted(g, sent) => (g, sent),
         Acquired::Exit(code) => return code,
     };
-    if let Some(code) = signals_before_start(&grant, &mut *auth, &rx) {
-        return code;
+    if let Some(sig) = stop_before_start(&rx) {
+        return release_unstarted(&grant, auth, sig);
     }
     start(&cfg, grant, sent, auth, keeper, (tx, rx), notifier)
 }
@@ -132,14 +133,10 @@ fn run(cfg: RunConfig) -> u8 {
 // ---------------------------------------------------------------- start
 
 /// Signals that reached the agent before the job exists (during acquire):
-/// a stop signal releases the lease and ends the agent with 128+N without
-/// starting the command; relayable ones are dropped, since there was no job
-/// to relay them to when they came.
-fn signals_before_start(
-    grant: &Grant,
-    auth: &mut dyn LeaseClient,
-    events: &Receiver<Event>,
-) -> Option<u8> {
+/// a stop signal among them ends the run without starting the command
+/// ([`release_unstarted`]); relayable ones are dropped, since there was no
+/// job to relay them to when they came.
+fn stop_before_start(events: &Receiver<Event>) -> Option<crate::sys::signal::Sig> {
     let mut stop = None;
     while let Ok(event) = events.try_recv() {
         match event {
@@ -152,21 +149,34 @@ fn signals_before_start(
             _ => {}
         }
     }
-    let sig = stop?;
+    stop
+}
+
+/// A stop signal `sig` came before the command started: the lease is
+/// released (on a thread, waited for a bounded time: `release.rs`) and the
+/// agent ends with 128+N.
+fn release_unstarted(
+    grant: &Grant,
+    auth: Box<dyn LeaseClient>,
+    sig: crate::sys::signal::Sig,
+) -> u8 {
     log::warn!(
         "signal {sig} received before the command started: releasing task {} token {} without starting it",
         grant.task,
         grant.token
     );
-    let timeout = release_timeout(grant.ttl);
-    if let Err(e) = auth.release(&grant.lease_ref(), Outcome::Cancelled, None, timeout) {
-        log::warn!(
-            "release of task {} token {} failed ({e}); the lease will expire by itself",
-            grant.task,
-            grant.token
-        );
+    let timeout = crate::agent::release::release_timeout(grant.ttl);
+    let notice = crate::agent::release::release_within(
+        auth,
+        grant.lease_ref(),
+        Outcome::Cancelled,
+        None,
+        timeout,
+    );
+    if !matches!(notice, crate::agent::report::Notice::Released { .. }) {
+        crate::agent::report::Reporter::new(&grant.task, grant.token).report(&notice);
     }
-    Some(sig.exit_status())
+    sig.exit_status()
 }
 
 /// Where the agent publishes its view of the lease for `leaseagent check`.

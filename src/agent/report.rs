@@ -142,6 +142,11 @@ pub enum Notice {
     ReleaseFailed {
         error: String,
     },
+    /// The release gave no answer within its window (a stalled filesystem
+    /// under the embedded authority's database): not waited for longer.
+    ReleaseUnanswered {
+        waited: Duration,
+    },
     /// The tree was not reported gone: no release, the lease expires.
     NotReleasing,
 }
@@ -280,6 +285,13 @@ impl Reporter {
                 Warn,
                 format!(
                     "release of task {task} token {token} failed ({error}); the lease will expire by itself"
+                ),
+            ),
+            Notice::ReleaseUnanswered { waited } => (
+                Warn,
+                format!(
+                    "release of task {task} token {token}: no answer within {} (a stalled disk or filesystem under the authority's store?); not waiting longer, the lease will expire by itself",
+                    format(*waited)
                 ),
             ),
             Notice::NotReleasing => (

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::authority::{Grant, LeaseClient, Outcome, RenewError};
+use crate::authority::{Grant, LeaseClient, Outcome};
 use crate::keeper::handle::Keeper;
 use crate::time::clock::{BootInstant, MAX_WAIT};
 
@@ -34,7 +34,9 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 pub struct Supervisor {
     machine: Machine,
     grant: Grant,
-    authority: Box<dyn LeaseClient>,
+    /// Until the release, which takes it to a thread of its own
+    /// (`release.rs`): the loop never waits on the authority's store.
+    authority: Option<Box<dyn LeaseClient>>,
     events: Receiver<Event>,
     notifier: Notifier,
     /// Until the writer thread starts; then `queue` owns it.
@@ -61,11 +63,6 @@ pub struct Supervisor {
     last_step: BootInstant,
 }
 
-/// Upper bound for the release call.
-pub fn release_timeout(ttl: Duration) -> Duration {
-    ttl.min(Duration::from_secs(5))
-}
-
 impl Supervisor {
     /// A supervisor for `grant`, before the keeper and the heartbeat exist.
     pub fn new(
@@ -79,7 +76,7 @@ impl Supervisor {
             reporter: Reporter::new(&grant.task, grant.token),
             machine,
             grant,
-            authority,
+            authority: Some(authority),
             events: events.1,
             notifier,
             state: None,
@@ -239,17 +236,22 @@ impl Supervisor {
                 self.release(outcome, exit_code)
             }
             Action::Exit(code) => {
+                // The removal too runs on the writer's thread, started here
+                // if the run ended before it was (the loop never touches the
+                // filesystem); a writer that gets no thread leaves the file.
                 let removing = self
                     .removing
                     .take()
-                    .or_else(|| self.queue.take().map(StateQueue::begin_remove));
+                    .or_else(|| self.queue.take().map(StateQueue::begin_remove))
+                    .or_else(|| {
+                        let q = StateQueue::spawn(self.state.take()?);
+                        q.ok().map(StateQueue::begin_remove)
+                    });
                 if let Some(k) = self.keeper.take() {
                     k.finish(Duration::from_secs(1));
                 }
                 if let Some(r) = removing {
                     r.wait(Duration::from_millis(500));
-                } else if let Some(s) = &self.state {
-                    s.remove();
                 }
                 return Some(code);
             }
@@ -315,22 +317,26 @@ impl Supervisor {
         }
     }
 
+    /// Releases on a thread of its own, waited for within the release's
+    /// window: never past the lease's deadline (`release.rs`).
     fn release(&mut self, outcome: Outcome, exit_code: Option<i32>) {
-        let lease = self.grant.lease_ref();
-        // A release cannot matter after the deadline (the lease is gone by
-        // then): never wait on one past it.
-        let timeout =
-            release_timeout(self.grant.ttl).min(BootInstant::now().until(self.machine.deadline()));
-        if timeout.is_zero() {
+        let Some(window) = crate::agent::release::window(
+            BootInstant::now(),
+            self.machine.deadline(),
+            self.grant.ttl,
+        ) else {
             return;
-        }
-        let notice = match self.authority.release(&lease, outcome, exit_code, timeout) {
-            Ok(()) => Notice::Released { outcome },
-            Err(RenewError::Refused { reason, .. }) => Notice::ReleaseRefused { reason },
-            Err(RenewError::Transient(e)) => Notice::ReleaseFailed {
-                error: e.to_string(),
-            },
         };
+        let Some(authority) = self.authority.take() else {
+            return;
+        };
+        let notice = crate::agent::release::release_within(
+            authority,
+            self.grant.lease_ref(),
+            outcome,
+            exit_code,
+            window,
+        );
         self.reporter.report(&notice);
     }
 }

@@ -169,7 +169,8 @@ impl Reporter {
 const STDERR_LINE_MAX: usize = 4096;
 
 /// One line to stderr, best effort: written only if stderr takes it now
-/// (`poll` says writable), in one write, and any failure ignored.
+/// (`poll` says writable), in one write that does not wait for room
+/// ([`write_now`]), and any failure ignored.
 ///
 /// Why not `eprintln!`: once the agent is gone the keeper is the job's last
 /// guardian, and `eprintln!` panics when the write fails (EPIPE on a pipe
@@ -177,9 +178,8 @@ const STDERR_LINE_MAX: usize = 4096;
 /// the tree and its cgroup behind. Nor may it block on a full pipe or a
 /// stopped terminal past the deadline. SIGPIPE is ignored (Rust's runtime
 /// does it before `main`; the job gets it back at `exec`), so EPIPE is an
-/// error here, not a death. A line the job squeezes out between the poll
-/// and the write could still block one write of at most [`STDERR_LINE_MAX`]
-/// bytes; the pipe had a page free a moment before.
+/// error here, not a death. A job that fills the pipe between the poll and
+/// the write does not make the write block either: [`write_now`].
 pub fn stderr_line(text: &str) {
     use std::os::fd::AsFd;
     let line = line_bytes(text);
@@ -195,9 +195,31 @@ pub fn stderr_line(text: &str) {
     };
     match rustix::event::poll(&mut fds, Some(&zero)) {
         Ok(1) if fds[0].revents().contains(rustix::event::PollFlags::OUT) => {
-            let _ = rustix::io::write(fd, &line);
+            write_now(fd, &line);
         }
         _ => {}
+    }
+}
+
+/// One write of `line` to `fd` that never waits for room:
+/// `pwritev2(RWF_NOWAIT)` at the current offset, which a pipe or a socket
+/// answers with EAGAIN when full (a job that shares the pipe may have
+/// filled it since the poll) instead of blocking. `O_NONBLOCK` would do
+/// the same, but it is a flag of the open file description, which the job
+/// shares: the job would see EAGAIN on its own stderr. Where the file does
+/// not take the flag (a terminal; a regular file, whose writes never wait
+/// for a reader), or a kernel before it, a plain write after the poll.
+fn write_now(fd: std::os::fd::BorrowedFd<'_>, line: &[u8]) {
+    use rustix::io::{Errno, ReadWriteFlags};
+    // `u64::MAX`: the current offset, as a plain write.
+    let written = rustix::io::pwritev2(
+        fd,
+        &[std::io::IoSlice::new(line)],
+        u64::MAX,
+        ReadWriteFlags::NOWAIT,
+    );
+    if let Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) = written {
+        let _ = rustix::io::write(fd, line);
     }
 }
 
@@ -523,6 +545,49 @@ fn private_pages(pid: i32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipe nobody reads, filled to the last byte: the write of a whole
+    /// line returns at once (EAGAIN, nothing written) instead of blocking,
+    /// and the pipe's open file description stays blocking for the job.
+    #[test]
+    fn a_line_to_a_full_pipe_never_blocks() {
+        use std::os::fd::AsFd;
+        let (reader, writer) = rustix::pipe::pipe().unwrap();
+        // Fill it through a second, non-blocking description of the same
+        // pipe (as a job writing to the shared stderr would).
+        let filler = rustix::fs::open(
+            format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&writer)),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NONBLOCK,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        let chunk = [b'x'; 4096];
+        while rustix::io::write(filler.as_fd(), &chunk).is_ok() {}
+        let one = [b'x'; 1];
+        while rustix::io::write(filler.as_fd(), &one).is_ok() {}
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let w = writer.try_clone().unwrap();
+        std::thread::spawn(move || {
+            write_now(w.as_fd(), &line_bytes(&"y".repeat(5000)));
+            let _ = done_tx.send(());
+        });
+        let answered = done_rx.recv_timeout(std::time::Duration::from_secs(10));
+        let flags = rustix::fs::fcntl_getfl(&writer).unwrap();
+        drop(reader);
+        assert!(answered.is_ok(), "the write blocked on a full pipe");
+        assert!(!flags.contains(rustix::fs::OFlags::NONBLOCK));
+    }
+
+    /// With room, the line goes out whole.
+    #[test]
+    fn a_line_to_a_pipe_with_room_is_written_whole() {
+        use std::os::fd::AsFd;
+        let (reader, writer) = rustix::pipe::pipe().unwrap();
+        write_now(writer.as_fd(), &line_bytes("agent_died"));
+        let mut buf = [0u8; 64];
+        let n = rustix::io::read(&reader, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"agent_died\n");
+    }
 
     #[test]
     fn a_stderr_line_ends_in_a_newline_and_fits_one_pipe_write() {

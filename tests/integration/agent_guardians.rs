@@ -301,6 +301,15 @@ fn a_refusal_is_acted_on_while_the_state_files_filesystem_is_frozen() {
     fake.set_renew(Reply::Refuse("superseded"));
     let gone = wait_for(Duration::from_secs(10), || (!alive(pids[0])).then_some(()));
     let expiry = expiry_ms(&fake, ok);
+    // The agent's own exit does not wait for the thaw either (its state
+    // file's removal is given up on after a bounded wait): its main thread
+    // goes, though the kernel reaps it only once the writer's thread leaves
+    // the frozen filesystem.
+    let refused_at = boot_ms();
+    let agent_pid = child.id() as i32;
+    let exited = wait_for(Duration::from_secs(10), || {
+        (!alive(agent_pid)).then(boot_ms)
+    });
     let still_frozen = fs.frozen;
     fs.thaw();
     let (status, err) = wait_agent(&mut child, T);
@@ -310,6 +319,192 @@ fn a_refusal_is_acted_on_while_the_state_files_filesystem_is_frozen() {
     );
     assert_ran_until_before(&dir.path("out"), expiry, "the job");
     assert_eq!(status.code(), Some(124), "{err}");
+    let exited = exited.expect("the agent exited with the filesystem frozen");
+    eprintln!(
+        "the agent's main thread went {} ms after the job did",
+        exited - refused_at
+    );
+    assert!(
+        exited < refused_at + 2_500,
+        "the agent's exit waited {} ms on the frozen filesystem",
+        exited - refused_at
+    );
+}
+
+// ------------------------------------------------------------ the exit on a frozen filesystem
+
+/// Threads of `pid`: their names and state letters (`D`: uninterruptible
+/// sleep).
+fn thread_states(pid: i32) -> Vec<(String, char)> {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let tid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+            let state = s
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .next()?
+                .chars()
+                .next()?;
+            let name = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+            Some((name.trim().to_string(), state))
+        })
+        .collect()
+}
+
+/// What [`exit_while_frozen`] saw, on the boot clock (ms).
+struct FrozenExit {
+    frozen_at: u128,
+    status: std::process::ExitStatus,
+    log: String,
+    job: i32,
+    /// The job's last clock record.
+    last: u128,
+    expires_ms: Option<u128>,
+}
+
+/// The agent on the embedded authority whose database and state file are
+/// on `fs`, the job a clock-job (TERM ends it) recording to `out`; `fs` is
+/// frozen once the job runs and renewals were made, then `then(job)` runs.
+/// The agent's main thread must be gone within `bound_ms` of the freeze;
+/// the filesystem is thawed only after that (or on the way out of a
+/// failure, by the drop guard).
+fn exit_while_frozen(task: &str, bound_ms: u128, then: impl FnOnce(i32)) -> FrozenExit {
+    let dir = Dir::new();
+    let mut fs = LoopFs::mount(&dir);
+    let db = fs.mnt.join("leases.sqlite3");
+    let mut c = agent(&format!("sqlite:{}", db.display()), task);
+    c.env("XDG_RUNTIME_DIR", fs.runtime_dir())
+        .env("OUT", dir.path("out"))
+        .env("PIDS", dir.path("pids"));
+    c.args(TIMING).arg("--").arg(helper("clock-job.sh"));
+    let mut child = spawn_logged(c, &dir);
+    let agent_pid = child.id() as i32;
+    let state = fs
+        .runtime_dir()
+        .join("leaseagent")
+        .join(format!("lease-{agent_pid}.json"));
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    // Two renewals through the database (every 400 ms): its expiry moved
+    // twice.
+    let mut seen = Vec::new();
+    wait_for(T, || {
+        if let Some(e) = expiry_in(&db, task) {
+            if seen.last() != Some(&e) {
+                seen.push(e);
+            }
+        }
+        (seen.len() >= 3).then_some(())
+    })
+    .expect("renewals flow through the database");
+    assert!(state.exists(), "the state file is on the loop filesystem");
+    fs.freeze();
+    let frozen_at = boot_ms();
+    then(job);
+    let exited = wait_for(Duration::from_millis(bound_ms as u64 + 10_000), || {
+        (!alive(agent_pid)).then(boot_ms)
+    });
+    let threads = thread_states(agent_pid);
+    // A second more with the filesystem frozen: is the agent reaped?
+    let reaped_frozen = wait_exit(&mut child, Duration::from_secs(1)).is_some();
+    fs.thaw();
+    let thawed = boot_ms();
+    let status = wait_exit(&mut child, T).expect("the agent is reaped once the filesystem thaws");
+    let reaped_after_thaw_ms = boot_ms() - thawed;
+    let log = std::fs::read_to_string(dir.path("agent.log")).unwrap_or_default();
+    let exited_at = exited.unwrap_or_else(|| panic!("the agent never exited while frozen: {log}"));
+    eprintln!(
+        "{task}: main thread gone {} ms after the freeze; threads then {threads:?}; \
+         reaped while frozen: {reaped_frozen}; reaped {reaped_after_thaw_ms} ms after the thaw",
+        exited_at - frozen_at
+    );
+    let expires_ms = expiry_in(&db, task);
+    let last = last_clock_record_ms(&dir.path("out")).expect("the job recorded the clock");
+    drop(fs);
+    assert!(
+        !std::fs::read_to_string("/proc/mounts")
+            .unwrap()
+            .contains(&dir.path("mnt").display().to_string()),
+        "the loop filesystem is still mounted"
+    );
+    assert!(
+        exited_at <= frozen_at + bound_ms,
+        "{task}: the agent's main thread went {} ms after the freeze (bound {bound_ms} ms): {log}",
+        exited_at - frozen_at
+    );
+    FrozenExit {
+        frozen_at,
+        status,
+        log,
+        job,
+        last,
+        expires_ms,
+    }
+}
+
+/// The lease's expiry (boot clock, ms) as the embedded database holds it.
+fn expiry_in(db: &Path, task: &str) -> Option<u128> {
+    let c = rusqlite::Connection::open(db).ok()?;
+    let v: Option<i64> = c
+        .query_row(
+            "SELECT expires_ms FROM tasks WHERE task = ?1",
+            [task],
+            |r| r.get(0),
+        )
+        .ok()?;
+    v.and_then(|v| u128::try_from(v).ok())
+}
+
+/// The job ends on its own while the embedded authority's database and the
+/// state file are frozen: the release blocks in the kernel, and the agent
+/// still exits by the lease's deadline (plus its bounded exit), with the
+/// job's status; before, its exit waited for the thaw.
+#[test]
+fn the_agent_exits_by_the_deadline_when_its_store_freezes_as_the_job_ends() {
+    // The deadline is at most a ttl after the freeze (the last renewal was
+    // sent before it); then the keeper's reaping (1 s at most), the state
+    // file's removal (500 ms) and the log's flush (500 ms) are bounded.
+    let bound = TTL_MS + 2_500;
+    let r = exit_while_frozen("frozen-store-end", bound, |job| kill(job, 15));
+    assert_eq!(r.status.code(), Some(0), "{}", r.log);
+    assert!(
+        r.log.contains("no answer within"),
+        "the release was not given up on: {}",
+        r.log
+    );
+    assert!(!alive(r.job));
+}
+
+/// The job runs on while the database freezes: renewals stall in the
+/// kernel, the agent stops the job before the deadline, gives up on the
+/// release at the deadline and exits 124 without waiting for the thaw.
+#[test]
+fn the_agent_stops_the_job_and_exits_by_the_deadline_when_its_store_freezes() {
+    let bound = TTL_MS + 2_500;
+    let r = exit_while_frozen("frozen-store-run", bound, |_| {});
+    assert_eq!(r.status.code(), Some(124), "{}", r.log);
+    assert!(!alive(r.job), "the job outlived its agent");
+    // The authority's expiry as the database holds it: a renewal committed
+    // before the freeze (one after it would be later than a ttl past it).
+    let expires = r.expires_ms.expect("the lease's row has its expiry");
+    assert!(
+        expires <= r.frozen_at + TTL_MS,
+        "a renewal committed after the freeze ({expires} > {} + {TTL_MS})",
+        r.frozen_at
+    );
+    eprintln!(
+        "the job: gone {} ms before the authority could expire the lease",
+        expires as i128 - r.last as i128
+    );
+    assert!(
+        r.last < expires,
+        "the job ran {} ms past the lease's expiry",
+        r.last - expires
+    );
 }
 
 // ------------------------------------------------------------ Ctrl-Z
