@@ -74,9 +74,15 @@ fn run(cfg: RunConfig) -> u8 {
     // The keeper starts first: its start-up (an exec, its handlers, the job
     // cgroup) overlaps everything up to the grant. It starts the job only
     // once `start` hands it the grant's environment.
+    // Run from a shell in the foreground of a terminal: the job gets that
+    // terminal (its controlling terminal, its process group the
+    // foreground), and the agent's group gets it back before the agent
+    // exits, by whatever path (`_foreground` is dropped last).
+    let terminal = crate::sys::terminal::foreground_terminal();
+    let _foreground = terminal.then(crate::sys::terminal::Foreground::note);
     let options = crate::keeper::JobOptions {
         user: cfg.user.as_ref().and_then(|u| u.switch.clone()),
-        terminal: false,
+        terminal,
     };
     let keeper = match crate::keeper::handle::prestart_keeper(
         &cfg.command,

@@ -91,3 +91,155 @@ fn the_job_starts_with_no_signal_ignored_or_blocked() {
         );
     }
 }
+
+// ------------------------------------------------------------ the terminal
+
+/// An interactive `bash` on a pseudo-terminal of its own (its session's
+/// controlling terminal), driven as a person would: keys in, screen out.
+struct Pty {
+    master: std::fs::File,
+    bash: std::process::Child,
+    /// Everything read so far, and how much of it `expect` consumed.
+    screen: String,
+    seen: usize,
+}
+
+impl Pty {
+    fn bash() -> Pty {
+        use std::os::fd::FromRawFd;
+        // SAFETY (test): the standard openpt sequence on a descriptor we
+        // own; ptsname_r writes into a live buffer of the size given.
+        let (master, slave) = unsafe {
+            let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+            assert_eq!(libc::grantpt(m), 0);
+            assert_eq!(libc::unlockpt(m), 0);
+            let mut name = [0 as libc::c_char; 128];
+            assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+            let s = libc::open(
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            assert!(s >= 0, "open the pty's slave");
+            (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s))
+        };
+        let mut c = std::process::Command::new("bash");
+        c.args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "PROMPT$ ")
+            .env("TERM", "dumb")
+            .env_remove("PROMPT_COMMAND")
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave);
+        // SAFETY (test): setsid and the TIOCSCTTY ioctl only, between fork
+        // and exec: bash's session, the pty its controlling terminal.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let bash = c
+            .spawn()
+            .expect("bash is installed (the terminal tests drive it)");
+        let mut pty = Pty {
+            master,
+            bash,
+            screen: String::new(),
+            seen: 0,
+        };
+        pty.expect("PROMPT$ ");
+        pty
+    }
+
+    /// Types `keys`.
+    fn send(&mut self, keys: &str) {
+        use std::io::Write;
+        self.master.write_all(keys.as_bytes()).unwrap();
+    }
+
+    /// Waits for `text` on the screen after what was already matched; the
+    /// screen so far in the panic if it does not come.
+    fn expect(&mut self, text: &str) {
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let until = std::time::Instant::now() + T;
+        loop {
+            if let Some(at) = self.screen[self.seen..].find(text) {
+                self.seen += at + text.len();
+                return;
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "{text:?} never appeared on the terminal; it shows:\n{}",
+                self.screen
+            );
+            let fd = self.master.as_fd();
+            let mut fds = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let ms = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            let _ = rustix::event::poll(&mut fds, Some(&ms));
+            if fds[0].revents().contains(rustix::event::PollFlags::IN) {
+                let mut buf = [0u8; 4096];
+                match self.master.read(&mut buf) {
+                    Ok(n) if n > 0 => self.screen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        let _ = self.bash.kill();
+        let _ = self.bash.wait();
+    }
+}
+
+/// The agent's command line for the shell, on `url`, `flags` after the
+/// task.
+fn agent_line(url: &str, task: &str, flags: &str) -> String {
+    format!(
+        "{} --authority {url} --task {task} {flags}",
+        bin().display()
+    )
+}
+
+#[test]
+fn a_job_run_from_an_interactive_shell_prompts_through_dev_tty() {
+    let fake = FakeAuthority::start();
+    for flags in ["", "--no-pid-namespace"] {
+        let mut pty = Pty::bash();
+        // The job's stdin and stdout are not the terminal: only /dev/tty,
+        // as `ssh` and `sudo` open it for a password.
+        let job = "exec </dev/null >/dev/null; printf \"Pass%s: \" word >/dev/tty; \
+                   read p </dev/tty; echo \"got-$p-ok\" >/dev/tty";
+        pty.send(&format!(
+            "{} -- sh -c '{job}'; echo \"rc-$?-end\"\n",
+            agent_line(&fake.url(), "tty", flags)
+        ));
+        pty.expect("Password: ");
+        pty.send("sekret\n");
+        pty.expect("got-sekret-ok");
+        pty.expect("rc-0-end");
+        // The shell has its terminal back: the next line runs.
+        pty.send("echo \"back-$((40+2))\"\n");
+        pty.expect("back-42");
+        // Stdin not a terminal: the job has a session of its own, no
+        // controlling terminal (today's behaviour for scripts).
+        pty.send(&format!(
+            "{} -- sh -c 'echo x >/dev/tty' </dev/null; echo \"rc-$?-none\"\n",
+            agent_line(&fake.url(), "notty", flags)
+        ));
+        pty.expect("rc-2-none");
+    }
+}
