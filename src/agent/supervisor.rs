@@ -48,6 +48,9 @@ pub struct Supervisor {
     /// Dropped to stop renewals.
     heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
     keeper: Option<Keeper>,
+    /// The front process the shell waits on, at a terminal
+    /// (`agent/front.rs`): told the job's group and its stops.
+    front: Option<crate::agent::front::FrontLink>,
     /// Kept so the channel never reads as disconnected while the loop runs.
     _events_tx: Sender<Event>,
     /// The run's outcome, once decided (published in the state file).
@@ -86,6 +89,7 @@ impl Supervisor {
             boot_id: crate::time::clock::boot_id().unwrap_or_default(),
             heartbeat: None,
             keeper: None,
+            front: None,
             _events_tx: events.0,
             outcome: None,
             last_status: String::new(),
@@ -99,6 +103,11 @@ impl Supervisor {
         self.keeper = Some(keeper);
         let arm = self.machine.arm_keeper();
         self.act_on_job(&[arm]);
+    }
+
+    /// Hands the front process's link over (at a terminal).
+    pub fn set_front(&mut self, front: Option<crate::agent::front::FrontLink>) {
+        self.front = front;
     }
 
     /// Hands the heartbeat thread over (dropped to stop renewals).
@@ -132,11 +141,29 @@ impl Supervisor {
     pub fn step(&mut self, event: Event) -> Option<u8> {
         let now = BootInstant::now();
         self.last_step = now;
+        self.tell_front(&event);
         let actions = self.machine.step(event, now);
         self.act_on_job(&actions);
         actions
             .into_iter()
             .find_map(|action| self.carry_out(action))
+    }
+
+    /// The terminal's side of the job's news, for the front process: the
+    /// job's group (as the host names it) and its stops. No lease decision.
+    fn tell_front(&mut self, event: &Event) {
+        let Some(front) = self.front.as_mut() else {
+            return;
+        };
+        match event {
+            Event::ChildStarted { pid, .. } => {
+                if let Some(host) = self.keeper.as_ref().and_then(|k| k.host_pid_of(*pid)) {
+                    front.job_started(host);
+                }
+            }
+            Event::JobStopped => front.job_stopped(),
+            _ => {}
+        }
     }
 
     /// Waits for the next event, or for the machine's next wake-up time,

@@ -8,8 +8,9 @@
 //! foreground ([`foreground_terminal`]): the keeper then stays in the
 //! agent's session and the job's process group becomes the terminal's
 //! foreground, as a shell's job does. The agent gives the foreground back
-//! to its own group before it exits ([`Foreground`]), so the shell finds
-//! the terminal where it left it.
+//! before it exits, so the shell finds the terminal where it left it; and
+//! the process the shell waits on is a small front process, [`fork`]ed
+//! first thing, that stops when the job stops (`agent/front.rs`).
 //!
 //! `tcsetpgrp` from a process group that is not the foreground one sends
 //! `SIGTTOU` to that group, which would stop the agent (or, since the
@@ -27,43 +28,46 @@ pub fn foreground_terminal() -> bool {
 
 /// The foreground process group of the terminal on stdin; `None`: stdin
 /// is no terminal, or none of our session, or its group is not visible.
-fn foreground() -> Option<libc::pid_t> {
+pub fn foreground() -> Option<libc::pid_t> {
     // SAFETY: tcgetpgrp takes a descriptor number only; 0 may be closed
     // (an error, answered as `None`).
     let fg = unsafe { libc::tcgetpgrp(0) };
     (fg > 0).then_some(fg)
 }
 
-fn own_group() -> libc::pid_t {
+pub fn own_group() -> libc::pid_t {
     rustix::process::getpgrp().as_raw_nonzero().get()
 }
 
-/// While held, the agent's process group was the terminal's foreground
-/// when the job was handed it; dropping it gives the foreground back to
-/// the agent's group (if the terminal is still ours to give: nothing
-/// when it already is, or when stdin is no longer a terminal of our
-/// session).
-pub struct Foreground {
-    own: libc::pid_t,
+/// Whether this process has one thread: [`fork`] may be used.
+pub fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|st| {
+        st.lines()
+            .any(|l| l.split_whitespace().eq(["Threads:", "1"]))
+    })
 }
 
-impl Foreground {
-    /// Noted now, before the job takes the terminal.
-    pub fn note() -> Foreground {
-        Foreground { own: own_group() }
-    }
-
-    /// The foreground back to the agent's group now (also on drop).
-    pub fn restore(&self) {
-        if foreground().is_some_and(|fg| fg != self.own) {
-            set_foreground(self.own);
-        }
-    }
+/// What [`fork`] made of this process.
+pub enum Forked {
+    /// The parent, with the child's pid.
+    Parent(libc::pid_t),
+    /// The child.
+    Child,
 }
 
-impl Drop for Foreground {
-    fn drop(&mut self) {
-        self.restore();
+/// `fork()`, for the agent's front process (`agent/front.rs`). Only for
+/// a process with one thread ([`single_threaded`]), so the child is a
+/// whole copy with no lock held by a thread that is not there.
+pub fn fork() -> std::io::Result<Forked> {
+    if !single_threaded() {
+        return Err(std::io::Error::other("more than one thread"));
+    }
+    // SAFETY: this process has one thread (checked just above, and the
+    // caller creates none meanwhile): the child may run any code.
+    match unsafe { libc::fork() } {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
     }
 }
 

@@ -243,3 +243,70 @@ fn a_job_run_from_an_interactive_shell_prompts_through_dev_tty() {
         pty.expect("rc-2-none");
     }
 }
+
+/// The host pid of the test job's shell (its command line names
+/// `job-got`), found once it runs; the test runs one at a time per flag.
+fn job_shell(flags: &str) -> i32 {
+    wait_for(T, || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd);
+            (cmd.starts_with("sh\0-c\0") && cmd.contains("job-got-")).then_some(pid)
+        })
+    })
+    .unwrap_or_else(|| panic!("{flags}: the job runs"))
+}
+
+/// The state letter of `pid` in /proc (`R`, `S`, `T`, ...).
+fn state_of(pid: i32) -> Option<char> {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    st.rsplit(')').next()?.trim_start().chars().next()
+}
+
+/// Ctrl-Z as at any shell: the job pauses and the shell's prompt comes
+/// back (`jobs`: Stopped) while the lease is renewed for longer than a
+/// ttl; `fg` gives the job the terminal again, it reads from it, and its
+/// exit code is the agent's.
+#[test]
+fn ctrl_z_gives_the_shell_its_prompt_and_fg_resumes_the_job_as_renewals_go_on() {
+    let fake = FakeAuthority::start();
+    for flags in ["", "--no-pid-namespace"] {
+        let mut pty = Pty::bash();
+        let job = "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"job-got-$x\"; exit 7";
+        pty.send(&format!(
+            "{} --ttl 2s --heartbeat 400ms --grace 600ms -- sh -c '{job}'\n",
+            agent_line(&fake.url(), "ctrl-z", flags)
+        ));
+        pty.expect("job-ready");
+        pty.send("\x1a"); // Ctrl-Z
+        pty.expect("Stopped");
+        pty.expect("PROMPT$ ");
+        pty.send("jobs\n");
+        pty.expect("Stopped");
+        pty.expect("PROMPT$ ");
+        let job = job_shell(flags);
+        assert_eq!(state_of(job), Some('T'), "{flags}: the job is paused");
+        // Longer than a ttl at the prompt: the lease is renewed all along.
+        let before = fake.requests_to("/v1/renew").len();
+        wait_for(T, || {
+            (fake.requests_to("/v1/renew").len() >= before + 6).then_some(())
+        })
+        .expect("renewals go on while the job is stopped");
+        assert!(
+            fake.requests_to("/v1/release").len() < (if flags.is_empty() { 1 } else { 2 }),
+            "released while stopped"
+        );
+        assert_eq!(state_of(job), Some('T'), "{flags}: the job stays paused");
+        pty.send("fg\n");
+        // The shell says what it continues; then the job has the terminal.
+        pty.expect("ctrl-z");
+        pty.send("hello\n");
+        pty.expect("job-got-hello");
+        pty.expect("PROMPT$ ");
+        pty.send("echo \"rc-$?-end\"\n");
+        pty.expect("rc-7-end");
+        let rel = fake.requests_to("/v1/release");
+        assert_eq!(rel.last().unwrap().body["exit_code"], 7, "{flags}");
+    }
+}
