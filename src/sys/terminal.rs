@@ -71,6 +71,18 @@ pub fn fork() -> std::io::Result<Forked> {
     }
 }
 
+/// SIGTTOU blocked in the calling thread for good: its writes to the
+/// terminal from a background group go through under `stty tostop`.
+pub fn block_ttou_in_this_thread() {
+    // SAFETY: pthread_sigmask on a set that is a live local of this frame.
+    unsafe {
+        let mut ttou: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut ttou);
+        libc::sigaddset(&mut ttou, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &ttou, std::ptr::null_mut());
+    }
+}
+
 /// `tcsetpgrp(0, pgrp)` with `SIGTTOU` blocked in this thread meanwhile.
 /// A failure (the group gone, the terminal not ours) leaves it as it was.
 pub fn set_foreground(pgrp: libc::pid_t) {
