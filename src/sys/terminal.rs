@@ -18,12 +18,17 @@
 //! calling thread around the call, as a shell does, which makes the kernel
 //! allow it. Only the calling thread's mask matters to the kernel's check.
 
-/// The agent's stdin is a terminal and the agent's process group is its
-/// foreground: a person runs us from an interactive shell, in the
-/// foreground. (Started in the background, `cmd &`, the job must not take
-/// the terminal from the shell.)
+/// The agent's stdin is a terminal, the agent's process group is its
+/// foreground, and the agent leads that group: a person runs us from an
+/// interactive shell with job control, in the foreground. Started in the
+/// background (`cmd &`), the job must not take the terminal from the
+/// shell; started by a script (no job control: the script's group, led by
+/// the script), the script's own shell would not see the front stop, so
+/// Ctrl-Z keeps its old way (the whole group stops, the agent relays).
 pub fn foreground_terminal() -> bool {
-    foreground().is_some_and(|fg| fg == own_group())
+    let group = own_group();
+    group == rustix::process::getpid().as_raw_nonzero().get()
+        && foreground().is_some_and(|fg| fg == group)
 }
 
 /// The foreground process group of the terminal on stdin; `None`: stdin

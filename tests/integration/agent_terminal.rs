@@ -8,7 +8,12 @@
 //! - terminal: under a real interactive `bash` on a pseudo-terminal, a job
 //!   that opens `/dev/tty` writes to and reads from it (the prompt of
 //!   `ssh`, `sudo`, `git`), in both containment modes; and with stdin not a
-//!   terminal, `/dev/tty` is not the job's (it has a session of its own).
+//!   terminal, or the agent started by a script (leading no process group
+//!   of its own), `/dev/tty` is not the job's (it has a session of its
+//!   own);
+//! - Ctrl-Z: the shell's prompt back, `jobs` Stopped, the job paused and
+//!   the lease renewed past a ttl, `fg` resumes it with the terminal, and
+//!   the exit code is the job's.
 
 use crate::support;
 
@@ -245,6 +250,14 @@ fn a_job_run_from_an_interactive_shell_prompts_through_dev_tty() {
             agent_line(&fake.url(), "notty", flags)
         ));
         pty.expect("rc-2-none");
+        // Started by a script (no job control: the agent leads no group):
+        // the script's group keeps the terminal, the job a session of its
+        // own, as before.
+        pty.send(&format!(
+            "sh -c '{} -- sh -c \"echo x >/dev/tty\"'; echo \"rc-$?-script\"\n",
+            agent_line(&fake.url(), "script", flags)
+        ));
+        pty.expect("rc-2-script");
     }
 }
 
