@@ -172,20 +172,27 @@ impl Pty {
     /// Waits for `text` on the screen after what was already matched; the
     /// screen so far in the panic if it does not come.
     fn expect(&mut self, text: &str) {
+        assert!(
+            self.appears(text, T),
+            "{text:?} never appeared on the terminal; it shows:\n{}",
+            self.screen
+        );
+    }
+
+    /// Whether `text` comes on the screen, after what was already
+    /// matched, within `within`.
+    fn appears(&mut self, text: &str, within: Duration) -> bool {
         use std::io::Read;
         use std::os::fd::AsFd;
-        let until = std::time::Instant::now() + T;
+        let until = std::time::Instant::now() + within;
         loop {
             if let Some(at) = self.screen[self.seen..].find(text) {
                 self.seen += at + text.len();
-                return;
+                return true;
             }
-            let left = until.saturating_duration_since(std::time::Instant::now());
-            assert!(
-                !left.is_zero(),
-                "{text:?} never appeared on the terminal; it shows:\n{}",
-                self.screen
-            );
+            if std::time::Instant::now() >= until {
+                return false;
+            }
             let fd = self.master.as_fd();
             let mut fds = [rustix::event::PollFd::new(
                 &fd,
@@ -262,17 +269,17 @@ fn a_job_run_from_an_interactive_shell_prompts_through_dev_tty() {
 }
 
 /// The host pid of the test job's shell (its command line names
-/// `job-got`), found once it runs; the test runs one at a time per flag.
-fn job_shell(flags: &str) -> i32 {
+/// `marker`, which no other test's job does), found once it runs.
+fn job_shell(marker: &str) -> i32 {
     wait_for(T, || {
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
             let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let cmd = String::from_utf8_lossy(&cmd);
-            (cmd.starts_with("sh\0-c\0") && cmd.contains("job-got-")).then_some(pid)
+            (cmd.starts_with("sh\0-c\0") && cmd.contains(marker)).then_some(pid)
         })
     })
-    .unwrap_or_else(|| panic!("{flags}: the job runs"))
+    .unwrap_or_else(|| panic!("the job with {marker} runs"))
 }
 
 /// The state letter of `pid` in /proc (`R`, `S`, `T`, ...).
@@ -302,7 +309,7 @@ fn ctrl_z_gives_the_shell_its_prompt_and_fg_resumes_the_job_as_renewals_go_on() 
         pty.send("jobs\n");
         pty.expect("Stopped");
         pty.expect("PROMPT$ ");
-        let job = job_shell(flags);
+        let job = job_shell("job-got-");
         assert_eq!(
             state_of(job),
             Some('T'),
@@ -336,5 +343,42 @@ fn ctrl_z_gives_the_shell_its_prompt_and_fg_resumes_the_job_as_renewals_go_on() 
         pty.expect("rc-7-end");
         let rel = fake.requests_to("/v1/release");
         assert_eq!(rel.last().unwrap().body["exit_code"], 7, "{flags}");
+    }
+}
+
+/// The keeper guards the deadline while the job is stopped at the shell's
+/// prompt: a lease lost then kills the paused tree, and the shell hears
+/// the agent's 124 without an `fg` (the agent continues its front).
+#[test]
+fn a_lease_lost_while_the_job_is_stopped_kills_it_and_the_shell_hears_124() {
+    for flags in ["", "--no-pid-namespace"] {
+        // A fresh authority: this one's task stays held after the refusal.
+        let fake = FakeAuthority::start();
+        let mut pty = Pty::bash();
+        let job = "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"lost-got-$x\"";
+        pty.send(&format!(
+            "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
+            agent_line(&fake.url(), "lost-while-stopped", flags)
+        ));
+        pty.expect("job-ready");
+        pty.send("\x1a");
+        pty.expect("Stopped");
+        pty.expect("PROMPT$ ");
+        let job = job_shell("lost-got-");
+        assert_eq!(state_of(job), Some('T'), "{flags}: {}", pty.screen);
+        fake.set_renew(Reply::Refuse("superseded"));
+        wait_for(T, || (!alive(job)).then_some(()))
+            .unwrap_or_else(|| panic!("{flags}: the stopped job outlived its lease"));
+        // The front ended with the agent's status: the shell says so at
+        // its next command, once the agent has released and exited.
+        wait_for(T, || {
+            let from = pty.seen;
+            pty.send("jobs; echo \"jobs-$((1+1))-done\"\n");
+            pty.expect("jobs-2-done");
+            pty.screen[from..pty.seen]
+                .contains("Exit 124")
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{flags}: the shell never heard 124: {}", pty.screen));
     }
 }
