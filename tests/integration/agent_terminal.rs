@@ -288,6 +288,37 @@ fn state_of(pid: i32) -> Option<char> {
     st.rsplit(')').next()?.trim_start().chars().next()
 }
 
+/// A bash on a pty that ran the agent (`flags`, a 4 s ttl: a busy test
+/// machine's late renewal is no loss) with a job that reads a line from
+/// `/dev/tty`, echoes it after `marker` and runs `then`; Ctrl-Z typed once
+/// the job runs. Returns at the shell's prompt, the job's shell paused.
+fn stopped_at_the_prompt(
+    fake: &FakeAuthority,
+    task: &str,
+    flags: &str,
+    marker: &str,
+    then: &str,
+) -> (Pty, i32) {
+    let mut pty = Pty::bash();
+    let job = format!("printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\"; {then}");
+    pty.send(&format!(
+        "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
+        agent_line(&fake.url(), task, flags)
+    ));
+    pty.expect("job-ready");
+    pty.send("\x1a"); // Ctrl-Z
+    pty.expect("Stopped");
+    pty.expect("PROMPT$ ");
+    let job = job_shell(marker);
+    assert_eq!(
+        state_of(job),
+        Some('T'),
+        "{flags}: the job is paused; the terminal shows:\n{}",
+        pty.screen
+    );
+    (pty, job)
+}
+
 /// Ctrl-Z as at any shell: the job pauses and the shell's prompt comes
 /// back (`jobs`: Stopped) while the lease is renewed for longer than a
 /// ttl; `fg` gives the job the terminal again, it reads from it, and its
@@ -296,28 +327,11 @@ fn state_of(pid: i32) -> Option<char> {
 fn ctrl_z_gives_the_shell_its_prompt_and_fg_resumes_the_job_as_renewals_go_on() {
     let fake = FakeAuthority::start();
     for flags in ["", "--no-pid-namespace"] {
-        let mut pty = Pty::bash();
-        let job = "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"job-got-$x\"; exit 7";
-        pty.send(&format!(
-            "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
-            agent_line(&fake.url(), "ctrl-z", flags)
-        ));
-        pty.expect("job-ready");
-        pty.send("\x1a"); // Ctrl-Z
-        pty.expect("Stopped");
-        pty.expect("PROMPT$ ");
+        let (mut pty, job) = stopped_at_the_prompt(&fake, "ctrl-z", flags, "job-got-", "exit 7");
         pty.send("jobs\n");
         pty.expect("Stopped");
         pty.expect("PROMPT$ ");
-        let job = job_shell("job-got-");
-        assert_eq!(
-            state_of(job),
-            Some('T'),
-            "{flags}: the job is paused; the terminal shows:\n{}",
-            pty.screen
-        );
-        // Longer than a ttl at the prompt: the lease is renewed all along
-        // (a ttl of 4 s: a busy test machine's late renewal is no loss).
+        // Longer than a ttl at the prompt: the lease is renewed all along.
         let before = fake.requests_to("/v1/renew").len();
         wait_for(T, || {
             (fake.requests_to("/v1/renew").len() >= before + 11).then_some(())
@@ -354,18 +368,8 @@ fn a_lease_lost_while_the_job_is_stopped_kills_it_and_the_shell_hears_124() {
     for flags in ["", "--no-pid-namespace"] {
         // A fresh authority: this one's task stays held after the refusal.
         let fake = FakeAuthority::start();
-        let mut pty = Pty::bash();
-        let job = "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"lost-got-$x\"";
-        pty.send(&format!(
-            "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
-            agent_line(&fake.url(), "lost-while-stopped", flags)
-        ));
-        pty.expect("job-ready");
-        pty.send("\x1a");
-        pty.expect("Stopped");
-        pty.expect("PROMPT$ ");
-        let job = job_shell("lost-got-");
-        assert_eq!(state_of(job), Some('T'), "{flags}: {}", pty.screen);
+        let (mut pty, job) =
+            stopped_at_the_prompt(&fake, "lost-while-stopped", flags, "lost-got-", "true");
         fake.set_renew(Reply::Refuse("superseded"));
         wait_for(T, || (!alive(job)).then_some(()))
             .unwrap_or_else(|| panic!("{flags}: the stopped job outlived its lease"));
