@@ -91,7 +91,14 @@ pub fn init() {
     let (tx, rx) = crossbeam_channel::bounded::<Msg>(QUEUE_LINES);
     let started = std::thread::Builder::new()
         .name("log-writer".into())
-        .spawn(move || writer(&rx, &mut std::io::stderr(), dropped));
+        .spawn(move || {
+            // At a terminal the agent runs in a background group (the job
+            // has the foreground); under `stty tostop` a write from there
+            // would raise SIGTTOU, which the agent catches and relays to
+            // the job. Blocked in this thread, the write just goes through.
+            crate::sys::terminal::block_ttou_in_this_thread();
+            writer(&rx, &mut std::io::stderr(), dropped)
+        });
     if started.is_ok() {
         let _ = SHARED.set(Shared {
             tx,

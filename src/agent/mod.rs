@@ -21,6 +21,7 @@
 pub mod acquire;
 pub mod config;
 pub mod env;
+pub mod front;
 pub mod heartbeat;
 pub mod logging;
 pub mod machine;
@@ -50,15 +51,22 @@ use crate::time::clock::BootInstant;
 
 /// Runs the command under a lease; the whole life of the agent.
 pub fn main(cfg: RunConfig) -> ExitCode {
+    // Before anything else, while this process has one thread: at a
+    // terminal, the pid the shell waits on becomes the front process.
+    let front = match crate::agent::front::split() {
+        crate::agent::front::Role::Front(code) => return ExitCode::from(code),
+        crate::agent::front::Role::Agent(link) => Some(link),
+        crate::agent::front::Role::Alone => None,
+    };
     crate::sys::malloc::one_arena();
     crate::agent::logging::init();
-    let code = run(cfg);
+    let code = run(cfg, front);
     // Bounded: a stalled stderr delays the exit by at most this much.
     crate::agent::logging::flush(Duration::from_millis(500));
     ExitCode::from(code)
 }
 
-fn run(cfg: RunConfig) -> u8 {
+fn run(cfg: RunConfig, front: Option<crate::agent::front::FrontLink>) -> u8 {
     // Out of the job's reach before the job exists: no ptrace, no
     // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
     if let Err(e) = crate::sys::keeper_spawn::not_dumpable() {
@@ -75,9 +83,15 @@ fn run(cfg: RunConfig) -> u8 {
     // The keeper starts first: its start-up (an exec, its handlers, the job
     // cgroup) overlaps everything up to the grant. It starts the job only
     // once `start` hands it the grant's environment.
+    // Run from a shell in the foreground of a terminal (a front process
+    // in front of us): the job gets that terminal (its controlling
+    // terminal, its process group the foreground), and the front's group
+    // gets it back before the agent exits, by whatever path (the link's
+    // drop).
+    let terminal = front.is_some();
     let options = crate::keeper::JobOptions {
         user: cfg.user.as_ref().and_then(|u| u.switch.clone()),
-        terminal: false,
+        terminal,
     };
     let keeper = match crate::keeper::handle::prestart_keeper(
         &cfg.command,
@@ -127,7 +141,7 @@ fn run(cfg: RunConfig) -> u8 {
     if let Some(sig) = stop_before_start(&rx) {
         return release_unstarted(&grant, auth, sig);
     }
-    start(&cfg, grant, sent, auth, keeper, (tx, rx), notifier)
+    start(&cfg, grant, sent, auth, (keeper, front), (tx, rx), notifier)
 }
 
 // ---------------------------------------------------------------- start
@@ -241,7 +255,11 @@ fn start(
     grant: Grant,
     sent: BootInstant,
     mut auth: Box<dyn LeaseClient>,
-    keeper: crate::keeper::handle::Pending,
+    // The keeper, and the front process at a terminal.
+    (keeper, front): (
+        crate::keeper::handle::Pending,
+        Option<crate::agent::front::FrontLink>,
+    ),
     events: (Sender<Event>, Receiver<Event>),
     notifier: Notifier,
 ) -> u8 {
@@ -254,6 +272,7 @@ fn start(
     let renewer = auth.renewer();
     let url = auth.url();
     let mut sup = Supervisor::new(machine, grant.clone(), auth, events, notifier);
+    sup.set_front(front);
     // A grant that came with less than grace left: released as lost, the
     // command never started.
     if let Some(code) = sup.step(Event::Granted) {
@@ -309,6 +328,7 @@ fn event_of(news: News) -> Option<Event> {
             at: BootInstant::from_since_boot(Duration::from_millis(at_ms)),
         }),
         Report::TreeGone => Some(Event::TreeGone),
+        Report::Stopped => Some(Event::JobStopped),
         Report::Survivor { .. } | Report::Warning(_) | Report::Info(_) => None,
     }
 }

@@ -8,7 +8,9 @@
 //!   stopped (grace, SIGKILL) and the lease released as `cancelled`;
 //! - SIGHUP, SIGUSR1, SIGUSR2: relayed only;
 //! - SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT: relayed only; the agent itself
-//!   never stops, so renewals go on while the job is paused;
+//!   never stops, so renewals go on while the job is paused (at a
+//!   terminal, Ctrl-Z goes to the job's group directly, and the front
+//!   process is what stops for the shell: `agent/front.rs`);
 //! - the other signals whose default would end the agent (`Sig::FATAL`):
 //!   stop and release, like SIGTERM;
 //! - any of them before the job exists (during acquire): a stop signal ends

@@ -52,6 +52,9 @@ pub struct Supervisor {
     /// Dropped to stop renewals.
     heartbeat: Option<crate::agent::heartbeat::Heartbeat>,
     keeper: Option<Keeper>,
+    /// The front process the shell waits on, at a terminal
+    /// (`agent/front.rs`): told the job's group and its stops.
+    front: Option<crate::agent::front::FrontLink>,
     /// Kept so the channel never reads as disconnected while the loop runs.
     _events_tx: Sender<Event>,
     /// The run's outcome, once decided (published in the state file).
@@ -91,6 +94,7 @@ impl Supervisor {
                 .unwrap_or(0),
             heartbeat: None,
             keeper: None,
+            front: None,
             _events_tx: events.0,
             outcome: None,
             last_status: String::new(),
@@ -104,6 +108,11 @@ impl Supervisor {
         self.keeper = Some(keeper);
         let arm = self.machine.arm_keeper();
         self.act_on_job(&[arm]);
+    }
+
+    /// Hands the front process's link over (at a terminal).
+    pub fn set_front(&mut self, front: Option<crate::agent::front::FrontLink>) {
+        self.front = front;
     }
 
     /// Hands the heartbeat thread over (dropped to stop renewals).
@@ -137,11 +146,29 @@ impl Supervisor {
     pub fn step(&mut self, event: Event) -> Option<u8> {
         let now = BootInstant::now();
         self.last_step = now;
+        self.tell_front(&event);
         let actions = self.machine.step(event, now);
         self.act_on_job(&actions);
         actions
             .into_iter()
             .find_map(|action| self.carry_out(action))
+    }
+
+    /// The terminal's side of the job's news, for the front process: the
+    /// job's group (as the host names it) and its stops. No lease decision.
+    fn tell_front(&mut self, event: &Event) {
+        let Some(front) = self.front.as_mut() else {
+            return;
+        };
+        match event {
+            Event::ChildStarted { pid, .. } => {
+                if let Some(host) = self.keeper.as_ref().and_then(|k| k.host_pid_of(*pid)) {
+                    front.job_started(host);
+                }
+            }
+            Event::JobStopped => front.job_stopped(),
+            _ => {}
+        }
     }
 
     /// Waits for the next event, or for the machine's next wake-up time,

@@ -162,6 +162,13 @@ impl<O: Os> EventLoop<O> {
                         self.os.report(Report::Exited { status, at_ms });
                     }
                 }
+                // Said for the job's leader only: the agent's front process
+                // stops with it, and the shell gets its prompt back.
+                Reaped::Stopped { pid } => {
+                    if pid == self.job_pid && !self.leader_reaped {
+                        self.os.report(Report::Stopped);
+                    }
+                }
                 Reaped::Running => return false,
                 Reaped::NoChild => return true,
             }
@@ -395,6 +402,8 @@ mod tests {
         Eof,
         /// A child ends with this status.
         Ends(i32, ChildStatus),
+        /// A child stops (Ctrl-Z).
+        Stops(i32),
         /// Time passes to the armed timer.
         Timer,
         /// Time passes to the loop's own `until` (the next kill round).
@@ -413,6 +422,8 @@ mod tests {
         /// Children alive: whether they survive SIGKILL.
         alive: BTreeMap<i32, bool>,
         ended: VecDeque<(i32, ChildStatus)>,
+        /// Children that stopped, not yet reported by a reap.
+        stops: VecDeque<i32>,
         /// Members of the job's cgroup that are no child (escaped the tree).
         cgroup_only: Vec<i32>,
         /// `cgroup.kill` fails with this.
@@ -442,6 +453,7 @@ mod tests {
                 now: t(0),
                 alive: children.iter().map(|&p| (p, false)).collect(),
                 ended: VecDeque::new(),
+                stops: VecDeque::new(),
                 cgroup_only: Vec::new(),
                 kill_fails: None,
                 ctl: Vec::new(),
@@ -492,6 +504,9 @@ mod tests {
         }
 
         fn reap(&mut self) -> Reaped {
+            if let Some(pid) = self.stops.pop_front() {
+                return Reaped::Stopped { pid };
+            }
             match self.ended.pop_front() {
                 Some((pid, status)) => Reaped::Ended { pid, status },
                 None if self.alive.is_empty() => Reaped::NoChild,
@@ -585,11 +600,12 @@ mod tests {
             // SIGCHLD of a child that ended, ctl bytes, the timer, `until`.
             let ctl_ready = !self.ctl_closed && (!self.ctl.is_empty() || self.eof);
             if !self.ended.is_empty()
+                || !self.stops.is_empty()
                 || ctl_ready
                 || self.timer.is_some_and(|at| self.now >= at)
                 || until.is_some_and(|at| self.now >= at)
             {
-                if self.ended.is_empty() && !ctl_ready {
+                if self.ended.is_empty() && self.stops.is_empty() && !ctl_ready {
                     self.spins += 1;
                     assert!(self.spins < 1_000, "the loop spins: {:?}", self.did);
                 }
@@ -613,6 +629,7 @@ mod tests {
                     woken.ctl = !self.ctl_closed;
                 }
                 Then::Ends(pid, status) => self.end(pid, status),
+                Then::Stops(pid) => self.stops.push_back(pid),
                 Then::Timer => {
                     let at = self.timer.expect("no timer armed");
                     self.now = self.now.max(at);
@@ -678,6 +695,32 @@ mod tests {
         );
         assert!(f.acts().is_empty(), "{:?}", f.did);
         assert!(f.script.is_empty());
+    }
+
+    #[test]
+    fn a_stop_of_the_leader_is_reported_and_a_stop_of_another_child_is_not() {
+        let f = run(
+            &[JOB, 8],
+            vec![
+                Then::Stops(8),
+                Then::Stops(JOB),
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+                Then::Ends(8, ChildStatus::Exited(0)),
+            ],
+        );
+        assert_eq!(
+            f.sent(),
+            vec![
+                Report::Stopped,
+                Report::Exited {
+                    status: ChildStatus::Exited(0),
+                    at_ms: 1_000_000
+                },
+                Report::TreeGone
+            ]
+        );
+        // A stop is news for the terminal only: nothing is signalled.
+        assert!(f.acts().is_empty(), "{:?}", f.did);
     }
 
     #[test]

@@ -307,6 +307,7 @@ fn read_reports(
             ),
             Report::Warning(m) => log::warn!("{}", escape(m)),
             Report::Info(m) => log::info!("{}", escape(m)),
+            Report::Stopped => log::info!("the command stopped; renewals go on"),
             Report::Started { .. }
             | Report::Exited { .. }
             | Report::SpawnFailed { .. }
@@ -319,6 +320,7 @@ fn read_reports(
                 | Report::Exited { .. }
                 | Report::TreeGone
                 | Report::Size { .. }
+                | Report::Stopped
         );
         if significant && !send(News::Report(report)) {
             return;
@@ -371,6 +373,29 @@ pub fn no_child_left() -> bool {
 }
 
 impl Keeper {
+    /// The host's pid of the keeper's child `pid` (as the keeper names it:
+    /// in its PID namespace when it has one): the one whose last `NSpid`
+    /// is `pid`. `None`: it is gone, or cannot be told. Asked right after
+    /// `Started`, when the job is the keeper's only child.
+    pub fn host_pid_of(&self, pid: i32) -> Option<i32> {
+        if self.ns == Namespaces::None {
+            return Some(pid);
+        }
+        let k = self.pid;
+        let kids = std::fs::read_to_string(format!("/proc/{k}/task/{k}/children")).ok()?;
+        kids.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|host| {
+                std::fs::read_to_string(format!("/proc/{host}/status"))
+                    .ok()
+                    .and_then(|st| {
+                        let line = st.lines().find(|l| l.starts_with("NSpid:"))?;
+                        line.split_whitespace().last()?.parse::<i32>().ok()
+                    })
+                    == Some(pid)
+            })
+    }
+
     /// SIGTERM to the job's whole tree, through the keeper (woken with
     /// SIGCONT in case it was stopped).
     pub fn term(&mut self) {

@@ -58,9 +58,13 @@
 //!   The keeper marks its own pipe ends close-on-exec before starting the
 //!   job, so the job inherits neither.
 //! - The keeper ignores (by handling) every signal the agent catches, so a
-//!   Ctrl-C to the terminal's foreground group (agent + keeper) reaches the
-//!   job only through the agent's relay: exactly once. Handled (not ignored)
+//!   signal to the agent's group (agent + keeper) reaches the job only
+//!   through the agent's relay: exactly once. Handled (not ignored)
 //!   signals are reset to their defaults by `exec`, so the job starts clean.
+//!   At a terminal (`--terminal`) the job's own group is the terminal's
+//!   foreground: Ctrl-C and Ctrl-Z reach it directly, as under a shell, and
+//!   the keeper reports the leader's stops (`Stopped`) for the agent's
+//!   front process.
 //! - A failed `setsid` is reported as a warning; a failed subreaper call is
 //!   reported and the job is not started (the tree could not be followed).
 
@@ -103,7 +107,7 @@ pub struct JobOptions {
     pub user: Option<crate::sys::user::Identity>,
     /// The job gets the agent's terminal (stdin): the keeper stays in the
     /// agent's session and the job's group becomes the terminal's
-    /// foreground (see `agent/terminal.rs`).
+    /// foreground (see `sys/terminal.rs` and `agent/front.rs`).
     pub terminal: bool,
 }
 

@@ -9,8 +9,8 @@
 //! What stays behind the seam, and why it is not the loop's business:
 //! - how the tree is found and signalled (`tree.rs`: pidfds, parents
 //!   re-checked) and the cgroup's members (`cgroup.rs`);
-//! - `waitpid(-1, WNOHANG)` and how a wait status becomes a
-//!   [`ChildStatus`];
+//! - `waitpid(-1, WNOHANG | WUNTRACED)` and how a wait status becomes a
+//!   [`ChildStatus`] (or a stop, reported once per stop by the kernel);
 //! - the `poll` on the SIGCHLD self-pipe, the timerfd and the ctl socket,
 //!   and draining the first two;
 //! - how the tree is stopped in one operation where it can be: `kill(-1)`
@@ -46,6 +46,8 @@ use crate::time::deadline::TreeSize;
 pub enum Reaped {
     /// A child ended (and is reaped now).
     Ended { pid: i32, status: ChildStatus },
+    /// A child stopped (it is still there).
+    Stopped { pid: i32 },
     /// Children are left, none has ended.
     Running,
     /// No child is left below the keeper (`ECHILD`).
@@ -308,7 +310,11 @@ impl Os for System {
 
     fn reap(&mut self) -> Reaped {
         loop {
-            match rustix::process::wait(WaitOptions::NOHANG) {
+            match rustix::process::wait(WaitOptions::NOHANG | WaitOptions::UNTRACED) {
+                Ok(Some((pid, status))) if status.stopped() => {
+                    let pid = pid.as_raw_nonzero().get();
+                    return Reaped::Stopped { pid };
+                }
                 Ok(Some((pid, status))) => {
                     let status = match (status.exit_status(), status.terminating_signal()) {
                         (Some(code), _) => ChildStatus::Exited(code),

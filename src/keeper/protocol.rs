@@ -353,6 +353,10 @@ pub enum Report {
     /// Every descendant is gone (and the job's cgroup, if any, is empty).
     /// `G`
     TreeGone,
+    /// The job's leader stopped (Ctrl-Z at its terminal, SIGTTIN, a
+    /// SIGSTOP): the agent's front process stops too, so the shell that
+    /// waits on it gets its prompt back (`agent/front.rs`). `T`
+    Stopped,
     /// A process of the tree still lives after SIGKILL, and why.
     /// `S pid why command`
     Survivor {
@@ -398,6 +402,7 @@ impl fmt::Display for Report {
                 at_ms,
             } => write!(f, "X signal {n} {at_ms}"),
             Report::TreeGone => write!(f, "G"),
+            Report::Stopped => write!(f, "T"),
             Report::Survivor { pid, command, why } => {
                 write!(f, "S {pid} {} {}", why.as_str(), one_line(command))
             }
@@ -473,6 +478,7 @@ impl FromStr for Report {
                 Ok(Report::Exited { status, at_ms })
             }
             ("G", None) => Ok(Report::TreeGone),
+            ("T", None) => Ok(Report::Stopped),
             ("S", Some(rest)) => {
                 let (pid, rest) = rest.split_once(' ').ok_or_else(bad)?;
                 let (why, command) = rest.split_once(' ').unwrap_or((rest, ""));
@@ -566,6 +572,7 @@ mod tests {
                 at_ms: 10,
             },
             Report::TreeGone,
+            Report::Stopped,
             Report::Survivor {
                 pid: 7,
                 command: "sleep 1001".into(),

@@ -3,7 +3,8 @@
 //! inherited-fd claim (`fd`), malloc's arena cap (`malloc`), the socket
 //! option and pre-exec hook (`priority`), the job's start inside its cgroup
 //! (`spawn`), the keeper's start in namespaces of its own (`keeper_spawn`),
-//! both through `clone3`'s argument block (`clone3`),
+//! both through `clone3`'s argument block (`clone3`), the terminal's
+//! foreground handed over and back (`terminal`),
 //! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
 //! the user lookups and the uid switch of `--user` (`user`). Also: walking
 //! configured paths as the kernel's `protected_symlinks` rule would
@@ -31,6 +32,8 @@ pub mod signal;
 pub mod spawn;
 #[allow(unsafe_code)]
 pub mod sqlite_at;
+#[allow(unsafe_code)]
+pub mod terminal;
 #[allow(unsafe_code)]
 pub mod user;
 pub mod walk;

@@ -210,8 +210,9 @@ fn set_default(sig: i32) {
 
 /// Makes this process's group the foreground of the terminal on stdin
 /// (child only): `SIGTTOU` held meanwhile, since a background group that
-/// sets the foreground gets it. A failure leaves the terminal as it was:
-/// the agent's front process hands it over too.
+/// sets the foreground gets it. A failure leaves the terminal as it was
+/// (the job then reads it as a background group would: SIGTTIN, which
+/// stops it, and the agent's front with it, for the shell's `fg`).
 fn take_terminal() {
     // SAFETY: sigprocmask, getpid and the TIOCSPGRP ioctl are
     // async-signal-safe; each pointer is to a live local.

@@ -40,6 +40,10 @@ pub enum Event {
     /// The keeper started the job; its process group id is `pid`, and
     /// `containment` holds its tree.
     ChildStarted { pid: i32, containment: Containment },
+    /// The job's leader stopped (Ctrl-Z at its terminal). Nothing changes
+    /// for the lease: renewals go on, the keeper guards the deadline; the
+    /// supervisor stops the front process the shell waits on.
+    JobStopped,
     /// The keeper sampled the tree: the kill lead follows its size.
     TreeSized(TreeSize),
     /// The command could not be started.

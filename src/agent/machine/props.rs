@@ -87,6 +87,8 @@ enum Op {
     Reaped(bool),
     /// The keeper's sample of the tree: processes, MiB.
     Sized(u32, u64),
+    /// The job's leader stopped (Ctrl-Z): nothing changes for the lease.
+    Stopped,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -101,6 +103,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::TreeGone),
         1 => any::<bool>().prop_map(Op::Reaped),
         1 => ((0u32..5_000), (0u64..8_192)).prop_map(|(p, m)| Op::Sized(p, m)),
+        1 => Just(Op::Stopped),
     ]
 }
 
@@ -242,6 +245,7 @@ proptest! {
                 Op::Sized(procs, mib) => {
                     (Event::TreeSized(TreeSize { procs, private_bytes: mib << 20 }), None)
                 }
+                Op::Stopped => (Event::JobStopped, None),
             };
             let a = m.step(event, now);
             let released = a.iter().any(|x| matches!(x, Action::Release { .. }));

@@ -173,6 +173,7 @@ impl Machine {
             Event::Signal(sig) => self.on_signal(sig, now, &mut out),
             Event::ChildStarted { pid, containment } => self.on_started(pid, containment, &mut out),
             Event::TreeSized(size) => self.tree = size,
+            Event::JobStopped => {}
             Event::SpawnFailed { not_found, message } => {
                 self.on_spawn_failed(not_found, message, now, &mut out)
             }

@@ -331,6 +331,23 @@ fn the_keeper_is_armed_on_start_and_after_every_renewal() {
 }
 
 #[test]
+fn a_stopped_job_changes_nothing_for_the_lease() {
+    let mut m = started(30_000, 1000);
+    let wake = m.next_wake();
+    let a = m.step(Event::JobStopped, at(100));
+    assert!(a.is_empty(), "{a:?}");
+    assert_eq!(m.next_wake(), wake);
+    let a = m.step(
+        Event::Renewed {
+            sent_at: at(200),
+            ttl: ms(30_000),
+        },
+        at(210),
+    );
+    assert_eq!(arms(&a).len(), 1, "renewals still count while stopped");
+}
+
+#[test]
 fn job_control_signals_are_relayed_and_change_nothing_else() {
     let mut m = started(30_000, 1000);
     for sig in Sig::JOB_CONTROL {
