@@ -316,9 +316,15 @@ fn event_of(news: News) -> Option<Event> {
     };
     match report {
         Report::Started { pid, containment } => Some(Event::ChildStarted { pid, containment }),
-        Report::Size { procs, private_kib } => Some(Event::TreeSized(
-            crate::keeper::protocol::tree_size(procs, private_kib),
-        )),
+        Report::Size {
+            procs,
+            private_kib,
+            busy_milli,
+        } => Some(Event::TreeSized(crate::keeper::protocol::tree_size(
+            procs,
+            private_kib,
+            busy_milli,
+        ))),
         Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
             not_found: kind == SpawnFailure::NotFound,
             message,
@@ -349,10 +355,11 @@ mod tests {
             })
         );
         assert_eq!(
-            ev("Z 3 2048"),
+            ev("Z 3 2048 7500"),
             Some(Event::TreeSized(crate::time::deadline::TreeSize {
                 procs: 3,
-                private_bytes: 2 << 20
+                private_bytes: 2 << 20,
+                busy_milli: 7500,
             }))
         );
         assert_eq!(ev("G"), Some(Event::TreeGone));

@@ -242,6 +242,7 @@ impl<O: Os> EventLoop<O> {
             self.os.report(Report::Size {
                 procs: size.procs,
                 private_kib: size.private_bytes / 1024,
+                busy_milli: size.busy_milli,
             });
         }
     }
@@ -802,6 +803,7 @@ mod tests {
         fake.size = Some(TreeSize {
             procs: 2_000,
             private_bytes: 0,
+            busy_milli: 0,
         });
         let f = EventLoop::new(fake, JOB, Vec::new()).run();
         // Reported once: the second sample sized the same lead.
@@ -814,7 +816,8 @@ mod tests {
             sizes,
             vec![Report::Size {
                 procs: 2_000,
-                private_kib: 0
+                private_kib: 0,
+                busy_milli: 0,
             }]
         );
         // The guard's kill time moved by the lead 2,000 processes need.
@@ -823,6 +826,7 @@ mod tests {
             TreeSize {
                 procs: 2_000,
                 private_bytes: 0,
+                busy_milli: 0,
             },
         );
         assert!(lead > Duration::from_millis(20));
@@ -1015,6 +1019,7 @@ mod tests {
         fake.size = Some(TreeSize {
             procs: 2,
             private_bytes: 0,
+            busy_milli: 0,
         });
         fake.alive.insert(13, true);
         let mut script = vec![Then::Eof];

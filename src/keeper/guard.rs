@@ -216,12 +216,14 @@ mod tests {
         g.sized(TreeSize {
             procs: 1_000,
             private_bytes: 0,
+            busy_milli: 0,
         });
         let lead = crate::time::deadline::kill_lead(
             std::time::Duration::from_secs(40),
             TreeSize {
                 procs: 1_000,
                 private_bytes: 0,
+                busy_milli: 0,
             },
         );
         assert_eq!(g.kill_at(), Some(t(10_000_000 - lead.as_micros() as u64)));

@@ -522,7 +522,25 @@ impl Os for System {
         Some(TreeSize {
             procs: u32::try_from(pids.len()).unwrap_or(u32::MAX),
             private_bytes: private_pages.saturating_mul(page),
+            busy_milli: busy_milli(),
         })
+    }
+}
+
+/// The host's 1-minute load average per online CPU, times 1,000 (0 when
+/// unreadable): a dying process waits for a CPU to tear itself down, so a
+/// busy host takes longer to reap a killed tree (`deadline::kill_lead`).
+fn busy_milli() -> u32 {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_cpu = load / cpus as f64 * 1000.0;
+    if per_cpu.is_finite() && per_cpu > 0.0 {
+        per_cpu.min(f64::from(u32::MAX)) as u32
+    } else {
+        0
     }
 }
 

@@ -341,9 +341,13 @@ pub enum Report {
     /// namespace when it has one), held by `containment`.
     /// `P pid containment`
     Started { pid: i32, containment: Containment },
-    /// The tree as the keeper last sampled it (for the kill lead).
-    /// `Z procs private_kib`
-    Size { procs: u32, private_kib: u64 },
+    /// The tree as the keeper last sampled it, and how busy the host was
+    /// (for the kill lead). `Z procs private_kib busy_milli`
+    Size {
+        procs: u32,
+        private_kib: u64,
+        busy_milli: u32,
+    },
     /// The job could not be started (or the keeper could not guard it).
     /// `E kind message`
     SpawnFailed { kind: SpawnFailure, message: String },
@@ -373,10 +377,11 @@ pub enum Report {
 }
 
 /// The tree size a [`Report::Size`] carries.
-pub fn tree_size(procs: u32, private_kib: u64) -> crate::time::deadline::TreeSize {
+pub fn tree_size(procs: u32, private_kib: u64, busy_milli: u32) -> crate::time::deadline::TreeSize {
     crate::time::deadline::TreeSize {
         procs,
         private_bytes: private_kib.saturating_mul(1024),
+        busy_milli,
     }
 }
 
@@ -389,7 +394,11 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Report::Started { pid, containment } => write!(f, "P {pid} {}", containment.as_str()),
-            Report::Size { procs, private_kib } => write!(f, "Z {procs} {private_kib}"),
+            Report::Size {
+                procs,
+                private_kib,
+                busy_milli,
+            } => write!(f, "Z {procs} {private_kib} {busy_milli}"),
             Report::SpawnFailed { kind, message } => {
                 write!(f, "E {} {}", kind.as_str(), one_line(message))
             }
@@ -442,10 +451,13 @@ impl FromStr for Report {
                 })
             }
             ("Z", Some(rest)) => {
-                let (procs, kib) = rest.split_once(' ').ok_or_else(bad)?;
+                let mut f = rest.split(' ');
+                let mut num = || f.next().ok_or_else(bad);
+                let (procs, kib, busy) = (num()?, num()?, num()?);
                 Ok(Report::Size {
                     procs: procs.parse().map_err(|_| bad())?,
                     private_kib: kib.parse().map_err(|_| bad())?,
+                    busy_milli: busy.parse().map_err(|_| bad())?,
                 })
             }
             ("E", Some(rest)) => {
@@ -550,6 +562,7 @@ mod tests {
             Report::Size {
                 procs: 2_000,
                 private_kib: 4 << 20,
+                busy_milli: 15_000,
             },
             Report::SpawnFailed {
                 kind: SpawnFailure::NotFound,

@@ -19,7 +19,9 @@
 //!   process and per GiB of private resident memory ([`TreeSize`]), from
 //!   the teardown times measured for #31 (2,000 processes: up to 170 ms
 //!   after `cgroup.kill` on 2 CPUs; 4 GiB: up to 450 ms) with about twice
-//!   their margin, at most a quarter of the ttl
+//!   their margin, stretched on a host busier than that
+//!   ([`BUSY_CALIBRATED_MILLI`]: dying processes wait for a CPU too),
+//!   at most a quarter of the ttl
 //!   ([`max_kill_lead`]). A quarter keeps the contract's "two lost
 //!   heartbeats do not stop the command" with default flags (the third
 //!   try, at 1.67 heartbeats, is answered before 2.25), and a tree too big
@@ -51,12 +53,23 @@ pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(400);
 pub const LEAD_PER_GIB: Duration = Duration::from_millis(200);
 
 /// The tree as last sampled: how many processes, how much private
-/// resident memory (resident less shared, in bytes).
+/// resident memory (resident less shared, in bytes), and how busy the host
+/// was (`busy_milli`: the 1-minute load average per online CPU, times
+/// 1,000; 0 when unknown).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeSize {
     pub procs: u32,
     pub private_bytes: u64,
+    pub busy_milli: u32,
 }
+
+/// The load per CPU the per-process and per-GiB costs were measured at
+/// (#31's "busy two-CPU host", load about 4): above it, a dying process
+/// waits that much longer for a CPU to tear itself down, and those costs
+/// grow in proportion (a stop tree bench at load 30 on 2 CPUs reaped 100
+/// processes 7 ms, 1,000 processes 195 ms and 0.5 GiB 65 ms after the
+/// authority's expiry with unscaled costs).
+pub const BUSY_CALIBRATED_MILLI: u32 = 2_000;
 
 /// ε of the deadline: an authority may floor its receipt time to whole
 /// milliseconds (the reference engine does), so its expiry can be up to 1 ms
@@ -85,16 +98,18 @@ pub fn max_kill_lead(ttl: Duration) -> Duration {
 /// How long before the deadline of a lease of `ttl` SIGKILL goes out for a
 /// tree of `tree`'s size: [`KILL_LEAD`] (at most ttl/20), plus
 /// [`LEAD_PER_PROCESS`] a process and [`LEAD_PER_GIB`] a GiB of private
-/// resident memory, at most [`max_kill_lead`].
+/// resident memory, those two scaled up by how much busier the host is
+/// than [`BUSY_CALIBRATED_MILLI`], at most [`max_kill_lead`].
 pub fn kill_lead(ttl: Duration, tree: TreeSize) -> Duration {
     const GIB: u128 = 1 << 30;
     let floor = KILL_LEAD.min(ttl / 20);
+    let per_proc_ns = LEAD_PER_PROCESS.as_nanos() * u128::from(tree.procs);
     let per_mem_ns = LEAD_PER_GIB.as_nanos() * u128::from(tree.private_bytes) / GIB;
-    let sized = floor
-        .saturating_add(LEAD_PER_PROCESS.saturating_mul(tree.procs))
-        .saturating_add(Duration::from_nanos(
-            u64::try_from(per_mem_ns).unwrap_or(u64::MAX),
-        ));
+    let busy = u128::from(tree.busy_milli.max(BUSY_CALIBRATED_MILLI));
+    let variable_ns = (per_proc_ns + per_mem_ns) * busy / u128::from(BUSY_CALIBRATED_MILLI);
+    let sized = floor.saturating_add(Duration::from_nanos(
+        u64::try_from(variable_ns).unwrap_or(u64::MAX),
+    ));
     sized.min(max_kill_lead(ttl)).max(floor)
 }
 
@@ -193,6 +208,7 @@ mod tests {
         let procs = |n| TreeSize {
             procs: n,
             private_bytes: 0,
+            busy_milli: 0,
         };
         assert_eq!(kill_lead(ttl, procs(1)), KILL_LEAD + LEAD_PER_PROCESS);
         assert_eq!(
@@ -202,12 +218,14 @@ mod tests {
         let gib = TreeSize {
             procs: 0,
             private_bytes: 2 << 30,
+            busy_milli: 0,
         };
         assert_eq!(kill_lead(ttl, gib), KILL_LEAD + LEAD_PER_GIB * 2);
         // Capped at ttl/4, never below the floor.
         let huge = TreeSize {
             procs: u32::MAX,
             private_bytes: u64::MAX,
+            busy_milli: 0,
         };
         assert_eq!(kill_lead(ms(4_000), huge), ms(1_000));
         assert_eq!(kill_lead(ms(40), none()), ms(2));
@@ -220,6 +238,34 @@ mod tests {
         };
         assert_eq!(d.lead_for(procs(1)), ms(300));
         assert_eq!(d.lead_for(huge), ms(1_000));
+    }
+
+    /// On a host busier than the costs were measured at, the per-process
+    /// and per-GiB parts grow in proportion; the floor does not, nor does a
+    /// quieter host shrink anything; the cap holds.
+    #[test]
+    fn a_busy_host_stretches_the_tree_s_part_of_the_lead() {
+        let ttl = ms(30_000);
+        let tree = |busy_milli| TreeSize {
+            procs: 100,
+            private_bytes: 1 << 30,
+            busy_milli,
+        };
+        let calm = KILL_LEAD + LEAD_PER_PROCESS * 100 + LEAD_PER_GIB;
+        assert_eq!(kill_lead(ttl, tree(0)), calm);
+        assert_eq!(kill_lead(ttl, tree(500)), calm);
+        assert_eq!(kill_lead(ttl, tree(BUSY_CALIBRATED_MILLI)), calm);
+        // Load 30 on 2 CPUs: 15 per CPU, 7.5 times the calibration.
+        assert_eq!(
+            kill_lead(ttl, tree(15_000)),
+            KILL_LEAD + (LEAD_PER_PROCESS * 100 + LEAD_PER_GIB) * 15 / 2
+        );
+        assert_eq!(kill_lead(ms(4_000), tree(u32::MAX)), ms(1_000));
+        let empty = TreeSize {
+            busy_milli: 50_000,
+            ..TreeSize::default()
+        };
+        assert_eq!(kill_lead(ttl, empty), KILL_LEAD);
     }
 
     fn none() -> TreeSize {

@@ -641,6 +641,7 @@ fn the_kill_lead_follows_the_trees_size() {
     let big = TreeSize {
         procs: 2_000,
         private_bytes: 0,
+        busy_milli: 0,
     };
     assert!(m.step(Event::TreeSized(big), at(10)).is_empty());
     assert_eq!(
@@ -666,6 +667,7 @@ fn the_kill_lead_follows_the_trees_size() {
     let huge = TreeSize {
         procs: 100_000,
         private_bytes: 0,
+        busy_milli: 0,
     };
     let a = m.step(Event::TreeSized(huge), at(3_500));
     assert_eq!(signals(&a), vec![SIGKILL]);
