@@ -597,3 +597,126 @@ fn the_serve_unit_refuses_no_token_and_takes_the_generated_ones() {
     // The generated ones still work.
     assert_eq!(status_of(&sd, "/v1/leases", Some(OPERATOR_TOKEN)), "200");
 }
+
+/// Writes a root 0600 file inside.
+fn write_secret(sd: &Systemd, path: &str, content: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(sd.path(path), content).unwrap();
+    std::fs::set_permissions(sd.path(path), std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// `leaseagent-serve@.service` (issue #35): two instances, replicas `a`
+/// and `b`, on one PostgreSQL 15 (run by `nobody` on the namespace's
+/// loopback), configured the documented way (`serve-NAME.env`, the
+/// password in `serve-NAME.store-password`, the package's auth file):
+/// exactly one leads and the other says standby; an agent given both URLs
+/// and the agent token holds a lease through them; the leader's stop hands
+/// leadership to the other.
+#[test]
+fn two_replica_instances_share_a_postgresql_store_and_one_leads() {
+    let sd = boot(&stage());
+    let pg = crate::support::postgres::Postgres::start_in_netns(sd.pid);
+    let password = std::fs::read_to_string(&pg.password_file).unwrap();
+    let ports = [("a", 7881u16), ("b", 7882u16)];
+    for (name, port) in ports {
+        std::fs::write(
+            sd.path(&format!("/etc/leaseagent/serve-{name}.env")),
+            format!(
+                "LEASEAGENT_STORE={}\nLEASEAGENT_ADVERTISE=http://127.0.0.1:{port}\n\
+                 LEASEAGENT_LISTEN=127.0.0.1:{port}\nLEASEAGENT_SERVE_OPTS=--leader-ttl 3s\n",
+                pg.url("postgres")
+            ),
+        )
+        .unwrap();
+        write_secret(
+            &sd,
+            &format!("/etc/leaseagent/serve-{name}.store-password"),
+            &password,
+        );
+    }
+    sd.systemctl(&[
+        "start",
+        "leaseagent-serve@a.service",
+        "leaseagent-serve@b.service",
+    ]);
+    // Each replica's /healthz: 200 from the leader, 503 from a standby.
+    let health = |port: u16| sd.http_status(port, "/healthz", None);
+    let leader = |within: Duration| {
+        let until = std::time::Instant::now() + within;
+        loop {
+            let seen = (health(7881), health(7882));
+            match (seen.0.as_str(), seen.1.as_str()) {
+                ("200", "503") => return "a",
+                ("503", "200") => return "b",
+                _ => {}
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "no single leader: {seen:?}\n{}\n{}",
+                sd.journal("leaseagent-serve@a.service"),
+                sd.journal("leaseagent-serve@b.service")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let first = leader(LONG);
+    for (name, _) in ports {
+        let unit = format!("leaseagent-serve@{name}.service");
+        assert_eq!(sd.prop(&unit, "ActiveState"), "active");
+        let cmd = cmdline(sd.main_pid(&unit));
+        assert!(
+            cmd.contains(&format!(
+                "--store-password-file /run/credentials/{unit}/store-password"
+            )) && cmd.contains(&format!("--auth-file /run/credentials/{unit}/auth.toml")),
+            "{cmd}"
+        );
+        // Not root: a dynamic user.
+        assert_ne!(uid(sd.main_pid(&unit)), 0);
+    }
+    // No token: 401 on the leader too.
+    let leader_port = if first == "a" { 7881 } else { 7882 };
+    assert_eq!(sd.http_status(leader_port, "/v1/leases", None), "401");
+    // An agent with both URLs and the agent token.
+    let run = |task: &str| {
+        sd.run(&[
+            "leaseagent",
+            "--authority",
+            "http://127.0.0.1:7881,http://127.0.0.1:7882",
+            "--auth-token-file",
+            AGENT_TOKEN,
+            "--task",
+            task,
+            "--",
+            "/bin/true",
+        ])
+    };
+    let out = run("replicated");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The leader stops: the other replica leads, and the agent gets its
+    // lease from it.
+    sd.systemctl(&["stop", &format!("leaseagent-serve@{first}.service")]);
+    let other = if first == "a" { "b" } else { "a" };
+    let other_port = if other == "a" { 7881 } else { 7882 };
+    let until = std::time::Instant::now() + LONG;
+    while health(other_port) != "200" {
+        assert!(
+            std::time::Instant::now() < until,
+            "{other} did not take over\n{}",
+            sd.journal(&format!("leaseagent-serve@{other}.service"))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = run("replicated");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sd.systemctl(&["stop", &format!("leaseagent-serve@{other}.service")]);
+    drop(sd);
+    drop(pg);
+}
