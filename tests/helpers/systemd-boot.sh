@@ -198,5 +198,14 @@ if [ -d "$W/stage/srv" ]; then cp -R "$W/stage/srv"/. /srv/; fi
 mkdir -p /srv/out
 chmod 0777 /srv/out
 
+# Shared propagation inside, as systemd sets it up on a host (it leaves it
+# alone in a container, which container= below makes it believe): without
+# it the ramfs systemd mounts for a unit's credentials (LoadCredential=) in
+# a child namespace never reaches the unit, which finds an empty
+# /run/credentials/UNIT. Every mount here was made private first (above):
+# sharing them makes peer groups of this namespace and its children only,
+# never with the machine's mounts.
+mount --make-rshared /
+
 echo booting
 exec env container=leaseagent-test /lib/systemd/systemd --system --unit=test.target

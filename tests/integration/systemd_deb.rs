@@ -136,6 +136,7 @@ const INSTALLED: &[&str] = &[
     "/usr/bin/leaseagent-serve",
     "/lib/systemd/system/leaseagent@.service",
     "/lib/systemd/system/leaseagent-serve.service",
+    "/lib/systemd/system/leaseagent-serve@.service",
     "/usr/lib/sysusers.d/leaseagent.conf",
     "/usr/share/man/man1/leaseagent.1.gz",
     "/usr/share/man/man1/leaseagent-serve.1.gz",
@@ -274,8 +275,18 @@ fn apt_installs_it_in_a_fresh_root_runs_a_task_and_removes_it_cleanly() {
     )
     .unwrap();
     let demo = "leaseagent@demo.service";
-    // The packaged units verify, their Documentation= man pages included.
-    let verify = ok(&sd, &["systemd-analyze", "verify", demo, serve]);
+    // The packaged units verify, their Documentation= man pages included
+    // (the replica template through an instance).
+    let verify = ok(
+        &sd,
+        &[
+            "systemd-analyze",
+            "verify",
+            demo,
+            serve,
+            "leaseagent-serve@a.service",
+        ],
+    );
     assert_eq!(verify, "", "systemd-analyze verify");
     let running = start_holding(&sd, "demo", 1);
     let leases = ok(
@@ -561,8 +572,7 @@ fn assert_forgotten_files(sd: &Systemd) {
 
 /// postinst leaves an existing /etc/leaseagent's mode alone (it reset it
 /// to 0755, exposing env files an administrator had closed), and the
-/// packaged serve unit starts (it says `--no-auth`, which serve now needs
-/// without an auth file).
+/// packaged serve unit starts on the auth file the postinst generated.
 #[test]
 fn install_keeps_the_mode_of_an_existing_config_dir_and_serve_starts() {
     let deb = deb();
@@ -573,14 +583,128 @@ fn install_keeps_the_mode_of_an_existing_config_dir_and_serve_starts() {
     let log = install(&sd, &deb);
     let mode = std::fs::metadata(&etc).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o750, "postinst changed the mode\n{log}");
-    let serve = "leaseagent-serve.service";
-    sd.systemctl(&["start", serve]);
+    start_serve(&sd);
+    sd.systemctl(&["stop", SERVE]);
+    apt(&sd, &["purge", "leaseagent"]);
+}
+
+const SERVE: &str = "leaseagent-serve.service";
+/// What the postinst generates for serve: the auth file and the two tokens.
+const AUTH_FILE: &str = "/etc/leaseagent/serve-auth.toml";
+const AGENT_TOKEN: &str = "/etc/leaseagent/serve-agent.token";
+const OPERATOR_TOKEN: &str = "/etc/leaseagent/serve-operator.token";
+const GENERATED: [&str; 3] = [AUTH_FILE, AGENT_TOKEN, OPERATOR_TOKEN];
+
+/// Starts the packaged serve unit and waits until it listens.
+fn start_serve(sd: &Systemd) {
+    sd.systemctl(&["start", SERVE]);
     crate::support::authority::poll("serve listening", Duration::from_secs(30), || {
-        let j = sd.journal(serve);
-        assert_ne!(sd.prop(serve, "ActiveState"), "failed", "{j}");
+        let j = sd.journal(SERVE);
+        assert_ne!(sd.prop(SERVE, "ActiveState"), "failed", "{j}");
         j.contains("leaseagent serve: listening on").then_some(())
     });
-    assert_eq!(sd.prop(serve, "ActiveState"), "active");
-    sd.systemctl(&["stop", serve]);
-    apt(&sd, &["purge", "leaseagent"]);
+    assert_eq!(sd.prop(SERVE, "ActiveState"), "active");
+}
+
+/// Owner uid and mode bits of a file inside.
+fn owner_mode(sd: &Systemd, p: &str) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(sd.path(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    (m.uid(), m.mode() & 0o7777)
+}
+
+/// The HTTP status of `GET /v1/leases` on the packaged serve.
+fn leases_status(sd: &Systemd, token_file: Option<&str>) -> String {
+    sd.http_status(7878, "/v1/leases", token_file)
+}
+
+/// No credential-less default (issue #33): the postinst generates serve's
+/// auth file with an operator and an agent token (root's, 0600), the unit
+/// serves with it (no token: 401; the agent token acquires; the operator
+/// token revokes, the agent token may not), a reinstall keeps the tokens
+/// and a mode the administrator changed, and purge removes them.
+#[test]
+fn postinst_generates_serve_tokens_the_unit_uses_keeps_them_on_upgrade_purge_removes_them() {
+    let deb = deb();
+    let sd = fresh_root();
+    let log = install(&sd, &deb);
+    for p in GENERATED {
+        assert_eq!(owner_mode(&sd, p), (0, 0o600), "{p}\n{log}");
+    }
+    let auth = sd.read(AUTH_FILE);
+    let (agent, operator) = (sd.read(AGENT_TOKEN), sd.read(OPERATOR_TOKEN));
+    // Two random 256-bit tokens (43 base64url characters), not the same.
+    for t in [&agent, &operator] {
+        assert_eq!(t.trim().len(), 43, "{t:?}");
+    }
+    assert_ne!(agent, operator);
+    assert_eq!(auth.matches("token_sha256").count(), 2, "{auth}");
+    assert!(auth.contains("role = \"operator\"") && auth.contains("role = \"agent\""));
+    assert!(!auth.contains(agent.trim()) && !auth.contains(operator.trim()));
+    // Nothing left of the postinst's temporary directory.
+    let left: Vec<_> = std::fs::read_dir(sd.path("/etc/leaseagent"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+
+    start_serve(&sd);
+    // It runs on the credential's copy of the generated file.
+    let serve_cmd = cmdline(sd.main_pid(SERVE));
+    assert!(
+        serve_cmd.contains("--auth-file /run/credentials/leaseagent-serve.service/auth.toml")
+            && !serve_cmd.contains("--no-auth"),
+        "{serve_cmd}"
+    );
+    assert_eq!(leases_status(&sd, None), "401");
+    // An instance on the packaged serve, with the generated agent token.
+    std::fs::write(
+        sd.path("/etc/leaseagent/demo.env"),
+        format!(
+            "LEASEAGENT_COMMAND=/bin/sleep 600\nLEASEAGENT_AUTHORITY=http://127.0.0.1:7878\n\
+             LEASEAGENT_AUTH_TOKEN_FILE={AGENT_TOKEN}\nLEASEAGENT_OPTS=--ttl 10s --grace 2s\n"
+        ),
+    )
+    .unwrap();
+    start_holding(&sd, "demo", 1);
+    let revoke = |token: &str| sd.revoke("http://127.0.0.1:7878", token, "demo");
+    let out = revoke(AGENT_TOKEN);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("forbidden"),
+        "the agent token revoked: {err}"
+    );
+    let out = revoke(OPERATOR_TOKEN);
+    assert!(
+        out.status.success(),
+        "the operator token: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sd.systemctl(&["stop", "leaseagent@demo.service", SERVE]);
+
+    // The administrator loosens the auth file to 0640; an upgrade (a
+    // reinstall runs the postinst's configure again) keeps it all.
+    std::fs::set_permissions(sd.path(AUTH_FILE), std::fs::Permissions::from_mode(0o640)).unwrap();
+    let log = apt(&sd, &["install", "--reinstall", "/tmp/leaseagent.deb"]);
+    assert_eq!(owner_mode(&sd, AUTH_FILE), (0, 0o640), "{log}");
+    assert_eq!(sd.read(AUTH_FILE), auth, "{log}");
+    assert_eq!(sd.read(AGENT_TOKEN), agent, "{log}");
+    assert_eq!(sd.read(OPERATOR_TOKEN), operator, "{log}");
+    // ... and serve still takes the same tokens.
+    start_serve(&sd);
+    assert_eq!(leases_status(&sd, Some(OPERATOR_TOKEN)), "200");
+    // (known, and an agent may not list: 403, not 401)
+    assert_eq!(leases_status(&sd, Some(AGENT_TOKEN)), "403");
+    assert_eq!(leases_status(&sd, None), "401");
+
+    // Purge removes them (the administrator's env file stays).
+    let log = apt(&sd, &["purge", "leaseagent"]);
+    for p in GENERATED {
+        assert!(!sd.path(p).exists(), "{p} left after purge\n{log}");
+    }
+    assert!(sd.path("/etc/leaseagent/demo.env").exists());
+    assert_eq!(sd.prop(SERVE, "ActiveState"), "inactive");
+    assert_eq!(leaseagent_processes(&sd), Vec::new());
 }

@@ -50,6 +50,7 @@ fn shipped_units_pass_verify_and_security() {
     for unit in [
         "leaseagent@check.service",
         "leaseagent-serve.service",
+        "leaseagent-serve@check.service",
         "leaseagent@nightly-export.timer",
         "leaseagent@nightly-export.service",
     ] {
@@ -63,6 +64,7 @@ fn shipped_units_pass_verify_and_security() {
     for (unit, recorded) in [
         ("leaseagent@check.service", 2.6),
         ("leaseagent-serve.service", 1.2),
+        ("leaseagent-serve@check.service", 1.2),
         ("leaseagent@nightly-export.service", 2.6),
     ] {
         let prefix = format!("ok   security {unit}: exposure ");
@@ -266,4 +268,64 @@ fn exec_start_with_the_example_env_file_runs_the_command() {
     assert_eq!(acquire["task"], instance);
     assert_eq!(acquire["ttl_ms"], 30_000);
     assert!(!auth.requests_to("/v1/release").is_empty());
+}
+
+/// The authority's units have no credential-less default (issue #33): both
+/// load the auth file the package generates as a credential and hand serve
+/// that copy, never `--no-auth`; the replica template (issue #35) reads its
+/// instance's env file and password, and keeps every hardening setting of
+/// leaseagent-serve.service (the state directory aside: a replica keeps
+/// none, everything is in the store).
+#[test]
+fn serve_units_use_the_generated_auth_file_and_the_replica_template_is_as_hardened() {
+    let serve = Unit::read(&repo().join("systemd/leaseagent-serve.service"));
+    let replica = Unit::read(&repo().join("systemd/leaseagent-serve@.service"));
+    for u in [&serve, &replica] {
+        assert!(
+            u.all("Service", "LoadCredential")
+                .contains(&"auth.toml:/etc/leaseagent/serve-auth.toml".to_string())
+        );
+        let exec = u.get("Service", "ExecStart").unwrap();
+        assert!(exec.contains(" --auth-file %d/auth.toml"), "{exec}");
+        assert!(!exec.contains("--no-auth"), "{exec}");
+        assert_eq!(u.get("Service", "DynamicUser"), Some("yes"));
+    }
+    assert_eq!(
+        replica.get("Service", "EnvironmentFile"),
+        Some("/etc/leaseagent/serve-%i.env")
+    );
+    assert!(
+        replica
+            .all("Service", "LoadCredential")
+            .contains(&"store-password:/etc/leaseagent/serve-%i.store-password".to_string())
+    );
+    let exec = replica.get("Service", "ExecStart").unwrap();
+    for flag in [
+        "--store ${LEASEAGENT_STORE}",
+        "--advertise ${LEASEAGENT_ADVERTISE}",
+        "--store-password-file %d/store-password",
+    ] {
+        assert!(exec.contains(flag), "{exec}");
+    }
+    assert!(!exec.contains("--db"), "{exec}");
+    let not_hardening = [
+        "ExecStart",
+        "EnvironmentFile",
+        "Environment",
+        "LoadCredential",
+        "StateDirectory",
+        "StateDirectoryMode",
+    ];
+    for (key, values) in &serve.sections["Service"] {
+        if not_hardening.contains(&key.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            &replica.all("Service", key),
+            values,
+            "{key}= differs in leaseagent-serve@.service"
+        );
+    }
+    assert!(serve.get("Service", "StateDirectory").is_some());
+    assert_eq!(replica.get("Service", "StateDirectory"), None);
 }

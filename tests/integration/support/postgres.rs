@@ -60,10 +60,30 @@ pub struct Postgres {
     /// The password, in a file of mode 0600 owned by root (for serve).
     pub password_file: PathBuf,
     pub log: PathBuf,
+    /// The network namespace it listens in (the pid of a process in it,
+    /// e.g. a booted systemd's), when not the machine's.
+    netns: Option<i32>,
+}
+
+/// `program` run in the network namespace of `netns` when given (nsenter
+/// execs it: no process in between), else as it is.
+fn in_netns(netns: Option<i32>, program: &str) -> Command {
+    match netns {
+        None => Command::new(program),
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.args(["-t", &pid.to_string(), "-n", "--", program]);
+            c
+        }
+    }
 }
 
 fn as_nobody(program: &str) -> Command {
-    let mut c = Command::new("setpriv");
+    as_nobody_in(None, program)
+}
+
+fn as_nobody_in(netns: Option<i32>, program: &str) -> Command {
+    let mut c = in_netns(netns, "setpriv");
     c.args([
         &format!("--reuid={NOBODY}"),
         &format!("--regid={NOGROUP}"),
@@ -87,17 +107,28 @@ impl Postgres {
     /// server takes TCP connections over TLS only (`hostssl` in
     /// `pg_hba.conf`: a plain connection is refused).
     pub fn start_with(tls: Option<(&Path, &Path)>) -> Postgres {
-        Self::start_full(tls, None)
+        Self::start_full(tls, None, None)
     }
 
     /// [`Postgres::start_with`] `tls`, also listening on `addr` (an
     /// address of this namespace, e.g. a [`super::netns::Wire`]'s) and
     /// taking password logins from its /24.
     pub fn start_tls_also_on(tls: (&Path, &Path), addr: &str) -> Postgres {
-        Self::start_full(Some(tls), Some(addr))
+        Self::start_full(Some(tls), Some(addr), None)
     }
 
-    fn start_full(tls: Option<(&Path, &Path)>, also_on: Option<&str>) -> Postgres {
+    /// [`Postgres::start`], listening on the loopback of the network
+    /// namespace of process `pid` (a booted systemd's: `support::sysns`)
+    /// instead of the machine's; its files stay on the machine.
+    pub fn start_in_netns(pid: i32) -> Postgres {
+        Self::start_full(None, None, Some(pid))
+    }
+
+    fn start_full(
+        tls: Option<(&Path, &Path)>,
+        also_on: Option<&str>,
+        netns: Option<i32>,
+    ) -> Postgres {
         require();
         let dir = tempfile::tempdir().expect("temp dir");
         own_file(dir.path());
@@ -151,7 +182,7 @@ impl Postgres {
             // The later setting wins over launch's loopback-only one.
             settings.push(format!("listen_addresses=127.0.0.1,{addr}"));
         }
-        Self::run(dir, settings)
+        Self::run(dir, settings, netns)
     }
 
     /// A streaming standby of `primary` (asynchronous unless the primary
@@ -181,11 +212,11 @@ impl Postgres {
             "pg_basebackup failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Self::run(dir, Vec::new())
+        Self::run(dir, Vec::new(), None)
     }
 
     /// Runs the cluster in `dir`/data with more `-c` settings.
-    fn run(dir: tempfile::TempDir, settings: Vec<String>) -> Postgres {
+    fn run(dir: tempfile::TempDir, settings: Vec<String>, netns: Option<i32>) -> Postgres {
         // serve's copy, in a directory of root's own (serve refuses a
         // secret in a directory another user could change).
         let secrets = tempfile::tempdir().expect("temp dir");
@@ -201,6 +232,7 @@ impl Postgres {
             settings,
             password_file,
             log,
+            netns,
         };
         pg.launch();
         pg
@@ -211,7 +243,7 @@ impl Postgres {
         self.port = free_port();
         let log = std::fs::File::create(&self.log).expect("postgres log");
         own_file(&self.log);
-        let child = as_nobody("postgres")
+        let child = as_nobody_in(self.netns, "postgres")
             .arg("-D")
             .arg(self.dir.path().join("data"))
             .args(["-c", "listen_addresses=127.0.0.1"])
@@ -231,7 +263,7 @@ impl Postgres {
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            let ready = Command::new(Path::new(BIN).join("pg_isready"))
+            let ready = in_netns(self.netns, &format!("{BIN}/pg_isready"))
                 .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "2"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -29,6 +29,8 @@ const HIERARCHIES: &str = "/sys/fs/cgroup";
 #[derive(Default, Clone)]
 pub struct Stage {
     files: Vec<(String, String)>,
+    /// Paths of `files` written with mode 0600 (secrets: tokens, auth files).
+    secrets: Vec<String>,
 }
 
 impl Stage {
@@ -42,6 +44,14 @@ impl Stage {
             "stage only /etc or /srv: {path}"
         );
         self.files.push((path.to_string(), content.to_string()));
+        self
+    }
+
+    /// A file as [`Stage::file`], with mode 0600 (root's, as the package
+    /// writes its secrets).
+    pub fn secret(mut self, path: &str, content: &str) -> Self {
+        self = self.file(path, content);
+        self.secrets.push(path.to_string());
         self
     }
 
@@ -94,9 +104,12 @@ impl Systemd {
             let dest = work.join("stage").join(path.trim_start_matches('/'));
             std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
             std::fs::write(&dest, content).unwrap();
+            use std::os::unix::fs::PermissionsExt;
             if path.ends_with(".sh") {
-                use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            if stage.secrets.contains(path) {
+                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).unwrap();
             }
         }
         for h in own_cgroups(&name) {
@@ -339,6 +352,33 @@ impl Systemd {
             "10",
             "-i",
             &format!("http://127.0.0.1:{port}{path}"),
+        ])
+    }
+
+    /// The HTTP status of `GET http://127.0.0.1:PORT/PATH` from inside
+    /// (curl), with the token in `token_file` (a path inside) as the
+    /// bearer when given.
+    pub fn http_status(&self, port: u16, path: &str, token_file: Option<&str>) -> String {
+        let auth = token_file
+            .map(|f| format!("-H \"Authorization: Bearer $(cat {f})\""))
+            .unwrap_or_default();
+        let script = format!(
+            "curl -sS -m 10 -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:{port}{path}"
+        );
+        self.text(&["sh", "-c", &script])
+    }
+
+    /// `leaseagent revoke TASK` from inside, against `authority` with the
+    /// token in `token_file` (a path inside).
+    pub fn revoke(&self, authority: &str, token_file: &str, task: &str) -> Output {
+        self.run(&[
+            "leaseagent",
+            "revoke",
+            "--authority",
+            authority,
+            "--auth-token-file",
+            token_file,
+            task,
         ])
     }
 
