@@ -40,8 +40,14 @@ pub fn foreground() -> Option<libc::pid_t> {
     (fg > 0).then_some(fg)
 }
 
+/// This process's group id, 0 when the group's leader is outside this
+/// process's PID namespace (`unshare --pid --fork`, `nsenter` into a
+/// container, a job started by a parent outside): not rustix's
+/// `getpgrp`, which takes the id for non-zero (a debug assertion, and a
+/// zero `NonZero` in a release build).
 pub fn own_group() -> libc::pid_t {
-    rustix::process::getpgrp().as_raw_nonzero().get()
+    // SAFETY: getpgrp takes no argument and cannot fail.
+    unsafe { libc::getpgrp() }
 }
 
 /// Whether this process has one thread: [`fork`] may be used.

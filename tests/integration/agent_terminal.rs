@@ -18,6 +18,7 @@
 use crate::support;
 
 use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::time::Duration;
 
 use support::*;
@@ -223,6 +224,30 @@ impl Drop for Pty {
 
 /// The agent's command line for the shell, on `url`, `flags` after the
 /// task.
+/// An agent whose process group's leader is outside its PID namespace
+/// (`unshare --pid --fork`, as `nsenter` into a container or systemd-run
+/// in one gives) sees its group id as 0: it runs its job as anywhere else.
+/// (rustix's `getpgrp` took the 0 for a non-zero id: a panic in a debug
+/// build, found by the real-systemd tests' `nsenter`.)
+#[test]
+fn an_agent_whose_group_leader_is_outside_its_pid_namespace_runs() {
+    let fake = FakeAuthority::start();
+    for flags in [&[][..], &["--no-pid-namespace"][..]] {
+        let out = Command::new("unshare")
+            .args(["--pid", "--fork", "--"])
+            .arg(bin())
+            .args(flags)
+            .args(["--authority", &fake.url(), "--task", "outside-group", "--"])
+            .args(["sh", "-c", "exit 7"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run unshare (util-linux)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(7), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    }
+}
+
 fn agent_line(url: &str, task: &str, flags: &str) -> String {
     format!(
         "{} --authority {url} --task {task} {flags}",
