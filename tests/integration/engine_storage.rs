@@ -326,10 +326,23 @@ impl Ext4 {
     fn repair(&mut self) {
         must(Command::new("umount").arg(&self.mnt), "umount");
         self.mounted = false;
-        let fsck = Command::new("e2fsck")
-            .args(["-f", "-y", &self.loopdev])
-            .output()
-            .expect("e2fsck");
+        // The device may stay busy for a moment after `umount`: a mount
+        // namespace that held a copy of this mount (every job's keeper has
+        // one, in this test and in the tests running beside it) drops its
+        // last reference when it dies, and the kernel releases it on a
+        // workqueue, after the namespace's last process was reaped. e2fsck
+        // then says "is in use": asked again until the device is free.
+        let until = Instant::now() + Duration::from_secs(20);
+        let fsck = loop {
+            let out = Command::new("e2fsck")
+                .args(["-f", "-y", &self.loopdev])
+                .output()
+                .expect("e2fsck");
+            if !text(&out).contains("is in use") || Instant::now() > until {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         // 0: clean, 1: errors corrected.
         assert!(matches!(fsck.status.code(), Some(0 | 1)), "{}", text(&fsck));
         self.mount();
