@@ -154,20 +154,7 @@ fn main() {
             })
         })
         .collect();
-    let mut lat: Vec<Duration> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
-    let el = start.elapsed();
-    lat.sort_unstable();
-    let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    println!(
-        "renewals: {} in {:.2}s = {:.0} renewals/s; latency p50 {:?} p99 {:?} p99.9 {:?} max {:?}",
-        lat.len(),
-        el.as_secs_f64(),
-        lat.len() as f64 / el.as_secs_f64(),
-        q(0.5),
-        q(0.99),
-        q(0.999),
-        lat[lat.len() - 1]
-    );
+    leaseagent_testkit::report_renewals(hs, start);
     drop(one);
 
     // 3. Takeover.

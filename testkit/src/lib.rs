@@ -633,6 +633,33 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The renewal figures of the load benchmarks (`serve_load`,
+/// `etcd_load`), as one line in the same words, so that the two compare
+/// line for line: joins the `clients` (each returns the latency of every
+/// renewal it made), then prints how many renewals there were, in the time
+/// from `start` to the last join, the rate, and the latency's p50, p99,
+/// p99.9 (nearest rank, rounded down) and max. Panics if a client
+/// panicked or none made a renewal.
+pub fn report_renewals(clients: Vec<std::thread::JoinHandle<Vec<Duration>>>, start: Instant) {
+    let mut lat: Vec<Duration> = clients
+        .into_iter()
+        .flat_map(|h| h.join().expect("a renewal client panicked"))
+        .collect();
+    let el = start.elapsed();
+    lat.sort_unstable();
+    let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!(
+        "renewals: {} in {:.2}s = {:.0} renewals/s; latency p50 {:?} p99 {:?} p99.9 {:?} max {:?}",
+        lat.len(),
+        el.as_secs_f64(),
+        lat.len() as f64 / el.as_secs_f64(),
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        lat[lat.len() - 1]
+    );
+}
+
 /// A process's peak resident set (`VmHWM` of `/proc/PID/status`), in KiB.
 pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
