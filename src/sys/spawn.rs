@@ -86,7 +86,12 @@ impl ChildSteps {
     /// async-signal-safe, allocation-free. `Err`: the job must not run.
     fn run(&self) -> Result<(), (SwitchStep, i32)> {
         if self.foreground {
-            take_terminal();
+            // This process's group (it leads it: `setpgid(0, 0)` came
+            // first) made the foreground of the terminal on stdin. A
+            // failure leaves the terminal as it was (the job then reads it
+            // as a background group would: SIGTTIN, which stops it, and
+            // the agent's front with it, for the shell's `fg`).
+            super::terminal::set_foreground(rustix::process::getpid().as_raw_nonzero().get());
         }
         for &sig in &self.ignored {
             set_default(sig);
@@ -205,26 +210,6 @@ fn set_default(sig: i32) {
     // SAFETY: signal(2) is async-signal-safe.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
-    }
-}
-
-/// Makes this process's group the foreground of the terminal on stdin
-/// (child only): `SIGTTOU` held meanwhile, since a background group that
-/// sets the foreground gets it. A failure leaves the terminal as it was
-/// (the job then reads it as a background group would: SIGTTIN, which
-/// stops it, and the agent's front with it, for the shell's `fg`).
-fn take_terminal() {
-    // SAFETY: sigprocmask, getpid and the TIOCSPGRP ioctl are
-    // async-signal-safe; each pointer is to a live local.
-    unsafe {
-        let mut ttou: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut ttou);
-        libc::sigaddset(&mut ttou, libc::SIGTTOU);
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigprocmask(libc::SIG_BLOCK, &ttou, &mut old);
-        let me: libc::pid_t = libc::getpid();
-        libc::ioctl(0, libc::TIOCSPGRP, &me);
-        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }
 

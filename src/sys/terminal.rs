@@ -96,9 +96,14 @@ pub fn block_ttou_in_this_thread() {
 
 /// `tcsetpgrp(0, pgrp)` with `SIGTTOU` blocked in this thread meanwhile.
 /// A failure (the group gone, the terminal not ours) leaves it as it was.
+/// Async-signal-safe and allocation-free: the job's child calls it
+/// between `fork`/`clone` and `exec` too (`spawn`), to take the terminal
+/// for the job's group.
 pub fn set_foreground(pgrp: libc::pid_t) {
     // SAFETY: pthread_sigmask on sets that are live locals of this frame,
-    // the old mask put back right after; tcsetpgrp takes numbers only.
+    // the old mask put back right after; tcsetpgrp takes numbers only (an
+    // ioctl, TIOCSPGRP, on a local). sigemptyset, sigaddset,
+    // pthread_sigmask and tcsetpgrp are all async-signal-safe.
     unsafe {
         let mut ttou: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut ttou);
