@@ -88,7 +88,7 @@ pub trait Waiter {
     /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
     /// again (right away)". A client that polls its authority may ask once
     /// and return `Held` with a short `retry_after` instead of waiting
-    /// ([`ask_in_turn`]). Whatever a call waits inside, a grant it returns
+    /// ([`AsksInTurn`]). Whatever a call waits inside, a grant it returns
     /// must carry its full ttl from the moment the call was made (the agent
     /// counts from then): etcd's place is refreshed first. The agent's `--wait` loop calls this in slices
     /// (so it can notice signals and its own deadline) and calls
@@ -227,28 +227,51 @@ pub fn waiter_id(slot: &mut Option<String>) -> Result<String, AcquireError> {
     Ok(slot.insert(id).clone())
 }
 
-/// How a client without a push from its authority waits in a queue: one
-/// ask (`ask`, as the same waiter each time) per call; `held` comes back
-/// with a `retry_after` of at most `every`, so the agent's `--wait` loop
-/// asks again that soon ([`Waiter::acquire_wait`]).
-///
-/// One ask, not a loop of them inside the call: the agent counts a
-/// grant's ttl from the moment it sent the call, so a grant answered to
-/// the fourth ask of a one-second loop would reach it with the ttl less
-/// the time spent in the loop (a 1 s lease granted 900 ms in arrived with
-/// less than its grace left, and the command was not started).
-pub fn ask_in_turn(
-    every: Duration,
-    ask: impl FnOnce() -> Result<Grant, AcquireError>,
-) -> Result<Grant, AcquireError> {
-    match ask() {
-        Err(AcquireError::Held {
-            holder,
-            retry_after,
-        }) => Err(AcquireError::Held {
-            holder,
-            retry_after: Some(retry_after.map_or(every, |r| r.min(every))),
-        }),
-        other => other,
+/// A client whose authority queues waiters by an id sent with each ask
+/// and has no push (the embedded authority, a lease server): it waits in
+/// the queue by asking again, as the same waiter each time
+/// ([`AsksInTurn::ask_in_turn`], its [`Waiter::acquire_wait`]).
+pub trait AsksInTurn {
+    /// The longest a held answer has the agent wait before it asks again.
+    const ASK_EVERY: Duration;
+
+    /// Where this handle keeps its waiter id, made at its first ask
+    /// ([`waiter_id`]).
+    fn waiter(&mut self) -> &mut Option<String>;
+
+    /// An acquire as `waiter` (its place in the queue kept), or as a
+    /// newcomer (`None`).
+    fn acquire_as(
+        &mut self,
+        req: &AcquireRequest,
+        waiter: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError>;
+
+    /// One ask per call, as this handle's waiter; `held` comes back with a
+    /// `retry_after` of at most [`AsksInTurn::ASK_EVERY`], so the agent's
+    /// `--wait` loop asks again that soon ([`Waiter::acquire_wait`]).
+    ///
+    /// One ask, not a loop of them inside the call: the agent counts a
+    /// grant's ttl from the moment it sent the call, so a grant answered to
+    /// the fourth ask of a one-second loop would reach it with the ttl less
+    /// the time spent in the loop (a 1 s lease granted 900 ms in arrived
+    /// with less than its grace left, and the command was not started).
+    fn ask_in_turn(
+        &mut self,
+        req: &AcquireRequest,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let id = waiter_id(self.waiter())?;
+        match self.acquire_as(req, Some(&id), timeout) {
+            Err(AcquireError::Held {
+                holder,
+                retry_after,
+            }) => Err(AcquireError::Held {
+                holder,
+                retry_after: Some(retry_after.map_or(Self::ASK_EVERY, |r| r.min(Self::ASK_EVERY))),
+            }),
+            other => other,
+        }
     }
 }

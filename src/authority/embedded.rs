@@ -126,7 +126,13 @@ impl Renewer for EmbeddedRenewer {
     }
 }
 
-impl EmbeddedAuthority {
+impl AsksInTurn for EmbeddedAuthority {
+    const ASK_EVERY: Duration = Duration::from_millis(100);
+
+    fn waiter(&mut self) -> &mut Option<String> {
+        &mut self.waiter
+    }
+
     /// An acquire as `waiter` (its place in the engine's queue kept), or as
     /// a newcomer (`None`).
     fn acquire_as(
@@ -188,8 +194,7 @@ impl Waiter for EmbeddedAuthority {
         _wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
-        let id = waiter_id(&mut self.waiter)?;
-        ask_in_turn(ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+        self.ask_in_turn(req, timeout)
     }
 
     fn abandon_wait(&mut self, timeout: Duration) {
@@ -206,9 +211,6 @@ impl Waiter for EmbeddedAuthority {
         }
     }
 }
-
-/// How often a waiter asks again while it waits in the queue.
-const ASK_EVERY: Duration = Duration::from_millis(100);
 
 impl LeaseClient for EmbeddedAuthority {
     fn url(&self) -> String {

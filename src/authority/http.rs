@@ -273,7 +273,13 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     })
 }
 
-impl HttpAuthority {
+impl AsksInTurn for HttpAuthority {
+    const ASK_EVERY: Duration = Duration::from_millis(250);
+
+    fn waiter(&mut self) -> &mut Option<String> {
+        &mut self.waiter
+    }
+
     /// An acquire as `waiter` (lease protocol v1, "Waiting": serve keeps
     /// its place in the task's queue), or as a newcomer (`None`).
     fn acquire_as(
@@ -347,7 +353,7 @@ impl HttpAuthority {
     }
 }
 
-/// `--wait` against a lease server: asks every [`ASK_EVERY`] as one
+/// `--wait` against a lease server: asks every 250 ms (`ASK_EVERY`) as one
 /// waiter (a random id for the run), so a server that queues (serve does)
 /// keeps its place in arrival order; one that does not ignores the id. A
 /// place is never given up explicitly: the server forgets a waiter that
@@ -359,17 +365,13 @@ impl Waiter for HttpAuthority {
         _wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
-        let id = waiter_id(&mut self.waiter)?;
-        ask_in_turn(ASK_EVERY, || self.acquire_as(req, Some(&id), timeout))
+        self.ask_in_turn(req, timeout)
     }
 
     fn abandon_wait(&mut self, _timeout: Duration) {
         self.waiter = None;
     }
 }
-
-/// How often a waiter asks again while it waits.
-const ASK_EVERY: Duration = Duration::from_millis(250);
 
 impl LeaseClient for HttpAuthority {
     fn url(&self) -> String {
