@@ -472,15 +472,19 @@ fn an_agent_killed_while_its_job_reads_the_terminal_leaves_it_to_the_front_then_
         let fake = FakeAuthority::start();
         let mut pty = Pty::bash();
         let shell = i32::try_from(pty.bash.id()).unwrap();
-        // A tree: the job's shell and a child, in the job's group.
-        let job =
-            "sleep 300 & printf \"job-%s\\n\" ready; read x </dev/tty; echo \"killed-got-$x\"";
+        // A tree: the job's shell and a child, in the job's group; a marker
+        // no other run of this test on the machine has (`job_shell` looks
+        // through all of /proc).
+        let marker = format!("killed-got-{}-", std::process::id());
+        let job = format!(
+            "sleep 300 & printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\""
+        );
         pty.send(&format!(
             "{} -- sh -c '{job}'\n",
             agent_line(&fake.url(), "agent-killed", flags)
         ));
         pty.expect("job-ready");
-        let job = job_shell("killed-got-");
+        let job = job_shell(&marker);
         let sleeper = wait_for(T, || children_of(job).first().copied())
             .unwrap_or_else(|| panic!("{flags}: the job's sleep runs"));
         let job_group = group_of(job).unwrap();
