@@ -319,7 +319,13 @@ fn stopped_at_the_prompt(
     then: &str,
 ) -> (Pty, i32) {
     let mut pty = Pty::bash();
-    let job = format!("printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\"; {then}");
+    // The job's shell is found by a tag no other run of the suite on the
+    // machine has (`job_shell` looks through all of /proc; another run's
+    // job, with the same marker, ends on its own test's `fg`).
+    let tag = format!("{marker}{}-", std::process::id());
+    let job = format!(
+        "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\"; : {tag}; {then}"
+    );
     pty.send(&format!(
         "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
         agent_line(&fake.url(), task, flags)
@@ -328,7 +334,7 @@ fn stopped_at_the_prompt(
     pty.send("\x1a"); // Ctrl-Z
     pty.expect("Stopped");
     pty.expect("PROMPT$ ");
-    let job = job_shell(marker);
+    let job = job_shell(&tag);
     assert_eq!(
         state_of(job),
         Some('T'),
