@@ -53,9 +53,10 @@
 //!   2 s, the keeper's own bound for a tree that survives SIGKILL): a
 //!   member still alive that took it back, or a group the job made (a
 //!   shell inside it), loses it again, and no reader of the job's sees
-//!   what is typed after the shell's prompt.
-//!   Then the front exits (128+9), and the shell takes the terminal from
-//!   the front's group, never from an empty one. After a normal exit this
+//!   what is typed after the shell's prompt (an agent killed before its
+//!   `J` leaves no group to wait for: one take only). Then the front exits
+//!   with the agent's status (128+9), and the shell takes the terminal
+//!   from the front's group, never from an empty one. After a normal exit this
 //!   finds the terminal already the front's (the agent gave it back) and
 //!   does nothing.
 //! - The front's wait for the agent's end has no deadline: its pipe ends
