@@ -37,6 +37,28 @@
 //!   terminal back to the front's group when the job's group still has it,
 //!   and continues the front, so a front stopped at the shell's prompt
 //!   ends too (the shell says "Exit N") instead of waiting for `fg`.
+//! - An agent that dies without a word (SIGKILL, the OOM killer) gives
+//!   nothing back: end of file all the same, and the job's group would
+//!   keep the terminal (the keeper SIGKILLs the tree at once; a dead group
+//!   keeps it too) until the shell noticed the front's exit. So the front,
+//!   once the agent is reaped, takes the terminal for its own group itself
+//!   (`tcsetpgrp` with SIGTTOU blocked, as a background process may) when
+//!   the job's group has it, or an empty group, or any group but the
+//!   shell's (the session leader's) while the job's tree has it as far as
+//!   the front knows (since the start or `fg`; not after `S` or `bg`: the
+//!   shell's, never taken). Races: the front and the keeper's kill go in
+//!   either order, so the front takes it again every 10 ms until no member
+//!   of the job's group runs (zombies left to a slow reaper do not count,
+//!   nor a process of another session that got the group's id; at most
+//!   2 s, the keeper's own bound for a tree that survives SIGKILL): a
+//!   member still alive that took it back, or a group the job made (a
+//!   shell inside it), loses it again, and no reader of the job's sees
+//!   what is typed after the shell's prompt (an agent killed before its
+//!   `J` leaves no group to wait for: one take only). Then the front exits
+//!   with the agent's status (128+9), and the shell takes the terminal
+//!   from the front's group, never from an empty one. After a normal exit this
+//!   finds the terminal already the front's (the agent gave it back) and
+//!   does nothing.
 //! - The front's wait for the agent's end has no deadline: its pipe ends
 //!   only with the agent's exit (or `exec`, which it never does).
 
@@ -167,6 +189,10 @@ fn run_front(agent: i32, from_agent: OwnedFd) -> u8 {
     let mut pipe = std::fs::File::from(from_agent);
     let mut job_group: Option<i32> = None;
     let mut stopped = false;
+    // Whether the job's tree has the terminal, as far as the front knows:
+    // from the start (the job takes it as it starts, maybe before `J`
+    // comes), not after `S` (the shell took it) or a `bg`.
+    let mut lent = true;
     let mut pending: Vec<u8> = Vec::new();
     loop {
         let (agent_ready, woken) = {
@@ -195,6 +221,11 @@ fn run_front(agent: i32, from_agent: OwnedFd) -> u8 {
                     {
                         terminal::set_foreground(job);
                     }
+                    // Lent again after `fg` (the job's), not after `bg`
+                    // (the shell's).
+                    lent = terminal::foreground().is_some_and(|fg| {
+                        fg != terminal::own_group() && fg != terminal::own_session()
+                    });
                 }
                 send(sig);
             }
@@ -218,6 +249,7 @@ fn run_front(agent: i32, from_agent: OwnedFd) -> u8 {
                     b'S' => {
                         pending.drain(..1);
                         stopped = true;
+                        lent = false;
                         // The shell sees us stopped and prints its prompt;
                         // `fg` continues us (SIGCONT, above).
                         let _ = rustix::process::kill_process(
@@ -232,7 +264,104 @@ fn run_front(agent: i32, from_agent: OwnedFd) -> u8 {
             }
         }
     }
-    wait_agent(agent_pid)
+    let status = wait_agent(agent_pid);
+    take_back_terminal(job_group, lent);
+    status
+}
+
+/// How long the front, its agent gone, waits for the job's group to be
+/// gone (the keeper SIGKILLs the tree at once when its agent dies): the
+/// keeper's own bound for a tree that survives SIGKILL.
+const JOB_GONE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The agent is gone: the terminal back to the front's group if the job's
+/// tree may still have it, then again until no member of the job's group
+/// runs (or [`JOB_GONE_WAIT`]), so no dying member of it takes it back
+/// or reads what is typed next. See the module doc.
+fn take_back_terminal(job_group: Option<i32>, lent: bool) {
+    let take = || {
+        if should_take(
+            terminal::foreground(),
+            terminal::own_group(),
+            terminal::own_session(),
+            job_group,
+            lent,
+            group_alive,
+        ) {
+            terminal::set_foreground(terminal::own_group());
+        }
+    };
+    take();
+    let until = std::time::Instant::now() + JOB_GONE_WAIT;
+    while let Some(job) = job_group
+        && group_alive(job)
+        && std::time::Instant::now() < until
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        take();
+    }
+    take();
+}
+
+/// Whether group `pgrp` has a member that may still run: one that is no
+/// zombie (a zombie neither reads nor takes the terminal; its reaper may
+/// be slow), in the front's session (the job's is; a group id reused by
+/// another session's process is not the job's).
+fn group_alive(pgrp: i32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pgrp) else {
+        return false;
+    };
+    if let Err(rustix::io::Errno::SRCH) = rustix::process::test_kill_process_group(p) {
+        return false;
+    }
+    let session = terminal::own_session();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .is_some_and(|n| n.parse::<u32>().is_ok())
+            && std::fs::read_to_string(e.path().join("stat"))
+                .is_ok_and(|st| runs_in(&st, pgrp, session))
+    })
+}
+
+/// Whether a `/proc/PID/stat` text is of a process in group `pgrp` and
+/// session `session` that is not a zombie (state `Z` or `X`).
+fn runs_in(stat: &str, pgrp: i32, session: i32) -> bool {
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let f: Vec<&str> = rest.split_whitespace().take(4).collect();
+    matches!(
+        f.as_slice(),
+        [state, _, g, s] if !matches!(*state, "Z" | "X")
+            && g.parse() == Ok(pgrp)
+            && s.parse() == Ok(session)
+    )
+}
+
+/// Whether the front takes the terminal for its group `own`, the
+/// terminal's foreground being `fg` (`None`: none we can see), in session
+/// `session` (the shell's group), the job's group `job` if `J` told it,
+/// `lent` whether the job's tree has had it since its start or `fg`. Never
+/// from the shell (`bg`, or its prompt after a stop), nor when it is the
+/// front's already; always from the job's group or an empty group; from
+/// any other while lent (a group the job made, e.g. a shell inside it).
+fn should_take(
+    fg: Option<i32>,
+    own: i32,
+    session: i32,
+    job: Option<i32>,
+    lent: bool,
+    alive: impl Fn(i32) -> bool,
+) -> bool {
+    match fg {
+        None => lent,
+        Some(fg) if fg == own || fg == session => false,
+        Some(fg) => job == Some(fg) || lent || !alive(fg),
+    }
 }
 
 /// The agent's exit status, as a shell would give it.
@@ -250,5 +379,61 @@ fn wait_agent(agent: rustix::process::Pid) -> u8 {
             Err(rustix::io::Errno::INTR) => {}
             _ => return crate::exit::AGENT_FAILED,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::should_take;
+
+    const OWN: i32 = 100;
+    const SHELL: i32 = 50;
+    const JOB: i32 = 200;
+
+    fn take(fg: Option<i32>, job: Option<i32>, lent: bool, alive: bool) -> bool {
+        should_take(fg, OWN, SHELL, job, lent, |_| alive)
+    }
+
+    #[test]
+    fn the_job_group_loses_the_terminal_alive_or_dead_lent_or_not() {
+        for (lent, alive) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert!(take(Some(JOB), Some(JOB), lent, alive), "{lent} {alive}");
+        }
+    }
+
+    #[test]
+    fn before_j_a_lent_terminal_is_taken_from_whichever_group_has_it() {
+        assert!(take(Some(JOB), None, true, true));
+        assert!(take(Some(300), Some(JOB), true, true));
+        assert!(take(None, None, true, true));
+    }
+
+    #[test]
+    fn the_shell_and_the_front_keep_it() {
+        for (lent, alive) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert!(!take(Some(SHELL), Some(JOB), lent, alive));
+            assert!(!take(Some(OWN), Some(JOB), lent, alive));
+        }
+    }
+
+    #[test]
+    fn a_zombie_or_another_session_s_process_does_not_keep_a_group_alive() {
+        let stat = |state: &str, g: i32, s: i32| {
+            format!("7 (sh) a) {state} 1 {g} {s} 34816 7 0 0 0 0 0 0 0 0 20 0 1 0")
+        };
+        assert!(super::runs_in(&stat("S", JOB, SHELL), JOB, SHELL));
+        assert!(super::runs_in(&stat("T", JOB, SHELL), JOB, SHELL));
+        assert!(!super::runs_in(&stat("Z", JOB, SHELL), JOB, SHELL));
+        assert!(!super::runs_in(&stat("X", JOB, SHELL), JOB, SHELL));
+        assert!(!super::runs_in(&stat("S", JOB, 9), JOB, SHELL));
+        assert!(!super::runs_in(&stat("S", 9, SHELL), JOB, SHELL));
+        assert!(!super::runs_in("garbage", JOB, SHELL));
+    }
+
+    #[test]
+    fn not_lent_only_an_empty_group_loses_it() {
+        assert!(!take(Some(300), Some(JOB), false, true));
+        assert!(take(Some(300), Some(JOB), false, false));
+        assert!(!take(None, Some(JOB), false, true));
     }
 }

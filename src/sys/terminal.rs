@@ -50,6 +50,15 @@ pub fn own_group() -> libc::pid_t {
     unsafe { libc::getpgrp() }
 }
 
+/// This process's session id (its leader's pid), 0 when the leader is
+/// outside this process's PID namespace (as for [`own_group`]). In an
+/// interactive shell's session: the shell's own process group.
+pub fn own_session() -> libc::pid_t {
+    // SAFETY: getsid takes a number only; 0 names the caller, which
+    // exists (an error is answered as -1, which no group has).
+    unsafe { libc::getsid(0) }
+}
+
 /// Whether this process has one thread: [`fork`] may be used.
 pub fn single_threaded() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|st| {

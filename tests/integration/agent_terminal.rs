@@ -13,7 +13,11 @@
 //!   own);
 //! - Ctrl-Z: the shell's prompt back, `jobs` Stopped, the job paused and
 //!   the lease renewed past a ttl, `fg` resumes it with the terminal, and
-//!   the exit code is the job's.
+//!   the exit code is the job's;
+//! - the agent SIGKILLed while its job reads the terminal: the job's tree
+//!   gone, the terminal the front's group's once the front has exited
+//!   (with the shell held stopped), then the shell's, which reports 137
+//!   and runs the next command, reading from the terminal.
 
 use crate::support;
 
@@ -194,17 +198,7 @@ impl Pty {
             if std::time::Instant::now() >= until {
                 return false;
             }
-            let fd = self.master.as_fd();
-            let mut fds = [rustix::event::PollFd::new(
-                &fd,
-                rustix::event::PollFlags::IN,
-            )];
-            let ms = rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: 100_000_000,
-            };
-            let _ = rustix::event::poll(&mut fds, Some(&ms));
-            if fds[0].revents().contains(rustix::event::PollFlags::IN) {
+            if readable_soon(self.master.as_fd()) {
                 let mut buf = [0u8; 4096];
                 match self.master.read(&mut buf) {
                     Ok(n) if n > 0 => self.screen.push_str(&String::from_utf8_lossy(&buf[..n])),
@@ -325,7 +319,13 @@ fn stopped_at_the_prompt(
     then: &str,
 ) -> (Pty, i32) {
     let mut pty = Pty::bash();
-    let job = format!("printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\"; {then}");
+    // The job's shell is found by a tag no other run of the suite on the
+    // machine has (`job_shell` looks through all of /proc; another run's
+    // job, with the same marker, ends on its own test's `fg`).
+    let tag = format!("{marker}{}-", std::process::id());
+    let job = format!(
+        "printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\"; : {tag}; {then}"
+    );
     pty.send(&format!(
         "{} --ttl 4s --heartbeat 400ms --grace 1s -- sh -c '{job}'\n",
         agent_line(&fake.url(), task, flags)
@@ -334,7 +334,7 @@ fn stopped_at_the_prompt(
     pty.send("\x1a"); // Ctrl-Z
     pty.expect("Stopped");
     pty.expect("PROMPT$ ");
-    let job = job_shell(marker);
+    let job = job_shell(&tag);
     assert_eq!(
         state_of(job),
         Some('T'),
@@ -409,5 +409,177 @@ fn a_lease_lost_while_the_job_is_stopped_kills_it_and_the_shell_hears_124() {
                 .then_some(())
         })
         .unwrap_or_else(|| panic!("{flags}: the shell never heard 124: {}", pty.screen));
+    }
+}
+
+/// The children of `pid` (its main thread's, from /proc).
+fn children_of(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The process group of `pid` (field 5 of /proc/PID/stat).
+fn group_of(pid: i32) -> Option<i32> {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    st.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// The terminal's foreground process group, as the pty's master sees it.
+fn foreground_of(master: &std::fs::File) -> i32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY (test): tcgetpgrp takes a descriptor we own, numbers only.
+    let fg = unsafe { libc::tcgetpgrp(master.as_raw_fd()) };
+    assert!(fg > 0, "tcgetpgrp: {}", std::io::Error::last_os_error());
+    fg
+}
+
+/// Whether the process of `pidfd` ended within `within` (its pidfd reads
+/// as ready once it exits).
+fn ended(pidfd: &std::os::fd::OwnedFd, within: Duration) -> bool {
+    use std::os::fd::AsFd;
+    wait_for(within, || readable_soon(pidfd.as_fd()).then_some(())).is_some()
+}
+
+/// Whether `fd` is readable within 100 ms.
+fn readable_soon(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let ms = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let _ = rustix::event::poll(&mut fds, Some(&ms));
+    fds[0].revents().contains(rustix::event::PollFlags::IN)
+}
+
+/// An agent SIGKILLed (as the OOM killer does) while its job holds the
+/// terminal, reading from it: the keeper kills the job's tree, and the
+/// front, seeing its agent gone, takes the terminal back for its own
+/// group before it exits with 137, so the terminal never stays with the
+/// job's dead group. The shell is held stopped meanwhile (a shell that
+/// notices late, or a parent that does not handle the terminal at all):
+/// once the front has exited the terminal is already the front's; then
+/// the shell reports 137, has the terminal, and a command typed next runs
+/// and reads from it.
+#[test]
+fn an_agent_killed_while_its_job_reads_the_terminal_leaves_it_to_the_front_then_the_shell() {
+    for flags in ["", "--no-pid-namespace"] {
+        // A fresh authority: the killed agent's lease is left to expire.
+        let fake = FakeAuthority::start();
+        let mut pty = Pty::bash();
+        let shell = i32::try_from(pty.bash.id()).unwrap();
+        // A tree: the job's shell and a child, in the job's group; a marker
+        // no other run of this test on the machine has (`job_shell` looks
+        // through all of /proc).
+        let marker = format!("killed-got-{}-", std::process::id());
+        let job = format!(
+            "sleep 300 & printf \"job-%s\\n\" ready; read x </dev/tty; echo \"{marker}$x\""
+        );
+        pty.send(&format!(
+            "{} -- sh -c '{job}'\n",
+            agent_line(&fake.url(), "agent-killed", flags)
+        ));
+        pty.expect("job-ready");
+        let job = job_shell(&marker);
+        let sleeper = wait_for(T, || children_of(job).first().copied())
+            .unwrap_or_else(|| panic!("{flags}: the job's sleep runs"));
+        let job_group = group_of(job).unwrap();
+        // The front: the shell's child, leading the shell's job group; the
+        // agent: the front's child, in a group of its own.
+        let front = wait_for(T, || {
+            children_of(shell).into_iter().find(|&p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(bin().as_os_str().as_encoded_bytes()))
+            })
+        })
+        .unwrap_or_else(|| panic!("{flags}: the shell runs the agent's front"));
+        assert_eq!(group_of(front), Some(front), "{flags}: the front's group");
+        let agent = wait_for(T, || children_of(front).first().copied())
+            .unwrap_or_else(|| panic!("{flags}: the front has its agent"));
+        assert_eq!(group_of(agent), Some(agent), "{flags}: the agent's group");
+        let pidfds: Vec<_> = [job, sleeper]
+            .iter()
+            .map(|&p| {
+                rustix::process::pidfd_open(
+                    rustix::process::Pid::from_raw(p).unwrap(),
+                    rustix::process::PidfdFlags::empty(),
+                )
+                .unwrap_or_else(|e| panic!("{flags}: pidfd_open({p}): {e}"))
+            })
+            .collect();
+        // The job reads from the terminal, its foreground: blocked in
+        // read(2) (number 0 on x86-64, 63 on arm64) on descriptor 0.
+        let read_nr = if cfg!(target_arch = "aarch64") {
+            "63"
+        } else {
+            "0"
+        };
+        wait_for(T, || {
+            std::fs::read_to_string(format!("/proc/{job}/syscall"))
+                .is_ok_and(|s| s.split_whitespace().take(2).eq([read_nr, "0x0"]))
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("{flags}: the job never read from the terminal"));
+        assert_eq!(foreground_of(&pty.master), job_group, "{flags}");
+
+        kill(shell, libc::SIGSTOP);
+        kill(agent, libc::SIGKILL);
+        for (fd, pid) in pidfds.iter().zip([job, sleeper]) {
+            assert!(
+                ended(fd, T),
+                "{flags}: the job's {pid} outlived its killed agent"
+            );
+        }
+        // The front exits (a zombie: its shell is stopped) with the
+        // terminal its own group's, not the job's dead one.
+        wait_for(T, || (state_of(front) == Some('Z')).then_some(()))
+            .unwrap_or_else(|| panic!("{flags}: the front outlived its agent"));
+        assert_eq!(
+            foreground_of(&pty.master),
+            front,
+            "{flags}: the front left the terminal to the job's group {job_group}"
+        );
+        // No member of the job's group runs on (a zombie left to its
+        // reaper does not count; nor does a process of another session that
+        // got the group's id since: the test machine is shared).
+        let left: Vec<String> = group_members(job_group)
+            .iter()
+            .filter(|&&p| alive(p))
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+            .filter(|st| {
+                st.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(3))
+                    == Some(shell.to_string().as_str())
+            })
+            .collect();
+        assert!(
+            left.is_empty(),
+            "{flags}: the front exited before the job's group was gone: {left:?}"
+        );
+
+        kill(shell, libc::SIGCONT);
+        pty.expect("PROMPT$ ");
+        pty.send("echo \"rc-$?-killed\"\n");
+        pty.expect("rc-137-killed");
+        pty.send("read y </dev/tty; echo \"next-$y-read\"\n");
+        pty.send("typed\n");
+        pty.expect("next-typed-read");
+        pty.expect("PROMPT$ ");
+        assert_eq!(
+            foreground_of(&pty.master),
+            shell,
+            "{flags}: the shell has the terminal"
+        );
     }
 }
