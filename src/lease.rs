@@ -135,7 +135,7 @@ impl fmt::Display for RefusalReason {
 }
 
 /// An acquire request, as the agent sends it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcquireRequest {
     pub task: String,
     pub holder: String,
@@ -146,7 +146,7 @@ pub struct AcquireRequest {
 }
 
 /// A granted lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
     pub lease_id: String,
     pub task: String,
@@ -168,7 +168,7 @@ impl Grant {
 }
 
 /// What renew and release need to name a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRef {
     pub lease_id: String,
     pub token: u64,
@@ -176,7 +176,7 @@ pub struct LeaseRef {
 }
 
 /// A successful renewal.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Renewed {
     /// The ttl now in force, counted from when the authority received the
     /// renewal (the agent counts it from when it *sent* it).

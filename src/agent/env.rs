@@ -21,7 +21,7 @@
 //! never reach the job either: the variable is set again, redacted.
 
 use crate::agent::config::RunAs;
-use crate::agent::state_file::{ENV_STATE_FILE, StateWriter};
+use crate::agent::state_file::{ENV_STATE_FILE, StateSink};
 use crate::authority::{self, Grant};
 
 /// The variables the job gets on top of the agent's environment (and,
@@ -29,7 +29,7 @@ use crate::authority::{self, Grant};
 pub fn job_env(
     grant: &Grant,
     authority_url: &str,
-    state: Option<&StateWriter>,
+    state: Option<&dyn StateSink>,
     user: Option<&RunAs>,
 ) -> Vec<(String, String)> {
     let mut env = vec![

@@ -27,6 +27,7 @@ pub mod logging;
 pub mod machine;
 pub mod release;
 pub mod report;
+pub mod scribe;
 pub mod signals;
 pub mod state_file;
 pub mod supervisor;
@@ -41,6 +42,8 @@ use crate::agent::acquire::Acquired;
 use crate::agent::config::{RunAs, RunConfig};
 use crate::agent::env::{job_env, keeper_env_remove};
 use crate::agent::machine::{Event, Machine};
+use crate::agent::scribe::Scribe;
+use crate::agent::state_file::StateSink;
 use crate::agent::supervisor::Supervisor;
 use crate::authority::{self, Grant, LeaseClient, Outcome};
 use crate::exit;
@@ -58,21 +61,42 @@ pub fn main(cfg: RunConfig) -> ExitCode {
         crate::agent::front::Role::Agent(link) => Some(link),
         crate::agent::front::Role::Alone => None,
     };
+    // Out of the job's reach before the job exists: no ptrace, no
+    // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
+    // Before the scribe's fork, which inherits it.
+    let dumpable = crate::sys::keeper_spawn::not_dumpable();
+    // Still one thread: the scribe, which makes every filesystem write of
+    // the run, forks now (`scribe.rs`).
+    let scribe = crate::agent::scribe::Scribe::start();
     crate::sys::malloc::one_arena();
     crate::agent::logging::init();
-    let code = run(cfg, front);
+    let code = match dumpable {
+        Ok(()) => run(cfg, front, scribe),
+        Err(e) => {
+            log::error!("cannot make the agent non-dumpable (PR_SET_DUMPABLE): {e}");
+            exit::AGENT_FAILED
+        }
+    };
     // Bounded: a stalled stderr delays the exit by at most this much.
     crate::agent::logging::flush(Duration::from_millis(500));
     ExitCode::from(code)
 }
 
-fn run(cfg: RunConfig, front: Option<crate::agent::front::FrontLink>) -> u8 {
-    // Out of the job's reach before the job exists: no ptrace, no
-    // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
-    if let Err(e) = crate::sys::keeper_spawn::not_dumpable() {
-        log::error!("cannot make the agent non-dumpable (PR_SET_DUMPABLE): {e}");
-        return exit::AGENT_FAILED;
-    }
+fn run(
+    cfg: RunConfig,
+    front: Option<crate::agent::front::FrontLink>,
+    scribe: std::io::Result<Scribe>,
+) -> u8 {
+    let mut scribe = match scribe {
+        Ok(s) => Some(s),
+        Err(e) => {
+            log::warn!(
+                "no store process for the agent's filesystem writes ({e}): the agent writes \
+                 itself, and a stalled filesystem can hold its exit"
+            );
+            None
+        }
+    };
     // A child subreaper, like the keeper: if the keeper dies, the job's
     // processes re-parent to the agent, which can still see and kill them.
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
@@ -125,7 +149,14 @@ fn run(cfg: RunConfig, front: Option<crate::agent::front::FrontLink>) -> u8 {
         return exit::AGENT_FAILED;
     }
     authority::netpath::set_marks(cfg.renew_marks);
-    let mut auth = match authority::open(&cfg.authority, &cfg.trust) {
+    let opened = authority::open_via(&cfg.authority, &cfg.trust, |path| match scribe.as_mut() {
+        Some(s) => s
+            .embedded(path, OPEN_WITHIN)
+            .map(|a| Box::new(a) as Box<dyn LeaseClient>)
+            .map_err(authority::OpenError::Scribed),
+        None => authority::open_embedded(path),
+    });
+    let mut auth = match opened {
         Ok(a) => a,
         Err(e) => {
             log::error!("{e}");
@@ -141,8 +172,21 @@ fn run(cfg: RunConfig, front: Option<crate::agent::front::FrontLink>) -> u8 {
     if let Some(sig) = stop_before_start(&rx) {
         return release_unstarted(&grant, auth, sig);
     }
-    start(&cfg, grant, sent, auth, (keeper, front), (tx, rx), notifier)
+    start(
+        &cfg,
+        grant,
+        sent,
+        auth,
+        (keeper, front, scribe),
+        (tx, rx),
+        notifier,
+    )
 }
+
+/// How long the scribe's answer to opening the embedded database is
+/// waited for (a directory checked, perhaps made: microseconds on a
+/// working filesystem).
+const OPEN_WITHIN: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------- start
 
@@ -193,30 +237,44 @@ fn release_unstarted(
     sig.exit_status()
 }
 
-/// Where the agent publishes its view of the lease for `leaseagent check`.
-fn state_writer(user: Option<&RunAs>) -> Option<crate::agent::state_file::StateWriter> {
+/// Where the agent publishes its view of the lease for `leaseagent check`:
+/// through the scribe, its answer waited for `within`, or (no scribe)
+/// by this process.
+fn state_sink(
+    user: Option<&RunAs>,
+    scribe: Option<&mut Scribe>,
+    within: Duration,
+) -> Option<Box<dyn StateSink>> {
     use crate::agent::state_file::StateWriter;
     // A job of another uid cannot enter the agent's 0700 runtime dir: a
     // directory of the run's own, of the job's group.
     let me = rustix::process::geteuid().as_raw();
-    if let Some(id) = user
+    let group = user
         .and_then(|u| u.switch.as_ref())
         .filter(|id| id.uid != me)
-    {
-        return match StateWriter::for_group(id.gid) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                log::warn!("no lease state file for `leaseagent check` by the command: {e}");
-                None
-            }
-        };
-    }
-    // The runtime dir (see `sys::paths::runtime_dir`), checked: never
-    // written through if another user could have prepared it.
-    match crate::sys::paths::runtime_dir() {
-        Ok((path, fd)) => Some(crate::agent::state_file::StateWriter::in_checked_dir(
-            &path, fd,
-        )),
+        .map(|id| id.gid);
+    let made: Result<Box<dyn StateSink>, String> = match (scribe, group) {
+        (Some(s), group) => s
+            .state_file(group, within)
+            .map(|w| Box::new(w) as Box<dyn StateSink>),
+        (None, Some(gid)) => StateWriter::for_group(gid, std::process::id())
+            .map(|w| Box::new(w) as Box<dyn StateSink>)
+            .map_err(|e| e.to_string()),
+        // The runtime dir (see `sys::paths::runtime_dir`), checked: never
+        // written through if another user could have prepared it.
+        (None, None) => crate::sys::paths::runtime_dir()
+            .map(|(path, fd)| {
+                Box::new(StateWriter::in_checked_dir(&path, fd, std::process::id()))
+                    as Box<dyn StateSink>
+            })
+            .map_err(|e| e.to_string()),
+    };
+    match made {
+        Ok(w) => Some(w),
+        Err(e) if group.is_some() => {
+            log::warn!("no lease state file for `leaseagent check` by the command: {e}");
+            None
+        }
         Err(e) => {
             log::warn!("no lease state file for `leaseagent check`: {e}");
             None
@@ -255,10 +313,11 @@ fn start(
     grant: Grant,
     sent: BootInstant,
     mut auth: Box<dyn LeaseClient>,
-    // The keeper, and the front process at a terminal.
-    (keeper, front): (
+    // The keeper, the front process at a terminal, and the scribe.
+    (keeper, front, mut scribe): (
         crate::keeper::handle::Pending,
         Option<crate::agent::front::FrontLink>,
+        Option<Scribe>,
     ),
     events: (Sender<Event>, Receiver<Event>),
     notifier: Notifier,
@@ -278,8 +337,13 @@ fn start(
     if let Some(code) = sup.step(Event::Granted) {
         return code;
     }
-    let state = state_writer(cfg.user.as_ref());
-    let env = job_env(&grant, &url, state.as_ref(), cfg.user.as_ref());
+    // Bounded: a state directory on a stalled filesystem costs the job its
+    // state file, not its start while the lease runs out.
+    let within = (grant.ttl / 2).min(Duration::from_secs(5));
+    let state = state_sink(cfg.user.as_ref(), scribe.as_mut(), within);
+    // Lanes not handed out close: the scribe's threads for them end.
+    drop(scribe);
+    let env = job_env(&grant, &url, state.as_deref(), cfg.user.as_ref());
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial(state);
     match keeper.start(&env, tx.clone(), event_of) {

@@ -139,13 +139,14 @@ impl StateWriter {
         use crate::sys::paths::{DirRule, open_private_dir};
         let fd = open_private_dir(dir, DirRule::NotWritableByOthers)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
-        Ok(Self::in_checked_dir(dir, fd))
+        Ok(Self::in_checked_dir(dir, fd, std::process::id()))
     }
 
-    /// A writer for a fresh file named after the agent's pid in the checked
-    /// directory `dir` (whose path is `shown`).
-    pub fn in_checked_dir(shown: &Path, dir: OwnedFd) -> Self {
-        let name = format!("lease-{}.json", std::process::id());
+    /// A writer for a fresh file named after the agent's pid `agent` in the
+    /// checked directory `dir` (whose path is `shown`). The pid is given:
+    /// the writer may live in the agent's scribe (`scribe.rs`).
+    pub fn in_checked_dir(shown: &Path, dir: OwnedFd, agent: u32) -> Self {
+        let name = format!("lease-{agent}.json");
         StateWriter {
             path: shown.join(&name),
             dir,
@@ -157,14 +158,14 @@ impl StateWriter {
     /// A writer for a job that runs as another user, whose group is `gid`
     /// (`--user`): the file goes in a directory of the run's own that only
     /// that group may enter ([`crate::sys::paths::GroupRunDir`]).
-    pub fn for_group(gid: u32) -> Result<Self, crate::sys::paths::PathError> {
+    pub fn for_group(gid: u32, agent: u32) -> Result<Self, crate::sys::paths::PathError> {
         let run = crate::sys::paths::GroupRunDir::create(gid)?;
         let dir =
             rustix::io::dup(&run.dir).map_err(|source| crate::sys::paths::PathError::Open {
                 path: run.path.clone(),
                 source,
             })?;
-        let mut w = Self::in_checked_dir(&run.path, dir);
+        let mut w = Self::in_checked_dir(&run.path, dir, agent);
         w.group_dir = Some(run);
         Ok(w)
     }
@@ -226,6 +227,30 @@ impl StateWriter {
     }
 }
 
+/// Where the agent's views of its lease go: a [`StateWriter`] in the
+/// agent's own process, or the one its scribe holds (`scribe.rs`), which
+/// keeps the agent's threads off the filesystem.
+pub trait StateSink: Send {
+    /// The file's path, for the job (`LEASEAGENT_STATE_FILE`).
+    fn path(&self) -> &Path;
+    /// Replaces the file's contents.
+    fn write(&mut self, state: &LeaseStateFile) -> std::io::Result<()>;
+    /// Removes the file (the agent is done).
+    fn remove(&mut self);
+}
+
+impl StateSink for StateWriter {
+    fn path(&self) -> &Path {
+        StateWriter::path(self)
+    }
+    fn write(&mut self, state: &LeaseStateFile) -> std::io::Result<()> {
+        StateWriter::write(self, state)
+    }
+    fn remove(&mut self) {
+        StateWriter::remove(self)
+    }
+}
+
 enum Msg {
     Write(Box<LeaseStateFile>),
     /// Remove the file, then answer and end.
@@ -239,11 +264,11 @@ pub struct StateQueue {
 
 impl StateQueue {
     /// Starts the thread that owns `writer`.
-    pub fn spawn(writer: StateWriter) -> std::io::Result<Self> {
+    pub fn spawn(writer: Box<dyn StateSink>) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
         std::thread::Builder::new()
             .name("state-file".into())
-            .spawn(move || write_latest(&writer, &rx))?;
+            .spawn(move || write_latest(writer, &rx))?;
         Ok(StateQueue { tx })
     }
 
@@ -280,7 +305,7 @@ impl Removing {
 }
 
 /// The thread: takes every waiting message, writes only the latest view.
-fn write_latest(writer: &StateWriter, rx: &Receiver<Msg>) {
+fn write_latest(mut writer: Box<dyn StateSink>, rx: &Receiver<Msg>) {
     while let Ok(first) = rx.recv() {
         let mut latest = first;
         while let Ok(next) = rx.try_recv() {
@@ -372,7 +397,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let w = StateWriter::in_dir(dir.path()).unwrap();
         let path = w.path().to_path_buf();
-        let q = StateQueue::spawn(w).unwrap();
+        let q = StateQueue::spawn(Box::new(w)).unwrap();
         let view = |token| LeaseStateFile {
             task: "t".into(),
             lease_id: "l".into(),

@@ -23,7 +23,7 @@ use crate::time::clock::{BootInstant, MAX_WAIT};
 
 use crate::agent::machine::{Action, Event, Machine, Stop};
 use crate::agent::report::{Notice, Reporter};
-use crate::agent::state_file::{LeaseStateFile, LeaseView, Removing, StateQueue, StateWriter};
+use crate::agent::state_file::{LeaseStateFile, LeaseView, Removing, StateQueue, StateSink};
 use crate::sys::notify::Notifier;
 
 /// The shortest wait of the loop when the machine names a wake-up time that
@@ -40,7 +40,7 @@ pub struct Supervisor {
     events: Receiver<Event>,
     notifier: Notifier,
     /// Until the writer thread starts; then `queue` owns it.
-    state: Option<StateWriter>,
+    state: Option<Box<dyn StateSink>>,
     /// The state file's writer thread: the loop never waits on a filesystem.
     queue: Option<StateQueue>,
     /// The state file's removal, asked for with the release.
@@ -300,10 +300,11 @@ impl Supervisor {
     /// Takes the state file's writer and writes the file once, directly,
     /// before the job starts; later views go through the writer thread
     /// ([`Self::start_state_queue`]).
-    pub fn publish_initial(&mut self, state: Option<StateWriter>) {
+    pub fn publish_initial(&mut self, state: Option<Box<dyn StateSink>>) {
+        let view = self.view(LeaseView::Valid);
         self.state = state;
-        if let Some(writer) = &self.state {
-            if let Err(e) = writer.write(&self.view(LeaseView::Valid)) {
+        if let Some(writer) = &mut self.state {
+            if let Err(e) = writer.write(&view) {
                 log::debug!("cannot write the lease state file: {e}");
             }
         }

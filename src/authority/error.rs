@@ -14,10 +14,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::lease::RefusalReason;
 
 /// What a call that gave no usable answer met.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailureKind {
     /// The call's deadline passed (connect, send, reading the answer, or no
     /// time left to start it).
@@ -46,7 +48,7 @@ pub enum FailureKind {
 }
 
 /// Why a TLS connection failed for trust reasons.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TrustCause {
     /// The peer's certificate was not accepted, or ours was refused.
     Certificate,
@@ -72,7 +74,7 @@ impl fmt::Display for TrustCause {
 
 /// A call that gave no usable answer: what kind of failure, and what
 /// failed in words (naming the URL, never a credential).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct Failure {
     pub kind: FailureKind,
@@ -113,7 +115,7 @@ impl Failure {
 }
 
 /// Why an acquire did not give a lease.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum AcquireError {
     /// Another holder's lease is live (or in its grace period).
     #[error("held by {holder}{}", free_in(*retry_after))]
@@ -150,7 +152,7 @@ fn free_in(retry_after: Option<Duration>) -> String {
 }
 
 /// Why a renewal or release did not succeed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum RenewError {
     /// The lease is gone for good; the command must stop.
     #[error("refused ({reason}){}", colon(message))]

@@ -113,6 +113,11 @@ pub enum OpenError {
     /// The embedded database's file or directory is not safe to use.
     #[error(transparent)]
     Database(#[from] crate::sys::paths::PathError),
+    /// The agent's scribe could not open the embedded database (its
+    /// message, as [`OpenError::Database`]'s would be, or why no answer
+    /// came).
+    #[error("{0}")]
+    Scribed(String),
     /// A credential would cross the network unencrypted.
     #[error(
         "{flag}: refusing to send a credential in the clear to {url}: use https:// or etcds:// \
@@ -285,6 +290,23 @@ pub fn open(
     spec: &AuthoritySpec,
     files: &trust::TrustFiles,
 ) -> Result<Box<dyn LeaseClient>, OpenError> {
+    open_via(spec, files, open_embedded)
+}
+
+/// The embedded authority at `path`, opened in this process: its
+/// directory must be this user's alone; no symlinks followed.
+pub fn open_embedded(path: &std::path::Path) -> Result<Box<dyn LeaseClient>, OpenError> {
+    crate::sys::paths::prepare_db_file(path)?;
+    Ok(Box::new(embedded::EmbeddedAuthority::new(path.to_path_buf())))
+}
+
+/// [`open`], the embedded authority opened by `embedded` (the agent's
+/// goes through its scribe, `agent/scribe.rs`).
+pub fn open_via(
+    spec: &AuthoritySpec,
+    files: &trust::TrustFiles,
+    embedded: impl FnOnce(&std::path::Path) -> Result<Box<dyn LeaseClient>, OpenError>,
+) -> Result<Box<dyn LeaseClient>, OpenError> {
     let trust = trust::ClientTrust::load(files, spec.uses_tls())?;
     refuse_cleartext(spec, &trust)?;
     let inner: Box<dyn LeaseClient> = match spec {
@@ -299,11 +321,7 @@ pub fn open(
             true,
             trust,
         )),
-        AuthoritySpec::Sqlite(path) => {
-            // Its directory must be this user's alone; no symlinks followed.
-            crate::sys::paths::prepare_db_file(path)?;
-            Box::new(embedded::EmbeddedAuthority::new(path.clone()))
-        }
+        AuthoritySpec::Sqlite(path) => embedded(path)?,
     };
     Ok(Box::new(untrusted::Checked::new(inner)))
 }

@@ -16,6 +16,8 @@
 #[allow(unsafe_code)]
 pub mod clone3;
 #[allow(unsafe_code)]
+pub mod detach;
+#[allow(unsafe_code)]
 pub mod fd;
 #[allow(unsafe_code)]
 pub mod keeper_spawn;

@@ -1,0 +1,696 @@
+//! The scribe: the agent's filesystem work, in a process of its own.
+//!
+//! Why: a filesystem can stall (`fsfreeze`, a hung NFS mount, a dying
+//! disk), and a thread that writes to it then sleeps in the kernel
+//! (`D` state) until it comes back: no signal, no timeout ends the wait.
+//! The agent already never *waits* for such a call past a bound (the state
+//! file's writer thread, the release thread), but a process is reaped only
+//! once its last thread is gone: an agent with one thread asleep on a
+//! frozen filesystem ended its main thread at the deadline and was still
+//! not reaped, its parent's `wait` and pidfd silent, until the thaw. The
+//! job was dead on time; the agent's exit status was not.
+//!
+//! So every write the agent makes to a filesystem after the grant goes
+//! through the scribe, forked while the agent has one thread (before its
+//! log thread, before the keeper): the lease state file (`leaseagent
+//! check`) and, on the embedded authority, the SQLite database (grant,
+//! renewals, release). The agent talks to it over three socket pairs
+//! (`SOCK_SEQPACKET`, one JSON message each way per call), one per caller
+//! thread so none waits behind another: the **store** lane (acquire,
+//! `--wait`, release: the supervisor's handle), the **renew** lane (the
+//! heartbeat thread's handle, its own database connection as before), the
+//! **state** lane (the state file's writer thread). Every call the agent
+//! makes waits for its answer with a deadline, in `poll`, which a signal
+//! or `exit_group` ends: no thread of the agent ever sleeps on a
+//! filesystem, and at the deadline it exits and is reaped at once. A
+//! scribe asleep on the frozen filesystem stays until the thaw, finishes
+//! what it was asked (the release, the state file's removal), reads end
+//! of file and exits.
+//!
+//! ```text
+//!  agent ─┬─ supervisor ─── store lane ──┐
+//!         ├─ heartbeat ──── renew lane ──┼─▶ scribe (own session, not the agent's child)
+//!         └─ state-file ─── state lane ──┘      └─ one thread per lane ─▶ SQLite file, state file
+//! ```
+//!
+//! Invariants and the races they guard against:
+//! - **Answers are matched by id.** A call that timed out leaves its answer
+//!   to come later; the next call on the lane reads past it (ids only grow),
+//!   so a late "renewed" is never taken for the answer to a later call.
+//! - **Anything that is not an answer is not a success**: end of file (the
+//!   scribe died: the OOM killer, a `kill -9` by the job's user in the
+//!   fallback containment) or a malformed message is a transient failure
+//!   of the store, so the machine stops the job by the deadline as for any
+//!   failing authority.
+//! - **Not the agent's child**: forked twice ([`crate::sys::detach`]), so
+//!   the agent's proof that the job's tree is gone (no child left: it is
+//!   the orphans' subreaper) is untouched, and the front's and callers'
+//!   pipes are not held by it (it keeps no descriptor but its lanes).
+//! - **Out of the job's reach as the agent is**: it inherits the agent's
+//!   non-dumpable flag (set before the fork), so a job of the same user can
+//!   neither trace it nor reach its sockets through `/proc`; in a PID
+//!   namespace the job cannot name it at all.
+//! - **An agent that dies leaves no state file**: the state lane's end of
+//!   file without a removal removes the file (the agent was SIGKILLed; its
+//!   keeper stops the job).
+//! - **No scribe, no change**: where the fork fails (it refuses when the
+//!   agent already has a second thread), the agent does the same work in
+//!   its own threads, as before, and says so.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::agent::state_file::{LeaseStateFile, StateSink, StateWriter};
+use crate::authority::embedded::EmbeddedAuthority;
+use crate::authority::error::{Failure, FailureKind};
+use crate::authority::{
+    AcquireError, AcquireRequest, Grant, LeaseClient, LeaseRef, Operator, Outcome, RenewError,
+    Renewed, Renewer, Waiter,
+};
+
+/// The largest message either side sends (a grant, an error, a state
+/// file's view: a few hundred bytes).
+const MAX_MESSAGE: usize = 64 * 1024;
+
+/// How much longer than a call's own timeout its answer is waited for, so
+/// a call that keeps its timeout answers with its own error.
+const ANSWER_SLACK: Duration = Duration::from_millis(50);
+
+/// Why a call to the scribe got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneError {
+    #[error("no answer from the agent's store process within {}", crate::time::duration::format(*.0))]
+    Timeout(Duration),
+    #[error("the agent's store process is gone ({0})")]
+    Gone(String),
+    #[error("a malformed message from the agent's store process: {0}")]
+    Malformed(String),
+}
+
+impl LaneError {
+    fn failure(&self, what: &str) -> Failure {
+        let kind = match self {
+            LaneError::Timeout(_) => FailureKind::Timeout,
+            _ => FailureKind::Store,
+        };
+        Failure::new(kind, format!("{what}: {self}"))
+    }
+}
+
+/// The agent's end of one lane: one call at a time, answers matched by id.
+struct Lane {
+    fd: OwnedFd,
+    next: u64,
+    buf: Vec<u8>,
+}
+
+impl Lane {
+    fn new(fd: OwnedFd) -> Self {
+        Lane {
+            fd,
+            next: 0,
+            buf: vec![0; MAX_MESSAGE],
+        }
+    }
+
+    /// Sends `call` and waits for its answer until `within` has passed.
+    fn call<Q: Serialize, A: DeserializeOwned>(
+        &mut self,
+        call: &Q,
+        within: Duration,
+    ) -> Result<A, LaneError> {
+        use rustix::event::{PollFd, PollFlags, poll};
+        use rustix::net::{RecvFlags, SendFlags, recv, send};
+        let deadline = Instant::now() + within;
+        self.next += 1;
+        let id = self.next;
+        let msg =
+            serde_json::to_vec(&(id, call)).map_err(|e| LaneError::Malformed(e.to_string()))?;
+        let wait = |fd: &OwnedFd, flags: PollFlags| -> Result<(), LaneError> {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(LaneError::Timeout(within));
+                }
+                let ts = rustix::time::Timespec::try_from(left).ok();
+                let mut fds = [PollFd::new(fd, flags)];
+                match poll(&mut fds, ts.as_ref()) {
+                    Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                    Ok(_) => return Ok(()),
+                    Err(e) => return Err(LaneError::Gone(e.to_string())),
+                }
+            }
+        };
+        loop {
+            match send(&self.fd, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                Ok(_) => break,
+                Err(rustix::io::Errno::AGAIN) => wait(&self.fd, PollFlags::OUT)?,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(LaneError::Gone(e.to_string())),
+            }
+        }
+        loop {
+            match recv(&self.fd, &mut self.buf[..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(LaneError::Gone("end of file".into())),
+                Ok((n, full)) if full > n => {
+                    return Err(LaneError::Malformed(format!("{full} bytes")));
+                }
+                Ok((n, _)) => {
+                    let (got, answer): (u64, serde_json::Value) =
+                        serde_json::from_slice(&self.buf[..n])
+                            .map_err(|e| LaneError::Malformed(e.to_string()))?;
+                    // An answer to an earlier call that timed out: skipped.
+                    if got != id {
+                        continue;
+                    }
+                    return serde_json::from_value(answer)
+                        .map_err(|e| LaneError::Malformed(e.to_string()));
+                }
+                Err(rustix::io::Errno::AGAIN) => wait(&self.fd, PollFlags::IN)?,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(LaneError::Gone(e.to_string())),
+            }
+        }
+    }
+}
+
+/// The scribe's side of a lane: serves calls one by one until the agent's
+/// end closes. `handle` gets each call and a `reply` to answer it with (it
+/// may go on working after answering: the answer is not held back).
+fn serve<Q: DeserializeOwned, A: Serialize>(
+    fd: &OwnedFd,
+    mut handle: impl FnMut(Q, &mut dyn FnMut(A)),
+) {
+    use rustix::net::{RecvFlags, SendFlags, recv, send};
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let n = match recv(fd, &mut buf[..], RecvFlags::empty()) {
+            Ok((0, _)) => return,
+            Ok((n, full)) if full <= n => n,
+            Ok(_) => continue,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        };
+        let Ok((id, call)) = serde_json::from_slice::<(u64, Q)>(&buf[..n]) else {
+            continue;
+        };
+        handle(call, &mut |answer: A| {
+            if let Ok(msg) = serde_json::to_vec(&(id, answer)) {
+                let _ = send(fd, &msg, SendFlags::NOSIGNAL);
+            }
+        });
+    }
+}
+
+// ------------------------------------------------------------ the protocol
+
+#[derive(Serialize, Deserialize)]
+enum StoreCall {
+    /// Use the database at `path`; `prepare`: check (and make) its
+    /// directory first, as `authority::open` does.
+    Open {
+        path: PathBuf,
+        prepare: bool,
+    },
+    Acquire {
+        req: AcquireRequest,
+        timeout: Duration,
+    },
+    AcquireWait {
+        req: AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    },
+    AbandonWait {
+        timeout: Duration,
+    },
+    Renew {
+        lease: LeaseRef,
+        timeout: Duration,
+    },
+    Release {
+        lease: LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+enum StoreAnswer {
+    Opened(Result<(), String>),
+    Granted(Result<Grant, AcquireError>),
+    Renewed(Result<Renewed, RenewError>),
+    Released(Result<(), RenewError>),
+    Abandoned,
+    /// A call before `Open` (never made by the agent).
+    NotOpen,
+}
+
+#[derive(Serialize, Deserialize)]
+enum StateCall {
+    /// Make the writer: in the runtime directory, or (`group`: a job of
+    /// another user) a directory of the run's own of that group.
+    Open { group: Option<u32> },
+    Write(Box<LeaseStateFile>),
+    Remove,
+}
+
+#[derive(Serialize, Deserialize)]
+enum StateAnswer {
+    Opened(Result<PathBuf, String>),
+    Written(Result<(), String>),
+    Removed,
+    NotOpen,
+}
+
+// ------------------------------------------------------------ the scribe
+
+/// The scribe's body: one thread per lane, until every lane has closed.
+fn run_scribe(store: OwnedFd, renew: OwnedFd, state: OwnedFd, agent_pid: u32) -> i32 {
+    let threads = [
+        std::thread::Builder::new()
+            .name("store".into())
+            .spawn(move || serve_store(&store)),
+        std::thread::Builder::new()
+            .name("renew".into())
+            .spawn(move || serve_store(&renew)),
+        std::thread::Builder::new()
+            .name("state".into())
+            .spawn(move || serve_state(&state, agent_pid)),
+    ];
+    let mut code = 0;
+    for t in threads {
+        match t {
+            Ok(t) => {
+                let _ = t.join();
+            }
+            // The lane's socket went with the closure: the agent reads
+            // end of file on it and counts the store or file as failing.
+            Err(_) => code = 1,
+        }
+    }
+    code
+}
+
+fn serve_store(fd: &OwnedFd) {
+    let mut db: Option<EmbeddedAuthority> = None;
+    serve(fd, |call: StoreCall, reply: &mut dyn FnMut(StoreAnswer)| {
+        if let StoreCall::Open { path, prepare } = call {
+            let opened = if prepare {
+                crate::sys::paths::prepare_db_file(&path).map_err(|e| e.to_string())
+            } else {
+                Ok(())
+            };
+            if opened.is_ok() {
+                db = Some(EmbeddedAuthority::new(path));
+            }
+            return reply(StoreAnswer::Opened(opened));
+        }
+        let Some(db) = db.as_mut() else {
+            return reply(StoreAnswer::NotOpen);
+        };
+        match call {
+            StoreCall::Open { .. } => {}
+            StoreCall::Acquire { req, timeout } => {
+                reply(StoreAnswer::Granted(db.acquire(&req, timeout)));
+            }
+            StoreCall::AcquireWait { req, wait, timeout } => {
+                let waited = db.waiter().map(|mut w| w.acquire_wait(&req, wait, timeout));
+                let answer = match waited {
+                    Some(answer) => answer,
+                    None => db.acquire(&req, timeout),
+                };
+                reply(StoreAnswer::Granted(answer));
+            }
+            StoreCall::AbandonWait { timeout } => {
+                if let Some(mut w) = db.waiter() {
+                    w.abandon_wait(timeout);
+                }
+                reply(StoreAnswer::Abandoned);
+            }
+            StoreCall::Renew { lease, timeout } => {
+                let answer = db.renew(&lease, timeout);
+                let renewed = answer.is_ok();
+                reply(StoreAnswer::Renewed(answer));
+                // The WAL's checkpoint once the answer is out, as the
+                // heartbeat's own handle does (`embedded.rs`).
+                if renewed {
+                    db.after_renewal();
+                }
+            }
+            StoreCall::Release {
+                lease,
+                outcome,
+                exit_code,
+                timeout,
+            } => reply(StoreAnswer::Released(
+                db.release(&lease, outcome, exit_code, timeout),
+            )),
+        }
+    });
+}
+
+fn serve_state(fd: &OwnedFd, agent_pid: u32) {
+    let mut writer: Option<StateWriter> = None;
+    let mut removed = false;
+    serve(fd, |call: StateCall, reply: &mut dyn FnMut(StateAnswer)| {
+        match call {
+            StateCall::Open { group } => {
+                let opened = match group {
+                    Some(gid) => StateWriter::for_group(gid, agent_pid).map_err(|e| e.to_string()),
+                    None => crate::sys::paths::runtime_dir()
+                        .map(|(path, dir)| StateWriter::in_checked_dir(&path, dir, agent_pid))
+                        .map_err(|e| e.to_string()),
+                };
+                let answer = match &opened {
+                    Ok(w) => Ok(w.path().to_path_buf()),
+                    Err(e) => Err(e.clone()),
+                };
+                writer = opened.ok();
+                reply(StateAnswer::Opened(answer));
+            }
+            StateCall::Write(view) => match writer.as_mut() {
+                Some(w) => reply(StateAnswer::Written(
+                    w.write(&view).map_err(|e| e.to_string()),
+                )),
+                None => reply(StateAnswer::NotOpen),
+            },
+            StateCall::Remove => {
+                if let Some(w) = writer.as_mut() {
+                    w.remove();
+                }
+                removed = true;
+                reply(StateAnswer::Removed);
+            }
+        }
+    });
+    // The agent's end closed without a removal: it died (SIGKILL, the
+    // OOM killer). Its view of the lease is void: the file goes.
+    if !removed && let Some(w) = writer.as_mut() {
+        w.remove();
+    }
+}
+
+// ------------------------------------------------------------ the agent's side
+
+/// The agent's handle on its scribe: the lanes not yet handed out.
+pub struct Scribe {
+    store: Option<Lane>,
+    renew: Option<Lane>,
+    state: Option<Lane>,
+}
+
+impl Scribe {
+    /// Forks the scribe. Only while the agent has one thread (refused
+    /// otherwise: the caller then does the work itself).
+    pub fn start() -> std::io::Result<Scribe> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+        let pair = || {
+            socketpair(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+        };
+        let (store, store_theirs) = pair()?;
+        let (renew, renew_theirs) = pair()?;
+        let (state, state_theirs) = pair()?;
+        let agent_pid = std::process::id();
+        let keep = [
+            store_theirs.as_raw_fd(),
+            renew_theirs.as_raw_fd(),
+            state_theirs.as_raw_fd(),
+        ];
+        // The scribe's copies of the agent's ends are closed by `detach`
+        // (they are not in `keep`): its reads see the agent's close.
+        crate::sys::detach::spawn_detached(&keep, move || {
+            run_scribe(store_theirs, renew_theirs, state_theirs, agent_pid)
+        })?;
+        Ok(Scribe {
+            store: Some(Lane::new(store)),
+            renew: Some(Lane::new(renew)),
+            state: Some(Lane::new(state)),
+        })
+    }
+
+    /// The embedded authority at `path`, served by the scribe: its
+    /// directory checked (and made) there, as [`crate::authority::open`]
+    /// does; the answer waited for `within`.
+    pub fn embedded(
+        &mut self,
+        path: &Path,
+        within: Duration,
+    ) -> Result<ScribedAuthority, String> {
+        let mut lane = self
+            .store
+            .take()
+            .ok_or_else(|| "the store lane is already in use".to_string())?;
+        let call = StoreCall::Open {
+            path: path.to_path_buf(),
+            prepare: true,
+        };
+        match lane.call(&call, within) {
+            Ok(StoreAnswer::Opened(Ok(()))) => Ok(ScribedAuthority {
+                url: format!("sqlite:{}", path.display()),
+                path: path.to_path_buf(),
+                lane,
+                renew: self.renew.take(),
+            }),
+            Ok(StoreAnswer::Opened(Err(e))) => Err(e),
+            Ok(_) => Err(format!("{}: an answer of another call", path.display())),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// The lease state file, written by the scribe: in the runtime
+    /// directory, or for a job of another user (`group`) in a directory of
+    /// the run's own; the answer waited for `within`.
+    pub fn state_file(
+        &mut self,
+        group: Option<u32>,
+        within: Duration,
+    ) -> Result<ScribedState, String> {
+        let mut lane = self
+            .state
+            .take()
+            .ok_or_else(|| "the state lane is already in use".to_string())?;
+        match lane.call(&StateCall::Open { group }, within) {
+            Ok(StateAnswer::Opened(Ok(path))) => Ok(ScribedState { lane, path }),
+            Ok(StateAnswer::Opened(Err(e))) => Err(e),
+            Ok(_) => Err("an answer of another call".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// The embedded authority, its calls made by the scribe.
+pub struct ScribedAuthority {
+    url: String,
+    path: PathBuf,
+    lane: Lane,
+    /// The heartbeat's lane, handed out by [`LeaseClient::renewer`].
+    renew: Option<Lane>,
+}
+
+impl ScribedAuthority {
+    fn ask(&mut self, call: &StoreCall, timeout: Duration) -> Result<StoreAnswer, Failure> {
+        self.lane
+            .call(call, timeout + ANSWER_SLACK)
+            .map_err(|e| e.failure(&self.url))
+    }
+}
+
+/// An answer of the wrong kind: never a success.
+fn mismatched(url: &str) -> Failure {
+    Failure::new(
+        FailureKind::Store,
+        format!("{url}: the agent's store process answered another call"),
+    )
+}
+
+impl LeaseClient for ScribedAuthority {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn acquire(&mut self, req: &AcquireRequest, timeout: Duration) -> Result<Grant, AcquireError> {
+        let call = StoreCall::Acquire {
+            req: req.clone(),
+            timeout,
+        };
+        match self.ask(&call, timeout).map_err(AcquireError::Transient)? {
+            StoreAnswer::Granted(answer) => answer,
+            _ => Err(AcquireError::Transient(mismatched(&self.url))),
+        }
+    }
+
+    fn renew(&mut self, lease: &LeaseRef, timeout: Duration) -> Result<Renewed, RenewError> {
+        renew_on(&mut self.lane, &self.url, lease, timeout)
+    }
+
+    fn release(
+        &mut self,
+        lease: &LeaseRef,
+        outcome: Outcome,
+        exit_code: Option<i32>,
+        timeout: Duration,
+    ) -> Result<(), RenewError> {
+        let call = StoreCall::Release {
+            lease: lease.clone(),
+            outcome,
+            exit_code,
+            timeout,
+        };
+        match self.ask(&call, timeout).map_err(RenewError::Transient)? {
+            StoreAnswer::Released(answer) => answer,
+            _ => Err(RenewError::Transient(mismatched(&self.url))),
+        }
+    }
+
+    /// The renew lane, its own database connection in the scribe (opened
+    /// at the first renewal, as the in-process renewer's is). The agent
+    /// makes one renewer per run; a second one has no lane and fails
+    /// every renewal (a transient failure: the machine stops the job by
+    /// the deadline), never renews.
+    fn renewer(&mut self) -> Box<dyn Renewer> {
+        Box::new(ScribedRenewer {
+            url: self.url.clone(),
+            path: self.path.clone(),
+            lane: self.renew.take(),
+            opened: false,
+        })
+    }
+
+    fn waiter(&mut self) -> Option<Box<dyn Waiter + '_>> {
+        Some(Box::new(ScribedWaiter(self)))
+    }
+
+    /// The agent makes no operator calls (`leases`, `revoke`, … open the
+    /// database in their own process).
+    fn operator(&mut self) -> Option<Box<dyn Operator + '_>> {
+        None
+    }
+}
+
+fn renew_on(
+    lane: &mut Lane,
+    url: &str,
+    lease: &LeaseRef,
+    timeout: Duration,
+) -> Result<Renewed, RenewError> {
+    let call = StoreCall::Renew {
+        lease: lease.clone(),
+        timeout,
+    };
+    match lane.call(&call, timeout + ANSWER_SLACK) {
+        Ok(StoreAnswer::Renewed(answer)) => answer,
+        Ok(_) => Err(RenewError::Transient(mismatched(url))),
+        Err(e) => Err(RenewError::Transient(e.failure(url))),
+    }
+}
+
+/// `--wait` through the scribe: the queue's place is the scribe's
+/// handle's (the embedded authority's waiter id lives there).
+struct ScribedWaiter<'a>(&'a mut ScribedAuthority);
+
+impl Waiter for ScribedWaiter<'_> {
+    fn acquire_wait(
+        &mut self,
+        req: &AcquireRequest,
+        wait: Duration,
+        timeout: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let call = StoreCall::AcquireWait {
+            req: req.clone(),
+            wait,
+            timeout,
+        };
+        match self.0.ask(&call, timeout).map_err(AcquireError::Transient)? {
+            StoreAnswer::Granted(answer) => answer,
+            _ => Err(AcquireError::Transient(mismatched(&self.0.url))),
+        }
+    }
+
+    fn abandon_wait(&mut self, timeout: Duration) {
+        let _ = self.0.ask(&StoreCall::AbandonWait { timeout }, timeout);
+    }
+}
+
+/// The heartbeat thread's handle: renewals on the renew lane.
+struct ScribedRenewer {
+    url: String,
+    path: PathBuf,
+    lane: Option<Lane>,
+    opened: bool,
+}
+
+impl Renewer for ScribedRenewer {
+    fn renew(
+        &mut self,
+        lease: &LeaseRef,
+        timeout: Duration,
+        report: &mut dyn FnMut(Result<Renewed, RenewError>),
+    ) {
+        let Some(lane) = self.lane.as_mut() else {
+            return report(Err(RenewError::Transient(Failure::new(
+                FailureKind::Store,
+                format!("{}: no lane to the agent's store process for a second renewer", self.url),
+            ))));
+        };
+        let started = Instant::now();
+        if !self.opened {
+            let call = StoreCall::Open {
+                path: self.path.clone(),
+                prepare: false,
+            };
+            match lane.call(&call, timeout + ANSWER_SLACK) {
+                Ok(StoreAnswer::Opened(Ok(()))) => self.opened = true,
+                Ok(_) => return report(Err(RenewError::Transient(mismatched(&self.url)))),
+                Err(e) => return report(Err(RenewError::Transient(e.failure(&self.url)))),
+            }
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        report(renew_on(lane, &self.url, lease, left));
+    }
+}
+
+/// The lease state file, written by the scribe.
+pub struct ScribedState {
+    lane: Lane,
+    path: PathBuf,
+}
+
+/// How long a write of the state file is waited for. Longer than any
+/// write takes on a working filesystem (tens of µs) by far; a stalled one
+/// costs the writer thread this much per view, never the loop.
+const WRITE_WITHIN: Duration = Duration::from_secs(1);
+
+impl StateSink for ScribedState {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write(&mut self, state: &LeaseStateFile) -> std::io::Result<()> {
+        match self
+            .lane
+            .call(&StateCall::Write(Box::new(state.clone())), WRITE_WITHIN)
+        {
+            Ok(StateAnswer::Written(Ok(()))) => Ok(()),
+            Ok(StateAnswer::Written(Err(e))) => Err(std::io::Error::other(e)),
+            Ok(_) => Err(std::io::Error::other("an answer of another call")),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+
+    fn remove(&mut self) {
+        let _ = self
+            .lane
+            .call::<_, StateAnswer>(&StateCall::Remove, WRITE_WITHIN);
+    }
+}
