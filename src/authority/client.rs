@@ -88,7 +88,7 @@ pub trait Waiter {
     /// `Err(Held { retry_after: Some(ZERO), .. })` means "still queued, call
     /// again (right away)". A client that polls its authority may ask once
     /// and return `Held` with a short `retry_after` instead of waiting
-    /// ([`AsksInTurn`]). Whatever a call waits inside, a grant it returns
+    /// ([`ask_in_turn`]). Whatever a call waits inside, a grant it returns
     /// must carry its full ttl from the moment the call was made (the agent
     /// counts from then): etcd's place is refreshed first. The agent's `--wait` loop calls this in slices
     /// (so it can notice signals and its own deadline) and calls
@@ -227,51 +227,128 @@ pub fn waiter_id(slot: &mut Option<String>) -> Result<String, AcquireError> {
     Ok(slot.insert(id).clone())
 }
 
-/// A client whose authority queues waiters by an id sent with each ask
-/// and has no push (the embedded authority, a lease server): it waits in
-/// the queue by asking again, as the same waiter each time
-/// ([`AsksInTurn::ask_in_turn`], its [`Waiter::acquire_wait`]).
-pub trait AsksInTurn {
-    /// The longest a held answer has the agent wait before it asks again.
-    const ASK_EVERY: Duration;
+/// One ask per call, as this handle's waiter (its id kept in `slot`, made
+/// at the first ask: [`waiter_id`]), for a client whose authority queues
+/// waiters by an id sent with each ask and has no push (the embedded
+/// authority, a lease server): it waits in the queue by asking again, as
+/// the same waiter each time (its [`Waiter::acquire_wait`]). `ask` is the
+/// client's acquire as that waiter; `held` comes back with a `retry_after`
+/// of at most `ask_every`, so the agent's `--wait` loop asks again that
+/// soon.
+///
+/// One ask, not a loop of them inside the call: the agent counts a
+/// grant's ttl from the moment it sent the call, so a grant answered to
+/// the fourth ask of a one-second loop would reach it with the ttl less
+/// the time spent in the loop (a 1 s lease granted 900 ms in arrived
+/// with less than its grace left, and the command was not started).
+pub fn ask_in_turn(
+    slot: &mut Option<String>,
+    ask_every: Duration,
+    ask: impl FnOnce(&str) -> Result<Grant, AcquireError>,
+) -> Result<Grant, AcquireError> {
+    let id = waiter_id(slot)?;
+    match ask(&id) {
+        Err(AcquireError::Held {
+            holder,
+            retry_after,
+        }) => Err(AcquireError::Held {
+            holder,
+            retry_after: Some(retry_after.map_or(ask_every, |r| r.min(ask_every))),
+        }),
+        other => other,
+    }
+}
 
-    /// Where this handle keeps its waiter id, made at its first ask
-    /// ([`waiter_id`]).
-    fn waiter(&mut self) -> &mut Option<String>;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// An acquire as `waiter` (its place in the queue kept), or as a
-    /// newcomer (`None`).
-    fn acquire_as(
-        &mut self,
-        req: &AcquireRequest,
-        waiter: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Grant, AcquireError>;
+    const EVERY: Duration = Duration::from_millis(100);
 
-    /// One ask per call, as this handle's waiter; `held` comes back with a
-    /// `retry_after` of at most [`AsksInTurn::ASK_EVERY`], so the agent's
-    /// `--wait` loop asks again that soon ([`Waiter::acquire_wait`]).
-    ///
-    /// One ask, not a loop of them inside the call: the agent counts a
-    /// grant's ttl from the moment it sent the call, so a grant answered to
-    /// the fourth ask of a one-second loop would reach it with the ttl less
-    /// the time spent in the loop (a 1 s lease granted 900 ms in arrived
-    /// with less than its grace left, and the command was not started).
-    fn ask_in_turn(
-        &mut self,
-        req: &AcquireRequest,
-        timeout: Duration,
-    ) -> Result<Grant, AcquireError> {
-        let id = waiter_id(self.waiter())?;
-        match self.acquire_as(req, Some(&id), timeout) {
-            Err(AcquireError::Held {
-                holder,
-                retry_after,
-            }) => Err(AcquireError::Held {
-                holder,
-                retry_after: Some(retry_after.map_or(Self::ASK_EVERY, |r| r.min(Self::ASK_EVERY))),
+    fn held(retry_after: Option<Duration>) -> AcquireError {
+        AcquireError::Held {
+            holder: "host-b:42".into(),
+            retry_after,
+        }
+    }
+
+    /// One ask through `ask_in_turn` answering `answer`: what it returned
+    /// and the waiter id it asked as.
+    fn ask_once(
+        slot: &mut Option<String>,
+        answer: Result<Grant, AcquireError>,
+    ) -> (Result<Grant, AcquireError>, String) {
+        let mut asked_as = None;
+        let got = ask_in_turn(slot, EVERY, |id| {
+            asked_as = Some(id.to_owned());
+            answer
+        });
+        (got, asked_as.expect("ask_in_turn did not ask"))
+    }
+
+    #[test]
+    fn a_held_answer_asks_again_within_ask_every_as_the_same_waiter() {
+        let mut slot = None;
+        let (got, first) = ask_once(&mut slot, Err(held(Some(Duration::from_secs(30)))));
+        assert_eq!(
+            got,
+            Err(held(Some(EVERY))),
+            "a longer retry_after is capped"
+        );
+        assert_eq!(first.len(), 32, "waiter id {first:?}");
+        assert!(
+            first
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "waiter id {first:?}"
+        );
+        assert_eq!(slot.as_deref(), Some(first.as_str()), "the id is kept");
+
+        for (said, expected) in [
+            (None, Some(EVERY)),
+            (
+                Some(Duration::from_millis(20)),
+                Some(Duration::from_millis(20)),
+            ),
+            (Some(EVERY), Some(EVERY)),
+            (Some(Duration::ZERO), Some(Duration::ZERO)),
+        ] {
+            let (got, id) = ask_once(&mut slot, Err(held(said)));
+            assert_eq!(got, Err(held(expected)), "retry_after {said:?}");
+            assert_eq!(id, first, "asked as another waiter");
+            assert_eq!(slot.as_deref(), Some(first.as_str()));
+        }
+    }
+
+    #[test]
+    fn answers_other_than_held_come_back_as_they_were() {
+        let grant = Grant {
+            lease_id: "l-1".into(),
+            task: "backup".into(),
+            token: 7,
+            ttl: Duration::from_secs(30),
+        };
+        let mut slot = Some("0123456789abcdef0123456789abcdef".to_owned());
+        for answer in [
+            Ok(grant),
+            Err(AcquireError::HeldForOperator {
+                holder: "host-b:42".into(),
+                lease_id: "l-0".into(),
             }),
-            other => other,
+            Err(AcquireError::Rejected("ttl_ms must be > 0".into())),
+            Err(AcquireError::Trust("403 forbidden".into())),
+            Err(AcquireError::Transient(Failure::new(
+                FailureKind::Connect,
+                "connection refused",
+            ))),
+        ] {
+            let (got, id) = ask_once(&mut slot, answer.clone());
+            assert_eq!(got, answer);
+            assert_eq!(
+                id, "0123456789abcdef0123456789abcdef",
+                "a kept id is asked as, not replaced"
+            );
+            assert_eq!(slot.as_deref(), Some(id.as_str()));
         }
     }
 }

@@ -126,13 +126,7 @@ impl Renewer for EmbeddedRenewer {
     }
 }
 
-impl AsksInTurn for EmbeddedAuthority {
-    const ASK_EVERY: Duration = Duration::from_millis(100);
-
-    fn waiter(&mut self) -> &mut Option<String> {
-        &mut self.waiter
-    }
-
+impl EmbeddedAuthority {
     /// An acquire as `waiter` (its place in the engine's queue kept), or as
     /// a newcomer (`None`).
     fn acquire_as(
@@ -194,7 +188,14 @@ impl Waiter for EmbeddedAuthority {
         _wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
-        self.ask_in_turn(req, timeout)
+        // The id is taken out of `self` for the ask, which borrows all of
+        // `self`, and put back whatever the answer.
+        let mut slot = self.waiter.take();
+        let answer = ask_in_turn(&mut slot, ASK_EVERY, |id| {
+            self.acquire_as(req, Some(id), timeout)
+        });
+        self.waiter = slot;
+        answer
     }
 
     fn abandon_wait(&mut self, timeout: Duration) {
@@ -211,6 +212,9 @@ impl Waiter for EmbeddedAuthority {
         }
     }
 }
+
+/// How often a waiter asks again while it waits in the queue.
+const ASK_EVERY: Duration = Duration::from_millis(100);
 
 impl LeaseClient for EmbeddedAuthority {
     fn url(&self) -> String {

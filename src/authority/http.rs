@@ -273,13 +273,7 @@ fn refusal(status: u16, body: &[u8]) -> Option<RenewError> {
     })
 }
 
-impl AsksInTurn for HttpAuthority {
-    const ASK_EVERY: Duration = Duration::from_millis(250);
-
-    fn waiter(&mut self) -> &mut Option<String> {
-        &mut self.waiter
-    }
-
+impl HttpAuthority {
     /// An acquire as `waiter` (lease protocol v1, "Waiting": serve keeps
     /// its place in the task's queue), or as a newcomer (`None`).
     fn acquire_as(
@@ -365,13 +359,23 @@ impl Waiter for HttpAuthority {
         _wait: Duration,
         timeout: Duration,
     ) -> Result<Grant, AcquireError> {
-        self.ask_in_turn(req, timeout)
+        // The id is taken out of `self` for the ask, which borrows all of
+        // `self`, and put back whatever the answer.
+        let mut slot = self.waiter.take();
+        let answer = ask_in_turn(&mut slot, ASK_EVERY, |id| {
+            self.acquire_as(req, Some(id), timeout)
+        });
+        self.waiter = slot;
+        answer
     }
 
     fn abandon_wait(&mut self, _timeout: Duration) {
         self.waiter = None;
     }
 }
+
+/// How often a waiter asks again while it waits.
+const ASK_EVERY: Duration = Duration::from_millis(250);
 
 impl LeaseClient for HttpAuthority {
     fn url(&self) -> String {
