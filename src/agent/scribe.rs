@@ -255,7 +255,9 @@ enum StoreAnswer {
 enum StateCall {
     /// Make the writer: in the runtime directory, or (`group`: a job of
     /// another user) a directory of the run's own of that group.
-    Open { group: Option<u32> },
+    Open {
+        group: Option<u32>,
+    },
     Write(Box<LeaseStateFile>),
     Remove,
 }
@@ -358,8 +360,9 @@ fn serve_store(fd: &OwnedFd) {
 fn serve_state(fd: &OwnedFd, agent_pid: u32) {
     let mut writer: Option<StateWriter> = None;
     let mut removed = false;
-    serve(fd, |call: StateCall, reply: &mut dyn FnMut(StateAnswer)| {
-        match call {
+    serve(
+        fd,
+        |call: StateCall, reply: &mut dyn FnMut(StateAnswer)| match call {
             StateCall::Open { group } => {
                 let opened = match group {
                     Some(gid) => StateWriter::for_group(gid, agent_pid).map_err(|e| e.to_string()),
@@ -387,8 +390,8 @@ fn serve_state(fd: &OwnedFd, agent_pid: u32) {
                 removed = true;
                 reply(StateAnswer::Removed);
             }
-        }
-    });
+        },
+    );
     // The agent's end closed without a removal: it died (SIGKILL, the
     // OOM killer). Its view of the lease is void: the file goes.
     if !removed && let Some(w) = writer.as_mut() {
@@ -442,11 +445,7 @@ impl Scribe {
     /// The embedded authority at `path`, served by the scribe: its
     /// directory checked (and made) there, as [`crate::authority::open`]
     /// does; the answer waited for `within`.
-    pub fn embedded(
-        &mut self,
-        path: &Path,
-        within: Duration,
-    ) -> Result<ScribedAuthority, String> {
+    pub fn embedded(&mut self, path: &Path, within: Duration) -> Result<ScribedAuthority, String> {
         let mut lane = self
             .store
             .take()
@@ -611,7 +610,11 @@ impl Waiter for ScribedWaiter<'_> {
             wait,
             timeout,
         };
-        match self.0.ask(&call, timeout).map_err(AcquireError::Transient)? {
+        match self
+            .0
+            .ask(&call, timeout)
+            .map_err(AcquireError::Transient)?
+        {
             StoreAnswer::Granted(answer) => answer,
             _ => Err(AcquireError::Transient(mismatched(&self.0.url))),
         }
@@ -640,7 +643,10 @@ impl Renewer for ScribedRenewer {
         let Some(lane) = self.lane.as_mut() else {
             return report(Err(RenewError::Transient(Failure::new(
                 FailureKind::Store,
-                format!("{}: no lane to the agent's store process for a second renewer", self.url),
+                format!(
+                    "{}: no lane to the agent's store process for a second renewer",
+                    self.url
+                ),
             ))));
         };
         let started = Instant::now();

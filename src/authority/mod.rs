@@ -297,7 +297,9 @@ pub fn open(
 /// directory must be this user's alone; no symlinks followed.
 pub fn open_embedded(path: &std::path::Path) -> Result<Box<dyn LeaseClient>, OpenError> {
     crate::sys::paths::prepare_db_file(path)?;
-    Ok(Box::new(embedded::EmbeddedAuthority::new(path.to_path_buf())))
+    Ok(Box::new(embedded::EmbeddedAuthority::new(
+        path.to_path_buf(),
+    )))
 }
 
 /// [`open`], the embedded authority opened by `embedded` (the agent's

@@ -94,7 +94,8 @@ pub fn spawn_detached(keep: &[RawFd], body: impl FnOnce() -> i32) -> std::io::Re
             // The middle process forks once and exits: this wait is as
             // long as one fork.
             loop {
-                match rustix::process::waitpid(Some(middle), rustix::process::WaitOptions::empty()) {
+                match rustix::process::waitpid(Some(middle), rustix::process::WaitOptions::empty())
+                {
                     Err(rustix::io::Errno::INTR) => {}
                     Ok(Some((_, status))) if status.exit_status() == Some(0) => return Ok(()),
                     Ok(_) => return Err(std::io::Error::other("the forked process failed")),
