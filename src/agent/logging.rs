@@ -78,16 +78,7 @@ impl Write for QueueWriter {
 /// cannot be started, logging goes straight to stderr (it still works, only
 /// without the protection).
 pub fn init() {
-    let env = env_logger::Env::default().filter_or("RUST_LOG", "info");
-    let mut builder = env_logger::Builder::from_env(env);
-    builder.format(|buf, record| {
-        writeln!(
-            buf,
-            "leaseagent: {}: {}",
-            record.level().as_str().to_lowercase(),
-            record.args()
-        )
-    });
+    let mut builder = builder();
     let (tx, rx) = crossbeam_channel::bounded::<Msg>(QUEUE_LINES);
     let started = std::thread::Builder::new()
         .name("log-writer".into())
@@ -107,6 +98,69 @@ pub fn init() {
         builder.target(env_logger::Target::Pipe(Box::new(QueueWriter)));
     }
     crate::sys::logcap::install(builder.build());
+}
+
+/// The level (`RUST_LOG`, `info` by default) and the line format of every
+/// process of the agent's.
+fn builder() -> env_logger::Builder {
+    let env = env_logger::Env::default().filter_or("RUST_LOG", "info");
+    let mut builder = env_logger::Builder::from_env(env);
+    builder.format(|buf, record| {
+        writeln!(
+            buf,
+            "leaseagent: {}: {}",
+            record.level().as_str().to_lowercase(),
+            record.args()
+        )
+    });
+    builder
+}
+
+thread_local! {
+    /// The scribe's lines of this thread, not yet sent ([`take_collected`]).
+    static COLLECTED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The scribe's log target: each line kept by the thread that logged it.
+struct Collect;
+
+impl Write for Collect {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        COLLECTED.with(|c| {
+            c.borrow_mut()
+                .push(String::from_utf8_lossy(buf).into_owned())
+        });
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Logging for the agent's scribe (`scribe.rs`), which has no stderr of
+/// its own (one it held could keep a caller's pipe open past the agent's
+/// exit): the agent's level and format, each line kept by its thread and
+/// sent to the agent with that thread's next answer ([`take_collected`]),
+/// which writes it as its own ([`relay`]).
+pub fn init_collecting() {
+    let mut builder = builder();
+    builder.target(env_logger::Target::Pipe(Box::new(Collect)));
+    crate::sys::logcap::install(builder.build());
+}
+
+/// The lines this thread logged since the last call.
+pub fn take_collected() -> Vec<String> {
+    COLLECTED.with(|c| std::mem::take(&mut *c.borrow_mut()))
+}
+
+/// A line another process of the agent's (its scribe) formatted: written
+/// as the agent's own lines are, through the queue.
+pub fn relay(line: &str) {
+    match SHARED.get() {
+        Some(s) => s.offer(line.as_bytes()),
+        None => eprint!("{line}"),
+    }
 }
 
 /// How many lines were dropped so far because stderr was stalled.

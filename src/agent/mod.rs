@@ -66,9 +66,9 @@ pub fn main(cfg: RunConfig) -> ExitCode {
     // Before the scribe's fork, which inherits it.
     let dumpable = crate::sys::keeper_spawn::not_dumpable();
     // Still one thread: the scribe, which makes every filesystem write of
-    // the run, forks now (`scribe.rs`).
-    let scribe = crate::agent::scribe::Scribe::start();
+    // the run, forks now (`scribe.rs`), with the malloc arena cap.
     crate::sys::malloc::one_arena();
+    let scribe = crate::agent::scribe::Scribe::start();
     crate::agent::logging::init();
     let code = match dumpable {
         Ok(()) => run(cfg, front, scribe),
@@ -342,11 +342,12 @@ fn start(
     let within = (grant.ttl / 2).min(Duration::from_secs(5));
     let state = state_sink(cfg.user.as_ref(), scribe.as_mut(), within);
     // Lanes not handed out close: the scribe's threads for them end.
+    let scribe_pid = scribe.as_ref().map(Scribe::pid);
     drop(scribe);
     let env = job_env(&grant, &url, state.as_deref(), cfg.user.as_ref());
     // Publish before the job starts so `check` works from its first line.
     sup.publish_initial(state);
-    match keeper.start(&env, tx.clone(), event_of) {
+    match keeper.start(&env, tx.clone(), event_of, scribe_pid) {
         Ok(k) => sup.set_keeper(k),
         Err(e) => {
             let error = e.to_string();

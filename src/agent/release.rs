@@ -18,13 +18,14 @@
 //! than [`release_timeout`]. Past the window the agent goes on to exit and
 //! leaves the thread where it is blocked.
 //!
-//! What this cannot change: the kernel reaps a process only once its last
-//! thread is gone, and a thread in uninterruptible sleep on a frozen
-//! filesystem does not go until the filesystem thaws. The agent's
-//! `exit_group` comes on time (its main thread is a zombie at once), but its
-//! parent's `wait` and a pidfd answer only after the thaw (measured in
-//! docs/failures.md). The job is dead before any of this: the keeper stops
-//! it, not the release.
+//! Since the scribe (`scribe.rs`) makes the embedded authority's calls,
+//! the `release` thread itself only waits in `poll` for the scribe's
+//! answer: a release stalled on a frozen filesystem holds the scribe, not
+//! a thread of the agent, and the agent is reaped at its deadline (before
+//! the scribe, a thread asleep in the kernel kept the whole agent from
+//! being reaped until the thaw). The scribe makes the release once the
+//! filesystem comes back, if it still can. The job is dead before any of
+//! this: the keeper stops it, not the release.
 
 use std::time::Duration;
 

@@ -45,7 +45,14 @@
 //! - **Not the agent's child**: forked twice ([`crate::sys::detach`]), so
 //!   the agent's proof that the job's tree is gone (no child left: it is
 //!   the orphans' subreaper) is untouched, and the front's and callers'
-//!   pipes are not held by it (it keeps no descriptor but its lanes).
+//!   pipes are not held by it (it keeps no descriptor but its lanes). An
+//!   agent that is itself an init (PID 1 of a container) adopts it all
+//!   the same: its pid is then spared, by that proof and by the agent's
+//!   own kill of the tree (`keeper/handle.rs`).
+//! - **Its log lines are the agent's**: it has no stderr (one it held could
+//!   keep a caller's `2>&1 | …` open past the agent's exit); each thread's
+//!   lines go with its next answer, and the agent writes them through its
+//!   own queue (`agent/logging.rs`).
 //! - **Out of the job's reach as the agent is**: it inherits the agent's
 //!   non-dumpable flag (set before the fork), so a job of the same user can
 //!   neither trace it nor reach its sockets through `/proc`; in a PID
@@ -160,9 +167,13 @@ impl Lane {
                     return Err(LaneError::Malformed(format!("{full} bytes")));
                 }
                 Ok((n, _)) => {
-                    let (got, answer): (u64, serde_json::Value) =
+                    let (got, answer, lines): (u64, serde_json::Value, Vec<String>) =
                         serde_json::from_slice(&self.buf[..n])
                             .map_err(|e| LaneError::Malformed(e.to_string()))?;
+                    // What the scribe logged on the way, written as ours.
+                    for line in &lines {
+                        crate::agent::logging::relay(line);
+                    }
                     // An answer to an earlier call that timed out: skipped.
                     if got != id {
                         continue;
@@ -199,7 +210,10 @@ fn serve<Q: DeserializeOwned, A: Serialize>(
             continue;
         };
         handle(call, &mut |answer: A| {
-            if let Ok(msg) = serde_json::to_vec(&(id, answer)) {
+            // The lines this thread logged since its last answer go with
+            // this one (`agent/logging.rs`).
+            let lines = crate::agent::logging::take_collected();
+            if let Ok(msg) = serde_json::to_vec(&(id, answer, lines)) {
                 let _ = send(fd, &msg, SendFlags::NOSIGNAL);
             }
         });
@@ -274,6 +288,11 @@ enum StateAnswer {
 
 /// The scribe's body: one thread per lane, until every lane has closed.
 fn run_scribe(store: OwnedFd, renew: OwnedFd, state: OwnedFd, agent_pid: u32) -> i32 {
+    // The renewals on the embedded authority are made here now: the same
+    // defences against memory pressure as the agent's (`mlockall` is not
+    // inherited across fork).
+    let _ = crate::sys::memory::protect();
+    crate::agent::logging::init_collecting();
     let threads = [
         std::thread::Builder::new()
             .name("store".into())
@@ -403,6 +422,9 @@ fn serve_state(fd: &OwnedFd, agent_pid: u32) {
 
 /// The agent's handle on its scribe: the lanes not yet handed out.
 pub struct Scribe {
+    /// Its pid: the agent spares it when it proves the job's tree gone
+    /// (an agent that is an init or a subreaper adopted it).
+    pid: i32,
     store: Option<Lane>,
     renew: Option<Lane>,
     state: Option<Lane>,
@@ -432,14 +454,19 @@ impl Scribe {
         ];
         // The scribe's copies of the agent's ends are closed by `detach`
         // (they are not in `keep`): its reads see the agent's close.
-        crate::sys::detach::spawn_detached(&keep, move || {
+        let pid = crate::sys::detach::spawn_detached(&keep, move || {
             run_scribe(store_theirs, renew_theirs, state_theirs, agent_pid)
         })?;
         Ok(Scribe {
+            pid,
             store: Some(Lane::new(store)),
             renew: Some(Lane::new(renew)),
             state: Some(Lane::new(state)),
         })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 
     /// The embedded authority at `path`, served by the scribe: its
@@ -698,5 +725,178 @@ impl StateSink for ScribedState {
         let _ = self
             .lane
             .call::<_, StateAnswer>(&StateCall::Remove, WRITE_WITHIN);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+    }
+
+    /// A scribe's lane served by a thread: each call's answer is its
+    /// number doubled, the first one only once `gate` lets it go.
+    fn doubling(
+        theirs: OwnedFd,
+        gate: crossbeam_channel::Receiver<()>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut first = true;
+            serve(&theirs, |n: u64, reply: &mut dyn FnMut(u64)| {
+                if std::mem::take(&mut first) {
+                    let _ = gate.recv();
+                }
+                reply(n * 2);
+            });
+        })
+    }
+
+    #[test]
+    fn a_late_answer_is_never_taken_for_a_later_calls() {
+        let (ours, theirs) = pair();
+        let (open, gate) = crossbeam_channel::bounded(1);
+        let server = doubling(theirs, gate);
+        let mut lane = Lane::new(ours);
+        let late = lane.call::<_, u64>(&21u64, Duration::from_millis(50));
+        assert!(matches!(late, Err(LaneError::Timeout(_))), "{late:?}");
+        open.send(()).unwrap();
+        // The answer to 21 (42) comes first on the socket: skipped.
+        assert_eq!(
+            lane.call::<_, u64>(&5u64, Duration::from_secs(10)).unwrap(),
+            10
+        );
+        assert_eq!(
+            lane.call::<_, u64>(&7u64, Duration::from_secs(10)).unwrap(),
+            14
+        );
+        drop(lane);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_scribe_that_is_gone_or_babbles_never_answers() {
+        let (ours, theirs) = pair();
+        drop(theirs);
+        let mut lane = Lane::new(ours);
+        let gone = lane.call::<_, u64>(&1u64, Duration::from_secs(10));
+        assert!(matches!(gone, Err(LaneError::Gone(_))), "{gone:?}");
+
+        let (ours, theirs) = pair();
+        let babbler = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let _ = rustix::net::recv(&theirs, &mut buf[..], rustix::net::RecvFlags::empty());
+            let _ = rustix::net::send(&theirs, b"\xff{not json", rustix::net::SendFlags::empty());
+            theirs
+        });
+        let mut lane = Lane::new(ours);
+        let bad = lane.call::<_, u64>(&1u64, Duration::from_secs(10));
+        assert!(matches!(bad, Err(LaneError::Malformed(_))), "{bad:?}");
+        drop(babbler.join().unwrap());
+    }
+
+    #[test]
+    fn a_renewal_without_an_answer_is_transient_never_renewed() {
+        // The scribe's end is open but never answers: the call's own
+        // timeout (+ slack) ends the wait.
+        let (ours, theirs) = pair();
+        let mut renewer = ScribedRenewer {
+            url: "sqlite:/x".into(),
+            path: "/x".into(),
+            lane: Some(Lane::new(ours)),
+            opened: true,
+        };
+        let lease = LeaseRef {
+            lease_id: "l".into(),
+            token: 1,
+            task: "t".into(),
+        };
+        let started = Instant::now();
+        let mut answers = Vec::new();
+        renewer.renew(&lease, Duration::from_millis(100), &mut |a| answers.push(a));
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        match answers.as_slice() {
+            [Err(RenewError::Transient(f))] => {
+                assert_eq!(f.kind, FailureKind::Timeout, "{f}");
+                assert!(f.message.starts_with("sqlite:/x: no answer"), "{f}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Gone: the same, of kind Store.
+        drop(theirs);
+        answers.clear();
+        renewer.renew(&lease, Duration::from_secs(10), &mut |a| answers.push(a));
+        assert!(
+            matches!(answers.as_slice(), [Err(RenewError::Transient(f))] if f.kind == FailureKind::Store),
+            "{answers:?}"
+        );
+    }
+
+    #[test]
+    fn the_store_lane_serves_an_embedded_database_end_to_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("leases.sqlite3");
+        let (ours, theirs) = pair();
+        let (renew_ours, renew_theirs) = pair();
+        let store = std::thread::spawn(move || serve_store(&theirs));
+        let renew = std::thread::spawn(move || serve_store(&renew_theirs));
+        let mut scribe = Scribe {
+            pid: 0,
+            store: Some(Lane::new(ours)),
+            renew: Some(Lane::new(renew_ours)),
+            state: None,
+        };
+        let mut auth = scribe.embedded(&db, Duration::from_secs(10)).unwrap();
+        let req = AcquireRequest {
+            task: "t".into(),
+            holder: "h".into(),
+            ttl: Duration::from_secs(5),
+            on_expiry: crate::authority::ExpiryPolicy::Redispatch,
+            grace: Duration::ZERO,
+        };
+        let grant = auth.acquire(&req, Duration::from_secs(10)).unwrap();
+        assert_eq!((grant.task.as_str(), grant.token), ("t", 1));
+        // Held: a second acquire is refused with the holder's name.
+        let held = auth.acquire(&req, Duration::from_secs(10));
+        assert!(
+            matches!(&held, Err(AcquireError::Held { holder, .. }) if holder == "h"),
+            "{held:?}"
+        );
+        let mut renewer = auth.renewer();
+        let mut answers = Vec::new();
+        renewer.renew(&grant.lease_ref(), Duration::from_secs(10), &mut |a| {
+            answers.push(a)
+        });
+        assert!(
+            matches!(answers.as_slice(), [Ok(Renewed { .. })]),
+            "{answers:?}"
+        );
+        auth.release(
+            &grant.lease_ref(),
+            Outcome::Succeeded,
+            Some(0),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        // Released: a renewal is refused, not renewed.
+        answers.clear();
+        renewer.renew(&grant.lease_ref(), Duration::from_secs(10), &mut |a| {
+            answers.push(a)
+        });
+        assert!(
+            matches!(answers.as_slice(), [Err(RenewError::Refused { .. })]),
+            "{answers:?}"
+        );
+        drop((auth, renewer));
+        store.join().unwrap();
+        renew.join().unwrap();
     }
 }

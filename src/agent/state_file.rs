@@ -8,10 +8,16 @@
 //! The supervisor loop never writes the file itself: a filesystem can stall
 //! (a hung NFS home, a stuck disk, `fsfreeze`), and a loop asleep in D
 //! state cannot act on a refusal or a deadline. It hands each new view to
-//! [`StateQueue`], whose thread writes it; when writes are slow, views that
-//! were overtaken are skipped (the latest value wins), like the log queue.
-//! Only the first write, before the job starts, is made directly, so
-//! `leaseagent check` works from the job's first line.
+//! [`StateQueue`], whose thread passes it on; when writes are slow, views
+//! that were overtaken are skipped (the latest value wins), like the log
+//! queue. Only the first write, before the job starts, is asked for
+//! directly, so `leaseagent check` works from the job's first line.
+//!
+//! Where the writes happen is a [`StateSink`]: the agent's scribe
+//! (`scribe.rs`), a process of its own, so that not even the writer thread
+//! sleeps on a stalled filesystem (a thread asleep in the kernel keeps the
+//! whole agent from being reaped); a [`StateWriter`] in the agent itself
+//! only where the scribe could not be forked.
 //!
 //! Times are on `CLOCK_BOOTTIME` (one clock for the whole host), tagged with
 //! the boot id, so a reader in another process computes the time left as

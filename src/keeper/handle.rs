@@ -66,6 +66,9 @@ pub struct Keeper {
     tree_gone: Arc<AtomicBool>,
     /// The keeper was reaped (whether it exited 0).
     reaped: Receiver<bool>,
+    /// A child of the agent that is not of the job's tree (its scribe,
+    /// when the agent is an init or a subreaper and so adopted it).
+    spared: Option<i32>,
 }
 
 /// What the agent hears from its keeper: the reports that change the run
@@ -199,11 +202,16 @@ impl Pending {
     /// Its news arrive on `events`, turned into the channel's own messages
     /// by `wrap` (the keeper knows nothing of the agent's event type). The
     /// reader runs before the frame goes out, so no job ever runs unread.
+    ///
+    /// `spared`: a process that may be the agent's child without being of
+    /// the job's tree (the agent's scribe), neither counted as a child
+    /// left nor killed with the tree.
     pub fn start<T: Send + 'static>(
         self,
         env: &[(String, String)],
         events: Sender<T>,
         wrap: fn(News) -> Option<T>,
+        spared: Option<i32>,
     ) -> std::io::Result<Keeper> {
         let Pending {
             pid,
@@ -225,7 +233,8 @@ impl Pending {
                         Some(m) => events.send(m).is_ok(),
                         None => true,
                     };
-                    read_reports(reports, &tree_gone, pid, pidfd.as_deref(), reaped_tx, send)
+                    let keeper = (pid, pidfd.as_deref());
+                    read_reports(reports, &tree_gone, keeper, spared, reaped_tx, send)
                 })?;
         }
         let frame = crate::keeper::protocol::encode_go(env);
@@ -243,6 +252,7 @@ impl Pending {
             ctl: Some(ctl),
             tree_gone,
             reaped,
+            spared,
         })
     }
 }
@@ -280,8 +290,8 @@ fn send_within(fd: &OwnedFd, mut buf: &[u8], limit: Duration) -> rustix::io::Res
 fn read_reports(
     reader: OwnedFd,
     tree_gone: &AtomicBool,
-    pid: i32,
-    pidfd: Option<&OwnedFd>,
+    (pid, pidfd): (i32, Option<&OwnedFd>),
+    spared: Option<i32>,
     reaped: Sender<bool>,
     mut send: impl FnMut(News) -> bool,
 ) {
@@ -327,7 +337,7 @@ fn read_reports(
         }
     }
     let success = reap(pid, pidfd);
-    let tree_empty = no_child_left();
+    let tree_empty = no_child_left(spared);
     let _ = reaped.send(success);
     send(News::Reaped { tree_empty });
 }
@@ -356,20 +366,40 @@ fn reap(pid: i32, pidfd: Option<&OwnedFd>) -> bool {
 /// Whether this process (the agent, a child subreaper whose only child was
 /// the keeper, now reaped) has no child left: the keeper's orphans would be
 /// ours. Zombies among them are reaped on the way; any error but ECHILD
-/// proves nothing and counts as a child left.
-pub fn no_child_left() -> bool {
+/// proves nothing and counts as a child left. `spared` (the agent's
+/// scribe, adopted when the agent is an init or a subreaper) does not
+/// count: then the proof is that it is the only child
+/// (`/proc/self/task/*/children`; unreadable counts as a child left).
+pub fn no_child_left(spared: Option<i32>) -> bool {
     use rustix::process::{WaitId, WaitIdOptions, waitid};
     loop {
         match waitid(WaitId::All, WaitIdOptions::EXITED | WaitIdOptions::NOHANG) {
             // An orphan of the tree that already died: reaped, look again.
             Ok(Some(_)) => {}
-            // Children, none of them ended.
-            Ok(None) => return false,
+            // Children, none of them ended: the spared one alone?
+            Ok(None) => return spared.is_some_and(only_child),
             Err(rustix::io::Errno::INTR) => {}
             Err(rustix::io::Errno::CHILD) => return true,
             Err(_) => return false,
         }
     }
+}
+
+/// Whether `spared` is this process's child, not ended, and its only one.
+fn only_child(spared: i32) -> bool {
+    use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+    let Some(pid) = Pid::from_raw(spared) else {
+        return false;
+    };
+    let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    // Ours and running (ECHILD: not ours; a status: it ended, and the
+    // next look reaps it).
+    if !matches!(waitid(WaitId::Pid(pid), opts), Ok(None)) {
+        return false;
+    }
+    // One child in all: counted, since `/proc` may name them in another
+    // PID namespace than the one `spared` is of.
+    crate::keeper::tree::children_of_self().is_some_and(|c| c.len() == 1)
 }
 
 impl Keeper {
@@ -470,7 +500,8 @@ impl Keeper {
     /// (re-parented to the agent, a child subreaper).
     fn kill_tree_directly(&self) {
         let me = rustix::process::getpid().as_raw_nonzero().get();
-        crate::keeper::tree::kill_all_except(me, None, Some(self.pid));
+        let spare: Vec<i32> = std::iter::once(self.pid).chain(self.spared).collect();
+        crate::keeper::tree::kill_all_except(me, None, &spare);
     }
 
     /// Tells the keeper to finish (it kills whatever is left, normally

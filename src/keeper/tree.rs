@@ -94,7 +94,18 @@ fn has_no_children() -> bool {
 /// The children of `pid` (of all its threads), from
 /// `/proc/PID/task/*/children`; `None` when the kernel has no such file.
 fn children_of(pid: i32) -> Option<Vec<i32>> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    children_in(&format!("/proc/{pid}/task"))
+}
+
+/// This process's children, as `/proc/self` names them (pids of the
+/// namespace `/proc` was mounted for, which may not be this process's
+/// own: count them, do not compare them with pids this process was told).
+pub fn children_of_self() -> Option<Vec<i32>> {
+    children_in("/proc/self/task")
+}
+
+fn children_in(task_dir: &str) -> Option<Vec<i32>> {
+    let Ok(tasks) = std::fs::read_dir(task_dir) else {
         // Gone already: no children.
         return Some(Vec::new());
     };
@@ -256,16 +267,15 @@ pub fn signal_all(
 /// Bounded: at most 64 walks. `leader`: an unreaped child of `root`,
 /// killed first ([`signal_leader`]). Returns the pids killed.
 pub fn kill_all(root: i32, leader: Option<i32>) -> HashSet<i32> {
-    kill_all_except(root, leader, None)
+    kill_all_except(root, leader, &[])
 }
 
-/// [`kill_all`], but `spare` (a process of the tree, e.g. the keeper when
-/// the agent walks from itself) is walked through, never signalled.
-pub fn kill_all_except(root: i32, leader: Option<i32>, spare: Option<i32>) -> HashSet<i32> {
+/// [`kill_all`], but `spare` (processes of the tree, e.g. the keeper when
+/// the agent walks from itself, and its scribe) are walked through, never
+/// signalled.
+pub fn kill_all_except(root: i32, leader: Option<i32>, spare: &[i32]) -> HashSet<i32> {
     let mut killed = HashSet::new();
-    if let Some(s) = spare {
-        killed.insert(s);
-    }
+    killed.extend(spare.iter().copied());
     if let Some(l) = leader {
         if signal_leader(l, Signal::KILL) {
             killed.insert(l);
@@ -286,8 +296,8 @@ pub fn kill_all_except(root: i32, leader: Option<i32>, spare: Option<i32>) -> Ha
             break;
         }
     }
-    if let Some(s) = spare {
-        killed.remove(&s);
+    for s in spare {
+        killed.remove(s);
     }
     killed
 }

@@ -553,6 +553,100 @@ fn the_agent_stops_the_job_and_exits_by_the_deadline_when_its_store_freezes() {
     );
 }
 
+// ------------------------------------------------------------ the scribe
+
+/// The agent's scribe (its filesystem writes, a process of its own): the
+/// process whose command line is the agent's, a session leader (it calls
+/// `setsid`), not the agent itself.
+fn scribe_of(agent: i32) -> Option<i32> {
+    let cmdline = std::fs::read(format!("/proc/{agent}/cmdline")).ok()?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        if pid == agent || std::fs::read(format!("/proc/{pid}/cmdline")).ok()? != cmdline {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let sid: i32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()?;
+        (sid == pid).then_some(pid)
+    })
+}
+
+/// The parent of `pid`, from `/proc/PID/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// A job of the agent's uid in the fallback containment can name the
+/// scribe and SIGKILL it. Harmless: every renewal then fails (a transient
+/// failure, never a renewal), and the job is stopped before the lease's
+/// expiry in the database; the agent ends 124 and is not held up by the
+/// scribe's absence. The scribe is not the agent's child (it would spoil
+/// the "no child left" proof that the job's tree is gone).
+#[test]
+fn a_killed_scribe_stops_the_job_before_the_expiry() {
+    let dir = Dir::new();
+    let db = dir.path("leases.sqlite3");
+    let task = "scribe-killed";
+    let mut c = agent(&format!("sqlite:{}", db.display()), task);
+    c.env("XDG_RUNTIME_DIR", dir.0.path())
+        .env("OUT", dir.path("out"))
+        .env("PIDS", dir.path("pids"));
+    c.args(TIMING)
+        .arg("--no-pid-namespace")
+        .arg("--")
+        .arg(helper("clock-job.sh"));
+    let mut child = spawn_logged(c, &dir);
+    let agent_pid = child.id() as i32;
+    let job = wait_pids(&dir.path("pids"), 1)[0];
+    let mut seen = Vec::new();
+    wait_for(T, || {
+        if let Some(e) = expiry_in(&db, task) {
+            if seen.last() != Some(&e) {
+                seen.push(e);
+            }
+        }
+        (seen.len() >= 2).then_some(())
+    })
+    .expect("renewals flow through the database");
+    let scribe = scribe_of(agent_pid).expect("the agent's scribe runs");
+    assert_ne!(
+        parent_of(scribe),
+        Some(agent_pid),
+        "the scribe is the agent's child"
+    );
+    kill(scribe, 9);
+    let (status, log) = wait_logged(&mut child, &dir);
+    let expires = expiry_in(&db, task).expect("the lease's row has its expiry");
+    let last = last_clock_record_ms(&dir.path("out")).expect("the job recorded the clock");
+    assert!(!alive(job), "the job outlived its agent: {log}");
+    assert!(
+        last < expires,
+        "the job ran {} ms past the lease's expiry: {log}",
+        last - expires
+    );
+    eprintln!(
+        "the job: gone {} ms before the lease's expiry",
+        expires - last
+    );
+    assert_eq!(status.code(), Some(124), "{log}");
+    assert!(
+        log.contains("store process is gone"),
+        "the renewals' failure names the scribe: {log}"
+    );
+}
+
 // ------------------------------------------------------------ Ctrl-Z
 
 #[test]
@@ -1016,6 +1110,18 @@ fn an_agent_sigkilled_is_said_agent_died_on_the_keepers_stderr() {
     });
     let err = std::fs::read_to_string(dir.path("agent.log")).unwrap_or_default();
     assert!(gone.is_some(), "job or keeper outlived the agent: {err}");
+    // The agent's view of the lease goes with it: its scribe, at the end
+    // of its lane, removes the state file the agent could not.
+    let state = dir
+        .0
+        .path()
+        .join("leaseagent")
+        .join(format!("lease-{agent_pid}.json"));
+    let removed = wait_for(Duration::from_secs(10), || (!state.exists()).then_some(()));
+    assert!(
+        removed.is_some(),
+        "a SIGKILLed agent left its state file: {err}"
+    );
     let line = err
         .lines()
         .find(|l| l.contains("agent_died"))
