@@ -68,7 +68,11 @@ pub fn main(cfg: RunConfig) -> ExitCode {
     // Still one thread: the scribe, which makes every filesystem write of
     // the run, forks now (`scribe.rs`), with the malloc arena cap.
     crate::sys::malloc::one_arena();
-    let scribe = crate::agent::scribe::Scribe::start();
+    let db = match &cfg.authority {
+        authority::AuthoritySpec::Sqlite(path) => Some(path.clone()),
+        _ => None,
+    };
+    let scribe = crate::agent::scribe::Scribe::start(db, state_group(cfg.user.as_ref()));
     crate::agent::logging::init();
     let code = match dumpable {
         Ok(()) => run(cfg, front, scribe),
@@ -237,6 +241,16 @@ fn release_unstarted(
     sig.exit_status()
 }
 
+/// The group of the state file's own directory: a job of another uid
+/// cannot enter the agent's 0700 runtime dir, so it gets a directory of
+/// the run's own, of the job's group. `None`: the runtime dir.
+fn state_group(user: Option<&RunAs>) -> Option<u32> {
+    let me = rustix::process::geteuid().as_raw();
+    user.and_then(|u| u.switch.as_ref())
+        .filter(|id| id.uid != me)
+        .map(|id| id.gid)
+}
+
 /// Where the agent publishes its view of the lease for `leaseagent check`:
 /// through the scribe, its answer waited for `within`, or (no scribe)
 /// by this process.
@@ -246,13 +260,7 @@ fn state_sink(
     within: Duration,
 ) -> Option<Box<dyn StateSink>> {
     use crate::agent::state_file::StateWriter;
-    // A job of another uid cannot enter the agent's 0700 runtime dir: a
-    // directory of the run's own, of the job's group.
-    let me = rustix::process::geteuid().as_raw();
-    let group = user
-        .and_then(|u| u.switch.as_ref())
-        .filter(|id| id.uid != me)
-        .map(|id| id.gid);
+    let group = state_group(user);
     let made: Result<Box<dyn StateSink>, String> = match (scribe, group) {
         (Some(s), group) => s
             .state_file(group, within)

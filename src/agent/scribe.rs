@@ -29,7 +29,7 @@
 //!
 //! ```text
 //!  agent ─┬─ supervisor ─── store lane ──┐
-//!         ├─ heartbeat ──── renew lane ──┼─▶ scribe (own session, not the agent's child)
+//!         ├─ heartbeat ──── renew lane ──┼─▶ scribe (the agent's child, own session)
 //!         └─ state-file ─── state lane ──┘      └─ one thread per lane ─▶ SQLite file, state file
 //! ```
 //!
@@ -42,13 +42,12 @@
 //!   fallback containment) or a malformed message is a transient failure
 //!   of the store, so the machine stops the job by the deadline as for any
 //!   failing authority.
-//! - **Not the agent's child**: forked twice ([`crate::sys::detach`]), so
-//!   the agent's proof that the job's tree is gone (no child left: it is
-//!   the orphans' subreaper) is untouched, and the front's and callers'
-//!   pipes are not held by it (it keeps no descriptor but its lanes). An
-//!   agent that is itself an init (PID 1 of a container) adopts it all
-//!   the same: its pid is then spared, by that proof and by the agent's
-//!   own kill of the tree (`keeper/handle.rs`).
+//! - **The agent's one child that is not the job's**: the agent proves the
+//!   job's tree gone by having no child left (it is the orphans'
+//!   subreaper), so the scribe's pid is spared there (it must then be the
+//!   only child, counted in `/proc`) and by the agent's own kill of the
+//!   tree (`keeper/handle.rs`). The front's and callers' pipes are not held
+//!   by it (it keeps no descriptor but its lanes).
 //! - **Its log lines are the agent's**: it has no stderr (one it held could
 //!   keep a caller's `2>&1 | …` open past the agent's exit); each thread's
 //!   lines go with its next answer, and the agent writes them through its
@@ -130,36 +129,46 @@ impl Lane {
         call: &Q,
         within: Duration,
     ) -> Result<A, LaneError> {
-        use rustix::event::{PollFd, PollFlags, poll};
-        use rustix::net::{RecvFlags, SendFlags, recv, send};
         let deadline = Instant::now() + within;
+        let id = self.send(call, deadline, within)?;
+        self.answer(id, deadline, within)
+    }
+
+    /// Sends `call` (waiting for room until `deadline`); its id, for
+    /// [`Lane::answer`]. Sent ahead, a call's answer is read later and the
+    /// scribe's work overlaps the agent's.
+    fn send<Q: Serialize>(
+        &mut self,
+        call: &Q,
+        deadline: Instant,
+        within: Duration,
+    ) -> Result<u64, LaneError> {
+        use rustix::net::SendFlags;
         self.next += 1;
         let id = self.next;
         let msg =
             serde_json::to_vec(&(id, call)).map_err(|e| LaneError::Malformed(e.to_string()))?;
-        let wait = |fd: &OwnedFd, flags: PollFlags| -> Result<(), LaneError> {
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(LaneError::Timeout(within));
-                }
-                let ts = rustix::time::Timespec::try_from(left).ok();
-                let mut fds = [PollFd::new(fd, flags)];
-                match poll(&mut fds, ts.as_ref()) {
-                    Ok(0) | Err(rustix::io::Errno::INTR) => {}
-                    Ok(_) => return Ok(()),
-                    Err(e) => return Err(LaneError::Gone(e.to_string())),
-                }
-            }
-        };
         loop {
-            match send(&self.fd, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
-                Ok(_) => break,
-                Err(rustix::io::Errno::AGAIN) => wait(&self.fd, PollFlags::OUT)?,
+            match rustix::net::send(&self.fd, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                Ok(_) => return Ok(id),
+                Err(rustix::io::Errno::AGAIN) => {
+                    self.wait(rustix::event::PollFlags::OUT, deadline, within)?
+                }
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(LaneError::Gone(e.to_string())),
             }
         }
+    }
+
+    /// Waits until `deadline` for the answer to call `id`, reading past
+    /// answers to earlier calls.
+    fn answer<A: DeserializeOwned>(
+        &mut self,
+        id: u64,
+        deadline: Instant,
+        within: Duration,
+    ) -> Result<A, LaneError> {
+        use rustix::net::{RecvFlags, recv};
         loop {
             match recv(&self.fd, &mut self.buf[..], RecvFlags::DONTWAIT) {
                 Ok((0, _)) => return Err(LaneError::Gone("end of file".into())),
@@ -181,8 +190,33 @@ impl Lane {
                     return serde_json::from_value(answer)
                         .map_err(|e| LaneError::Malformed(e.to_string()));
                 }
-                Err(rustix::io::Errno::AGAIN) => wait(&self.fd, PollFlags::IN)?,
+                Err(rustix::io::Errno::AGAIN) => {
+                    self.wait(rustix::event::PollFlags::IN, deadline, within)?
+                }
                 Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(LaneError::Gone(e.to_string())),
+            }
+        }
+    }
+
+    /// Polls for `flags` until `deadline` (a timeout of `within` past it).
+    fn wait(
+        &self,
+        flags: rustix::event::PollFlags,
+        deadline: Instant,
+        within: Duration,
+    ) -> Result<(), LaneError> {
+        use rustix::event::{PollFd, poll};
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LaneError::Timeout(within));
+            }
+            let ts = rustix::time::Timespec::try_from(left).ok();
+            let mut fds = [PollFd::new(&self.fd, flags)];
+            match poll(&mut fds, ts.as_ref()) {
+                Ok(0) | Err(rustix::io::Errno::INTR) => {}
+                Ok(_) => return Ok(()),
                 Err(e) => return Err(LaneError::Gone(e.to_string())),
             }
         }
@@ -287,7 +321,11 @@ enum StateAnswer {
 // ------------------------------------------------------------ the scribe
 
 /// The scribe's body: one thread per lane, until every lane has closed.
-fn run_scribe(store: OwnedFd, renew: OwnedFd, state: OwnedFd, agent_pid: u32) -> i32 {
+fn run_scribe(
+    (store, renew, state): (OwnedFd, OwnedFd, OwnedFd),
+    db: Option<PathBuf>,
+    agent_pid: u32,
+) -> i32 {
     // The renewals on the embedded authority are made here now: the same
     // defences against memory pressure as the agent's (`mlockall` is not
     // inherited across fork).
@@ -296,10 +334,10 @@ fn run_scribe(store: OwnedFd, renew: OwnedFd, state: OwnedFd, agent_pid: u32) ->
     let threads = [
         std::thread::Builder::new()
             .name("store".into())
-            .spawn(move || serve_store(&store)),
+            .spawn(move || serve_store(&store, db)),
         std::thread::Builder::new()
             .name("renew".into())
-            .spawn(move || serve_store(&renew)),
+            .spawn(move || serve_store(&renew, None)),
         std::thread::Builder::new()
             .name("state".into())
             .spawn(move || serve_state(&state, agent_pid)),
@@ -318,14 +356,37 @@ fn run_scribe(store: OwnedFd, renew: OwnedFd, state: OwnedFd, agent_pid: u32) ->
     code
 }
 
-fn serve_store(fd: &OwnedFd) {
+/// How long the scribe waits for the database's locks when it opens the
+/// database ahead of the agent's first call: a database busy longer is
+/// opened by that call, within its own timeout.
+const AHEAD_WITHIN: Duration = Duration::from_millis(200);
+
+/// Serves a store lane. `ahead`: the database to check and open at once,
+/// before the agent asks (the agent meanwhile starts its keeper: on two
+/// cores the two overlap); the agent's `Open` of it then finds it done.
+fn serve_store(fd: &OwnedFd, ahead: Option<PathBuf>) {
     let mut db: Option<EmbeddedAuthority> = None;
+    let mut prepared: Option<(PathBuf, Result<(), String>)> = None;
+    if let Some(path) = ahead {
+        let checked = crate::sys::paths::prepare_db_file(&path).map_err(|e| e.to_string());
+        if checked.is_ok() {
+            let mut ahead = EmbeddedAuthority::new(path.clone());
+            ahead.open_now(AHEAD_WITHIN);
+            db = Some(ahead);
+        }
+        prepared = Some((path, checked));
+    }
     serve(fd, |call: StoreCall, reply: &mut dyn FnMut(StoreAnswer)| {
         if let StoreCall::Open { path, prepare } = call {
-            let opened = if prepare {
-                crate::sys::paths::prepare_db_file(&path).map_err(|e| e.to_string())
-            } else {
-                Ok(())
+            let opened = match prepared.take() {
+                // Done ahead: the same path's answer, its connection kept.
+                Some((done, checked)) if done == path && prepare => {
+                    return reply(StoreAnswer::Opened(checked));
+                }
+                _ if prepare => {
+                    crate::sys::paths::prepare_db_file(&path).map_err(|e| e.to_string())
+                }
+                _ => Ok(()),
             };
             if opened.is_ok() {
                 db = Some(EmbeddedAuthority::new(path));
@@ -422,18 +483,31 @@ fn serve_state(fd: &OwnedFd, agent_pid: u32) {
 
 /// The agent's handle on its scribe: the lanes not yet handed out.
 pub struct Scribe {
-    /// Its pid: the agent spares it when it proves the job's tree gone
-    /// (an agent that is an init or a subreaper adopted it).
+    /// Its pid: the agent spares it when it proves the job's tree gone.
     pid: i32,
     store: Option<Lane>,
     renew: Option<Lane>,
     state: Option<Lane>,
+    /// The database's `Open`, sent at the start: its call id and path.
+    store_open: Option<(u64, PathBuf)>,
+    /// The state file's `Open`, sent at the start: its call id and group.
+    state_open: Option<(u64, Option<u32>)>,
 }
 
+/// Waits this long for room to send a call at the start (the scribe has
+/// read nothing yet: the socket's buffer is empty, so never in practice).
+const SEND_AHEAD_WITHIN: Duration = Duration::from_millis(100);
+
 impl Scribe {
-    /// Forks the scribe. Only while the agent has one thread (refused
-    /// otherwise: the caller then does the work itself).
-    pub fn start() -> std::io::Result<Scribe> {
+    /// Forks the scribe, which opens the embedded database `db` (if the
+    /// run uses one) at once, and asks it at once for the database and for
+    /// the state file (a job of another user's: of `group`), the answers
+    /// read when the agent needs them ([`Scribe::embedded`],
+    /// [`Scribe::state_file`]): every answer is a scheduling round trip,
+    /// and these two, sent ahead, cost the start-up none. Only while the
+    /// agent has one thread (refused otherwise: the caller then does the
+    /// work itself).
+    pub fn start(db: Option<PathBuf>, group: Option<u32>) -> std::io::Result<Scribe> {
         use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
         let pair = || {
             socketpair(
@@ -454,14 +528,31 @@ impl Scribe {
         ];
         // The scribe's copies of the agent's ends are closed by `detach`
         // (they are not in `keep`): its reads see the agent's close.
-        let pid = crate::sys::detach::spawn_detached(&keep, move || {
-            run_scribe(store_theirs, renew_theirs, state_theirs, agent_pid)
+        let ahead = db.clone();
+        let pid = crate::sys::detach::spawn_child(&keep, move || {
+            run_scribe((store_theirs, renew_theirs, state_theirs), ahead, agent_pid)
         })?;
+        let (mut store, mut state) = (Lane::new(store), Lane::new(state));
+        let deadline = Instant::now() + SEND_AHEAD_WITHIN;
+        let store_open = db.and_then(|path| {
+            let call = StoreCall::Open {
+                path: path.clone(),
+                prepare: true,
+            };
+            let id = store.send(&call, deadline, SEND_AHEAD_WITHIN).ok()?;
+            Some((id, path))
+        });
+        let state_open = state
+            .send(&StateCall::Open { group }, deadline, SEND_AHEAD_WITHIN)
+            .ok()
+            .map(|id| (id, group));
         Ok(Scribe {
             pid,
-            store: Some(Lane::new(store)),
+            store: Some(store),
             renew: Some(Lane::new(renew)),
-            state: Some(Lane::new(state)),
+            state: Some(state),
+            store_open,
+            state_open,
         })
     }
 
@@ -477,11 +568,17 @@ impl Scribe {
             .store
             .take()
             .ok_or_else(|| "the store lane is already in use".to_string())?;
-        let call = StoreCall::Open {
-            path: path.to_path_buf(),
-            prepare: true,
+        let answer = match self.store_open.take() {
+            Some((id, asked)) if asked == path => lane.answer(id, Instant::now() + within, within),
+            _ => {
+                let call = StoreCall::Open {
+                    path: path.to_path_buf(),
+                    prepare: true,
+                };
+                lane.call(&call, within)
+            }
         };
-        match lane.call(&call, within) {
+        match answer {
             Ok(StoreAnswer::Opened(Ok(()))) => Ok(ScribedAuthority {
                 url: format!("sqlite:{}", path.display()),
                 path: path.to_path_buf(),
@@ -506,7 +603,11 @@ impl Scribe {
             .state
             .take()
             .ok_or_else(|| "the state lane is already in use".to_string())?;
-        match lane.call(&StateCall::Open { group }, within) {
+        let answer = match self.state_open.take() {
+            Some((id, asked)) if asked == group => lane.answer(id, Instant::now() + within, within),
+            _ => lane.call(&StateCall::Open { group }, within),
+        };
+        match answer {
             Ok(StateAnswer::Opened(Ok(path))) => Ok(ScribedState { lane, path }),
             Ok(StateAnswer::Opened(Err(e))) => Err(e),
             Ok(_) => Err("an answer of another call".into()),
@@ -846,13 +947,18 @@ mod tests {
         let db = dir.path().join("leases.sqlite3");
         let (ours, theirs) = pair();
         let (renew_ours, renew_theirs) = pair();
-        let store = std::thread::spawn(move || serve_store(&theirs));
-        let renew = std::thread::spawn(move || serve_store(&renew_theirs));
+        // Opened ahead, as the agent's scribe does: the agent's `Open`
+        // finds it done.
+        let ahead = db.clone();
+        let store = std::thread::spawn(move || serve_store(&theirs, Some(ahead)));
+        let renew = std::thread::spawn(move || serve_store(&renew_theirs, None));
         let mut scribe = Scribe {
             pid: 0,
             store: Some(Lane::new(ours)),
             renew: Some(Lane::new(renew_ours)),
             state: None,
+            store_open: None,
+            state_open: None,
         };
         let mut auth = scribe.embedded(&db, Duration::from_secs(10)).unwrap();
         let req = AcquireRequest {

@@ -54,6 +54,13 @@ impl EmbeddedAuthority {
         }
     }
 
+    /// Opens the handle's connection now, waiting for the database's locks
+    /// `within` at most (the agent's scribe opens it while the agent starts
+    /// its keeper); a failure is left to the first call, which opens again.
+    pub fn open_now(&mut self, within: Duration) {
+        let _ = self.engine(within);
+    }
+
     /// The handle's connection, opened on first use.
     fn engine(&mut self, timeout: Duration) -> Result<&mut FileEngine, NotOpened> {
         let engine = match self.engine.take() {

@@ -66,8 +66,7 @@ pub struct Keeper {
     tree_gone: Arc<AtomicBool>,
     /// The keeper was reaped (whether it exited 0).
     reaped: Receiver<bool>,
-    /// A child of the agent that is not of the job's tree (its scribe,
-    /// when the agent is an init or a subreaper and so adopted it).
+    /// The child of the agent that is not of the job's tree (its scribe).
     spared: Option<i32>,
 }
 
@@ -367,9 +366,8 @@ fn reap(pid: i32, pidfd: Option<&OwnedFd>) -> bool {
 /// the keeper, now reaped) has no child left: the keeper's orphans would be
 /// ours. Zombies among them are reaped on the way; any error but ECHILD
 /// proves nothing and counts as a child left. `spared` (the agent's
-/// scribe, adopted when the agent is an init or a subreaper) does not
-/// count: then the proof is that it is the only child
-/// (`/proc/self/task/*/children`; unreadable counts as a child left).
+/// scribe) does not count: then the proof is that it is the only child
+/// (counted in `/proc`; unreadable counts as a child left).
 pub fn no_child_left(spared: Option<i32>) -> bool {
     use rustix::process::{WaitId, WaitIdOptions, waitid};
     loop {
@@ -399,7 +397,7 @@ fn only_child(spared: i32) -> bool {
     }
     // One child in all: counted, since `/proc` may name them in another
     // PID namespace than the one `spared` is of.
-    crate::keeper::tree::children_of_self().is_some_and(|c| c.len() == 1)
+    crate::keeper::tree::count_children_of_self().is_some_and(|n| n == 1)
 }
 
 impl Keeper {

@@ -97,11 +97,28 @@ fn children_of(pid: i32) -> Option<Vec<i32>> {
     children_in(&format!("/proc/{pid}/task"))
 }
 
-/// This process's children, as `/proc/self` names them (pids of the
-/// namespace `/proc` was mounted for, which may not be this process's
-/// own: count them, do not compare them with pids this process was told).
-pub fn children_of_self() -> Option<Vec<i32>> {
-    children_in("/proc/self/task")
+/// How many children this process has, running or not, from
+/// `/proc/self/task/*/children`; where the kernel has no such files, from
+/// every process's parent in `/proc`. Counted, not named: `/proc` may
+/// be mounted for another PID namespace than this process's own, whose
+/// pids this process does not know.
+pub fn count_children_of_self() -> Option<usize> {
+    if let Some(c) = children_in("/proc/self/task") {
+        return Some(c.len());
+    }
+    // `/proc/self` names this process in the mount's namespace.
+    let me: i32 = std::fs::read_link("/proc/self")
+        .ok()?
+        .to_str()?
+        .parse()
+        .ok()?;
+    let dir = std::fs::read_dir("/proc").ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| read_proc(pid).is_some_and(|p| p.ppid == me))
+            .count(),
+    )
 }
 
 fn children_in(task_dir: &str) -> Option<Vec<i32>> {
