@@ -29,7 +29,7 @@
 //!
 //! ```text
 //!  agent ─┬─ supervisor ─── store lane ──┐
-//!         ├─ heartbeat ──── renew lane ──┼─▶ scribe (the agent's child, own session)
+//!         ├─ heartbeat ──── renew lane ──┼─▶ scribe (own session, not the agent's child)
 //!         └─ state-file ─── state lane ──┘      └─ one thread per lane ─▶ SQLite file, state file
 //! ```
 //!
@@ -42,12 +42,14 @@
 //!   fallback containment) or a malformed message is a transient failure
 //!   of the store, so the machine stops the job by the deadline as for any
 //!   failing authority.
-//! - **The agent's one child that is not the job's**: the agent proves the
-//!   job's tree gone by having no child left (it is the orphans'
-//!   subreaper), so the scribe's pid is spared there (it must then be the
-//!   only child, counted in `/proc`) and by the agent's own kill of the
-//!   tree (`keeper/handle.rs`). The front's and callers' pipes are not held
-//!   by it (it keeps no descriptor but its lanes).
+//! - **Not the agent's child**: forked twice ([`crate::sys::detach`]), so
+//!   the agent's tree stays agent → keeper → job, and its proof that the
+//!   job's tree is gone (no child left: it is the orphans' subreaper) is
+//!   untouched. An agent that is itself an init (PID 1 of a container)
+//!   adopts it all the same: its pid is then spared, by that proof (it
+//!   must be the only child, counted in `/proc`) and by the agent's own
+//!   kill of the tree (`keeper/handle.rs`). The front's and callers' pipes
+//!   are not held by it (it keeps no descriptor but its lanes).
 //! - **Its log lines are the agent's**: it has no stderr (one it held could
 //!   keep a caller's `2>&1 | …` open past the agent's exit); each thread's
 //!   lines go with its next answer, and the agent writes them through its
@@ -483,7 +485,8 @@ fn serve_state(fd: &OwnedFd, agent_pid: u32) {
 
 /// The agent's handle on its scribe: the lanes not yet handed out.
 pub struct Scribe {
-    /// Its pid: the agent spares it when it proves the job's tree gone.
+    /// Its pid: the agent spares it when it proves the job's tree gone
+    /// (an agent that is an init adopted it).
     pid: i32,
     store: Option<Lane>,
     renew: Option<Lane>,
@@ -529,7 +532,7 @@ impl Scribe {
         // The scribe's copies of the agent's ends are closed by `detach`
         // (they are not in `keep`): its reads see the agent's close.
         let ahead = db.clone();
-        let pid = crate::sys::detach::spawn_child(&keep, move || {
+        let pid = crate::sys::detach::spawn_detached(&keep, move || {
             run_scribe((store_theirs, renew_theirs, state_theirs), ahead, agent_pid)
         })?;
         let (mut store, mut state) = (Lane::new(store), Lane::new(state));

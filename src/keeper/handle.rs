@@ -66,7 +66,8 @@ pub struct Keeper {
     tree_gone: Arc<AtomicBool>,
     /// The keeper was reaped (whether it exited 0).
     reaped: Receiver<bool>,
-    /// The child of the agent that is not of the job's tree (its scribe).
+    /// A child of the agent that is not of the job's tree (its scribe,
+    /// when the agent is an init and so adopted it).
     spared: Option<i32>,
 }
 
@@ -366,8 +367,9 @@ fn reap(pid: i32, pidfd: Option<&OwnedFd>) -> bool {
 /// the keeper, now reaped) has no child left: the keeper's orphans would be
 /// ours. Zombies among them are reaped on the way; any error but ECHILD
 /// proves nothing and counts as a child left. `spared` (the agent's
-/// scribe) does not count: then the proof is that it is the only child
-/// (counted in `/proc`; unreadable counts as a child left).
+/// scribe, adopted when the agent is an init) does not count: then the
+/// proof is that it is the only child (counted in `/proc`; unreadable
+/// counts as a child left).
 pub fn no_child_left(spared: Option<i32>) -> bool {
     use rustix::process::{WaitId, WaitIdOptions, waitid};
     loop {

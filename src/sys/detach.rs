@@ -76,24 +76,57 @@ pub fn detach(keep: &[RawFd]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Runs `body` in a child process of its own, detached ([`detach`],
-/// keeping `keep`); returns its pid. One fork, not two: a double fork
-/// (the middle process exiting at once so that init adopts the child)
-/// cost the agent's start-up a second fork and a wait, and an agent that
-/// is itself an init or a subreaper would adopt the child all the same.
-/// The caller counts it out where it counts its children
-/// (`keeper/handle.rs`).
+/// Runs `body` in a process of its own, detached ([`detach`], keeping
+/// `keep`) and not a child of the caller: forked twice, the middle process
+/// ending at once, so the caller never has it to reap and, once orphaned,
+/// it goes to the nearest subreaper above the caller or to init (the agent
+/// proves its job's tree gone by having no child left). The one exception:
+/// a caller that is itself an init (PID 1 of a namespace, a container's
+/// first process) or a subreaper adopts it. Returns its pid, which the
+/// middle process passes up a pipe before it exits.
 ///
 /// Only while the caller has one thread (checked: [`super::terminal::fork`]).
-pub fn spawn_child(keep: &[RawFd], body: impl FnOnce() -> i32) -> std::io::Result<i32> {
+pub fn spawn_detached(keep: &[RawFd], body: impl FnOnce() -> i32) -> std::io::Result<i32> {
     use super::terminal::{Forked, fork};
+    use std::io::{Read, Write};
+    let (from_middle, to_parent) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     match fork()? {
-        Forked::Parent(pid) => Ok(pid),
-        Forked::Child => {
-            if detach(keep).is_err() {
-                exit_now(1);
+        Forked::Parent(middle) => {
+            drop(to_parent);
+            let middle = rustix::process::Pid::from_raw(middle)
+                .ok_or_else(|| std::io::Error::other("fork answered pid 0"))?;
+            // The middle process forks once and exits: this wait is as
+            // long as one fork.
+            loop {
+                match rustix::process::waitpid(Some(middle), rustix::process::WaitOptions::empty())
+                {
+                    Err(rustix::io::Errno::INTR) => {}
+                    Ok(Some((_, status))) if status.exit_status() == Some(0) => break,
+                    Ok(_) => return Err(std::io::Error::other("the forked process failed")),
+                    Err(e) => return Err(e.into()),
+                }
             }
-            exit_now(body())
+            // Written before the middle exited: there, or never.
+            let mut pid = [0u8; 4];
+            std::fs::File::from(from_middle).read_exact(&mut pid)?;
+            Ok(i32::from_ne_bytes(pid))
+        }
+        Forked::Child => {
+            drop(from_middle);
+            match fork() {
+                Ok(Forked::Parent(pid)) => {
+                    let sent = std::fs::File::from(to_parent).write_all(&pid.to_ne_bytes());
+                    exit_now(if sent.is_ok() { 0 } else { 1 })
+                }
+                Ok(Forked::Child) => {
+                    drop(to_parent);
+                    if detach(keep).is_err() {
+                        exit_now(1);
+                    }
+                    exit_now(body())
+                }
+                Err(_) => exit_now(1),
+            }
         }
     }
 }

@@ -595,9 +595,8 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// scribe and SIGKILL it. Harmless: every renewal then fails (a transient
 /// failure, never a renewal), and the job is stopped before the lease's
 /// expiry in the database; the agent ends 124 and is not held up by the
-/// scribe's absence. (The scribe is the agent's child, spared by its "no
-/// child left" proof that the job's tree is gone: every other run of the
-/// suite shows that proof still holds with it there.)
+/// scribe's absence. The scribe is not the agent's child: the agent's
+/// tree stays agent → keeper → job.
 #[test]
 fn a_killed_scribe_stops_the_job_before_the_expiry() {
     let dir = Dir::new();
@@ -635,7 +634,7 @@ fn a_killed_scribe_stops_the_job_before_the_expiry() {
     })
     .expect("renewals flow through the database");
     let scribe = scribe_of(agent_pid).expect("the agent's scribe runs");
-    assert_eq!(
+    assert_ne!(
         parent_of(scribe),
         Some(agent_pid),
         "the scribe is the agent's child"
