@@ -3,6 +3,9 @@
 //! wires the pieces together.
 //!
 //! Order matters:
+//! 0. While the agent has one thread: the front (at a terminal), then the
+//!    scribe (`scribe.rs`), which makes every filesystem write of the run,
+//!    so that no thread of the agent ever sleeps on a stalled filesystem.
 //! 1. Signal handlers first, so a SIGTERM during acquire or `--wait` ends the
 //!    agent cleanly instead of killing it between "granted" and "job started"
 //!    (which would leave a lease to expire by itself).
