@@ -75,7 +75,11 @@ pub fn main(cfg: RunConfig) -> ExitCode {
         authority::AuthoritySpec::Sqlite(path) => Some(path.clone()),
         _ => None,
     };
-    let scribe = crate::agent::scribe::Scribe::start(db, state_group(cfg.user.as_ref()));
+    let (scribe, ending) =
+        match crate::agent::scribe::Scribe::start(db, state_group(cfg.user.as_ref())) {
+            Ok((s, e)) => (Ok(s), Some(e)),
+            Err(e) => (Err(e), None),
+        };
     crate::agent::logging::init();
     let code = match dumpable {
         Ok(()) => run(cfg, front, scribe),
@@ -84,6 +88,13 @@ pub fn main(cfg: RunConfig) -> ExitCode {
             exit::AGENT_FAILED
         }
     };
+    // Bounded: the scribe's files closed before the agent's exit is seen,
+    // unless its filesystem stalls.
+    if let Some(e) = ending
+        && !e.wait_gone(SCRIBE_END_WITHIN)
+    {
+        log::debug!("the agent's store process had not finished at the agent's exit");
+    }
     // Bounded: a stalled stderr delays the exit by at most this much.
     crate::agent::logging::flush(Duration::from_millis(500));
     ExitCode::from(code)
@@ -189,6 +200,11 @@ fn run(
         notifier,
     )
 }
+
+/// How long the agent's exit waits for its scribe to be gone (its last
+/// call answered, its files closed): more than a SQLite close takes by far;
+/// on a stalled filesystem, what the exit costs at most.
+const SCRIBE_END_WITHIN: Duration = Duration::from_secs(1);
 
 /// How long the scribe's answer to opening the embedded database is
 /// waited for (a directory checked, perhaps made: microseconds on a

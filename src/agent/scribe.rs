@@ -58,6 +58,11 @@
 //!   non-dumpable flag (set before the fork), so a job of the same user can
 //!   neither trace it nor reach its sockets through `/proc`; in a PID
 //!   namespace the job cannot name it at all.
+//! - **Its files are closed when the agent's exit is seen**: at its end the
+//!   agent shuts every lane down and waits (1 s at most) on the scribe's
+//!   pidfd ([`ScribeEnd`]), so a script that unmounts the state's
+//!   filesystem right after `leaseagent` returns does not find it busy.
+//!   On a stalled filesystem that wait is what the exit costs, no more.
 //! - **An agent that dies leaves no state file**: the state lane's end of
 //!   file without a removal removes the file (the agent was SIGKILLed; its
 //!   keeper stops the job).
@@ -510,7 +515,7 @@ impl Scribe {
     /// and these two, sent ahead, cost the start-up none. Only while the
     /// agent has one thread (refused otherwise: the caller then does the
     /// work itself).
-    pub fn start(db: Option<PathBuf>, group: Option<u32>) -> std::io::Result<Scribe> {
+    pub fn start(db: Option<PathBuf>, group: Option<u32>) -> std::io::Result<(Scribe, ScribeEnd)> {
         use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
         let pair = || {
             socketpair(
@@ -535,7 +540,9 @@ impl Scribe {
         let pid = crate::sys::detach::spawn_detached(&keep, move || {
             run_scribe((store_theirs, renew_theirs, state_theirs), ahead, agent_pid)
         })?;
+        let ending = ScribeEnd::new(pid, [&store, &renew, &state]);
         let (mut store, mut state) = (Lane::new(store), Lane::new(state));
+        let renew = renew;
         let deadline = Instant::now() + SEND_AHEAD_WITHIN;
         let store_open = db.and_then(|path| {
             let call = StoreCall::Open {
@@ -549,14 +556,15 @@ impl Scribe {
             .send(&StateCall::Open { group }, deadline, SEND_AHEAD_WITHIN)
             .ok()
             .map(|id| (id, group));
-        Ok(Scribe {
+        let scribe = Scribe {
             pid,
             store: Some(store),
             renew: Some(Lane::new(renew)),
             state: Some(state),
             store_open,
             state_open,
-        })
+        };
+        Ok((scribe, ending))
     }
 
     pub fn pid(&self) -> i32 {
@@ -615,6 +623,71 @@ impl Scribe {
             Ok(StateAnswer::Opened(Err(e))) => Err(e),
             Ok(_) => Err("an answer of another call".into()),
             Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// The agent's last word to its scribe: at its exit, the agent ends every
+/// lane (whichever thread still holds it) and waits, bounded, until the
+/// scribe is gone, so that its files (the database, the state directory)
+/// are closed when the agent's exit is seen: a script that unmounts the
+/// state's filesystem right after `leaseagent` returns must not find it
+/// busy. On a stalled filesystem the wait ends at its bound.
+pub struct ScribeEnd {
+    /// The scribe itself, `None` where it could not be opened (then the
+    /// exit does not wait).
+    pidfd: Option<OwnedFd>,
+    /// Copies of the agent's ends of the lanes, for `shutdown`.
+    lanes: Vec<OwnedFd>,
+}
+
+impl ScribeEnd {
+    fn new(pid: i32, lanes: [&OwnedFd; 3]) -> Self {
+        let lanes: Vec<OwnedFd> = lanes
+            .iter()
+            .filter_map(|l| rustix::io::fcntl_dupfd_cloexec(l, 3).ok())
+            .collect();
+        // The pid is the scribe's only while the scribe lives: its lanes
+        // not hung up after the open prove the pidfd names it.
+        let pidfd = rustix::process::Pid::from_raw(pid)
+            .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+            .filter(|_| {
+                lanes.first().is_some_and(|l| {
+                    use rustix::event::{PollFd, PollFlags, poll};
+                    let mut fds = [PollFd::new(l, PollFlags::RDHUP)];
+                    let zero = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    matches!(poll(&mut fds, Some(&zero)), Ok(0))
+                })
+            });
+        ScribeEnd { pidfd, lanes }
+    }
+
+    /// Ends every lane and waits until the scribe has exited, `within` at
+    /// most; whether it has.
+    pub fn wait_gone(self, within: Duration) -> bool {
+        use rustix::event::{PollFd, PollFlags, poll};
+        for lane in &self.lanes {
+            let _ = rustix::net::shutdown(lane, rustix::net::Shutdown::Both);
+        }
+        let Some(pidfd) = &self.pidfd else {
+            return false;
+        };
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(ts) = rustix::time::Timespec::try_from(left) else {
+                return false;
+            };
+            let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(0) => return false,
+                Ok(_) => return true,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return false,
+            }
         }
     }
 }

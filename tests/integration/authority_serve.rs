@@ -618,11 +618,23 @@ fn serve_without_its_server_binary_names_the_missing_file() {
     let dir = tempfile::tempdir().unwrap();
     let lone = dir.path().join("leaseagent");
     std::fs::copy(support::authority::bin(), &lone).unwrap();
-    let out = std::process::Command::new(&lone)
-        .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
-        .arg(dir.path().join("l.db"))
-        .output()
-        .unwrap();
+    // ETXTBSY: another test thread's child, forked while the copy was open
+    // for writing, holds that descriptor until its own exec (a race of
+    // every multithreaded program that writes then runs a file): asked
+    // again until it has let go.
+    let out = support::wait_for(
+        Duration::from_secs(10),
+        || match std::process::Command::new(&lone)
+            .args(["serve", "--no-auth", "--listen", "127.0.0.1:0", "--db"])
+            .arg(dir.path().join("l.db"))
+            .output()
+        {
+            Err(e) if e.raw_os_error() == Some(26) => None,
+            other => Some(other),
+        },
+    )
+    .expect("the copy stays busy (ETXTBSY) for 10 s")
+    .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(125), "{err}");
     let want = format!(
