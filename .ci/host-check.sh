@@ -73,6 +73,20 @@ if ! unshare --net sh -c 'ip link add la-probe-br type bridge &&
     problem "cannot make a bridge, a veth pair or a tbf qdisc in a network namespace (kernel modules bridge, veth, sch_tbf): partition_netns:: and agent_pressure:: need them"
 fi
 
+# A machine booted a minute ago (docs/testing.md, "A machine booted a
+# minute ago"). The kernel's random pool: ring (TLS tests) and rustix's
+# getrandom block until it is ready; on current kernels it is within a
+# second of boot, and a machine where it is not would stall the TLS tests.
+python3 -c 'import os; os.getrandom(1, os.GRND_NONBLOCK)' 2>/dev/null ||
+    problem "the kernel's random pool is not ready yet (getrandom would block): the TLS tests (client_trust::, serve_trust::, etcd_trust::) would stall; wait a few seconds after boot or start an entropy source (rng-tools, virtio-rng)"
+# /dev/shm: a tmpfs with room for the Patroni test's etcd data and the
+# fence tests' directories (a container's default 64 MiB is too small).
+shm_free_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" != tmpfs ] || [ -z "$shm_free_kib" ] ||
+        [ "$shm_free_kib" -lt 524288 ] || [ ! -w /dev/shm ]; then
+    problem "/dev/shm must be a writable tmpfs with 512 MiB free (it has ${shm_free_kib:-no} KiB): serve_patroni:: keeps etcd's data there, fence_publish:: and partition_netns:: their directories; mount -o remount,size=1G /dev/shm"
+fi
+
 # What an earlier run left behind. Cgroups the tests name leaseagent-job-PID
 # (a keeper's), leaseagent-test-...PID... and leaseagent-frozen-PID: one
 # whose pids are all gone is a leftover (a live pid means a run in progress

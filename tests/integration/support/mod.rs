@@ -150,3 +150,53 @@ pub fn keeper_of(agent: i32) -> i32 {
     })
     .expect("the agent has a keeper")
 }
+
+/// How far behind the host's `CLOCK_BOOTTIME` a time namespace can be set
+/// on this machine now, in whole seconds (a negative offset for
+/// `unshare --time --boottime`).
+///
+/// The kernel refuses an offset that would put a namespace's clock below
+/// zero (`timens_offsets: Numerical result out of range`), and a nested
+/// namespace's offsets are taken against the host's clock: a machine booted
+/// a minute ago cannot have a view 1,000 s behind. So "behind" is the
+/// smaller of `wanted` and the boot clock less a margin (the time the test
+/// takes to reach its `unshare`, and the agents' own runs, must not bring
+/// the view's clock to zero). `LEASEAGENT_TEST_UPTIME_S` stands in for the
+/// boot clock to show the offsets a freshly booted machine gets (it can
+/// only lower what is read, never raise it past the real clock).
+///
+/// Panics, naming the clock, when even the least offset that still tells a
+/// view behind the host's from the host's (`least` s) cannot be had: the
+/// test fails, it never skips.
+pub fn boottime_behind(wanted: i64, least: i64) -> i64 {
+    const MARGIN_S: i64 = 20;
+    let real = rustix::time::clock_gettime(rustix::time::ClockId::Boottime).tv_sec;
+    let up = match std::env::var("LEASEAGENT_TEST_UPTIME_S") {
+        Ok(v) => {
+            let v: i64 = v
+                .parse()
+                .unwrap_or_else(|_| panic!("LEASEAGENT_TEST_UPTIME_S={v:?}: whole seconds"));
+            v.min(real)
+        }
+        Err(_) => real,
+    };
+    let behind = wanted.min(up - MARGIN_S);
+    assert!(
+        behind >= least,
+        "the boot clock reads {up} s: a time namespace can be set at most {} s behind it, \
+         less than the {least} s this test needs; it can run once the machine has been up \
+         {} s",
+        up - MARGIN_S,
+        least + MARGIN_S
+    );
+    -behind
+}
+
+#[test]
+fn boottime_behind_follows_the_boot_clock() {
+    // Whatever the machine's uptime, an offset never reaches below zero.
+    let real = rustix::time::clock_gettime(rustix::time::ClockId::Boottime).tv_sec;
+    let b = boottime_behind(1000, 1);
+    assert!(b < 0 && real + b >= 0, "{b} at {real} s");
+    assert!(-b <= 1000);
+}
