@@ -412,11 +412,24 @@ fn event_of(news: News) -> Option<Event> {
             procs,
             private_kib,
             busy_milli,
-        } => Some(Event::TreeSized(crate::keeper::protocol::tree_size(
-            procs,
-            private_kib,
-            busy_milli,
-        ))),
+            late_us,
+        } => {
+            // Sent only when the lead it sizes moved by 5 ms or more.
+            log::debug!(
+                "keeper: the tree has {procs} processes and {} KiB of private memory, the load is {}.{:03} a CPU, its timed wakes were up to {}.{:03} ms late",
+                private_kib,
+                busy_milli / 1000,
+                busy_milli % 1000,
+                late_us / 1000,
+                late_us % 1000
+            );
+            Some(Event::TreeSized(crate::keeper::protocol::tree_size(
+                procs,
+                private_kib,
+                busy_milli,
+                late_us,
+            )))
+        }
         Report::SpawnFailed { kind, message } => Some(Event::SpawnFailed {
             not_found: kind == SpawnFailure::NotFound,
             message,
@@ -452,6 +465,16 @@ mod tests {
                 procs: 3,
                 private_bytes: 2 << 20,
                 busy_milli: 7500,
+                late_us: 0,
+            }))
+        );
+        assert_eq!(
+            ev("Z 3 2048 7500 9000"),
+            Some(Event::TreeSized(crate::time::deadline::TreeSize {
+                procs: 3,
+                private_bytes: 2 << 20,
+                busy_milli: 7500,
+                late_us: 9_000,
             }))
         );
         assert_eq!(ev("G"), Some(Event::TreeGone));

@@ -25,6 +25,12 @@
 //!   rounds from the kill time. All queued commands are read before the
 //!   deadline is looked at, so a keeper resumed after a stop acts on the
 //!   newest `Arm`, not on one a renewal replaced.
+//! - Every timed wait's lateness (from when it was due to end to when the
+//!   keeper ran again) is measured ([`Lateness`]) and goes into the
+//!   guard's lead at once and into the next `Size` report: a keeper that
+//!   waits for a CPU on a busy host sends its SIGKILL earlier by twice
+//!   that (`time::deadline::kill_lead`). Only a wait that did wait counts
+//!   (one due already when it began says nothing about the scheduler).
 //! - A kill goes in rounds (cgroup.kill and the tree walk) until the tree is
 //!   gone: fast at first, then backing off, to [`KILL_ROUND_SURVIVORS`] once
 //!   survivors were reported (once, after [`SURVIVOR_REPORT_AFTER`]).
@@ -35,6 +41,7 @@
 use std::time::Duration;
 
 use crate::keeper::guard::{Due, Guard};
+use crate::keeper::lateness::Lateness;
 use crate::keeper::os::{Os, Reaped, Survivor};
 use crate::keeper::protocol::{Command as Ctl, Decoder, Report};
 use crate::sys::signal::Sig;
@@ -94,6 +101,8 @@ pub struct EventLoop<O: Os> {
     reported_lead: Option<Duration>,
     /// A wait failed: the tree is being stopped for it (said once).
     resources_failed: bool,
+    /// How late the keeper's timed wakes were lately.
+    late: Lateness,
 }
 
 impl<O: Os> EventLoop<O> {
@@ -113,6 +122,7 @@ impl<O: Os> EventLoop<O> {
             next_sample: Some(BootInstant::from_since_boot(Duration::ZERO)),
             reported_lead: None,
             resources_failed: false,
+            late: Lateness::default(),
         }
     }
 
@@ -138,7 +148,13 @@ impl<O: Os> EventLoop<O> {
                 Some(k) => Some(k.next_round),
                 None => self.next_sample,
             };
+            let due = match (until, self.guard.next_wake()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let before = self.os.now();
             let woken = self.os.wait(until);
+            self.measure(before, due);
             if woken.failed {
                 self.resource_failure();
             }
@@ -217,6 +233,19 @@ impl<O: Os> EventLoop<O> {
         self.start_kill();
     }
 
+    /// A wait that began at `before` was due to end at `due`: if it did
+    /// wait and ran again after that, how late is one observation.
+    fn measure(&mut self, before: BootInstant, due: Option<BootInstant>) {
+        let Some(due) = due.filter(|&d| d > before) else {
+            return;
+        };
+        let now = self.os.now();
+        if now >= due {
+            self.late.observe(now.saturating_since(due), now);
+            self.guard.late(self.late.micros(now));
+        }
+    }
+
     /// Samples the tree when due (never while killing it): the guard's own
     /// lead follows it, and the agent hears of a change that moves the lead.
     fn sample_due(&mut self) {
@@ -225,10 +254,11 @@ impl<O: Os> EventLoop<O> {
         if now < due || self.killing.is_some() {
             return;
         }
-        let Some(size) = self.os.sample() else {
+        let Some(mut size) = self.os.sample() else {
             self.next_sample = None;
             return;
         };
+        size.late_us = self.late.micros(now);
         let cost = now.until(self.os.now());
         self.next_sample = Some(now + (cost * SAMPLE_COST_RATIO).clamp(SAMPLE_MIN, SAMPLE_MAX));
         self.guard.sized(size);
@@ -243,6 +273,7 @@ impl<O: Os> EventLoop<O> {
                 procs: size.procs,
                 private_kib: size.private_bytes / 1024,
                 busy_milli: size.busy_milli,
+                late_us: size.late_us,
             });
         }
     }
@@ -804,6 +835,7 @@ mod tests {
             procs: 2_000,
             private_bytes: 0,
             busy_milli: 0,
+            late_us: 0,
         });
         let f = EventLoop::new(fake, JOB, Vec::new()).run();
         // Reported once: the second sample sized the same lead.
@@ -818,6 +850,7 @@ mod tests {
                 procs: 2_000,
                 private_kib: 0,
                 busy_milli: 0,
+                late_us: 0,
             }]
         );
         // The guard's kill time moved by the lead 2,000 processes need.
@@ -827,6 +860,7 @@ mod tests {
                 procs: 2_000,
                 private_bytes: 0,
                 busy_milli: 0,
+                late_us: 0,
             },
         );
         assert!(lead > Duration::from_millis(20));
@@ -1011,6 +1045,65 @@ mod tests {
     }
 
     #[test]
+    fn a_late_wake_brings_the_kill_earlier_and_is_reported() {
+        let mut fake = Fake::new(
+            &[JOB],
+            vec![
+                // No grace: the timer's first time is the kill time.
+                Then::Ctl(arm(60_000, 0, 20)),
+                // The next sample was due at 250 ms; the keeper ran at
+                // 265 ms: 15 ms late.
+                Then::Later(Duration::from_millis(265)),
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+            ],
+        );
+        fake.size = Some(TreeSize::default());
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        // The 20 ms lead, and twice the lateness on top.
+        assert!(
+            f.did.contains(&Did::Timer(Some(t(60_000 - 20 - 30)))),
+            "{:?}",
+            f.did
+        );
+        let lates: Vec<u32> = f
+            .sent()
+            .into_iter()
+            .filter_map(|r| match r {
+                Report::Size { late_us, .. } => Some(late_us),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(lates, vec![0, 15_000], "{:?}", f.sent());
+    }
+
+    #[test]
+    fn an_early_or_punctual_wake_is_no_lateness() {
+        // Woken at 100 ms, before the sample due at 250 ms; then at 250 ms
+        // and 500 ms exactly: the lead stays the agent's.
+        let mut fake = Fake::new(
+            &[JOB],
+            vec![
+                Then::Ctl(arm(60_000, 0, 20)),
+                Then::Later(Duration::from_millis(100)),
+                Then::Until,
+                Then::Until,
+                Then::Ends(JOB, ChildStatus::Exited(0)),
+            ],
+        );
+        fake.size = Some(TreeSize::default());
+        let f = EventLoop::new(fake, JOB, Vec::new()).run();
+        let timers: Vec<&Did> = f
+            .did
+            .iter()
+            .filter(|d| matches!(d, Did::Timer(Some(_))))
+            .collect();
+        assert!(
+            timers.iter().all(|d| **d == Did::Timer(Some(t(59_980)))),
+            "{timers:?}"
+        );
+    }
+
+    #[test]
     fn a_sample_due_while_killing_does_not_make_the_loop_spin() {
         // A survivor of SIGKILL (one the keeper may not signal), the tree
         // sampled: the rounds set the pace of the waits, not the sample
@@ -1020,6 +1113,7 @@ mod tests {
             procs: 2,
             private_bytes: 0,
             busy_milli: 0,
+            late_us: 0,
         });
         fake.alive.insert(13, true);
         let mut script = vec![Then::Eof];

@@ -26,7 +26,10 @@
 //!   the keeper sizes from its own latest sample of the tree
 //!   ([`Guard::sized`], by `time::deadline`'s rule under the armed ttl): a
 //!   tree that grew while the agent was stopped is still dead, reaped, by
-//!   the deadline.
+//!   the deadline. The keeper's measured wake lateness
+//!   ([`Guard::late`], `keeper/lateness.rs`) goes into that sample at
+//!   once, between samples too: a keeper that starts to wake late gets
+//!   the longer lead before its next sample of the tree.
 
 use crate::keeper::protocol::Arm;
 use crate::time::clock::BootInstant;
@@ -72,7 +75,16 @@ impl Guard {
 
     /// The keeper's latest sample of the tree: the lead it sizes.
     pub fn sized(&mut self, tree: TreeSize) {
-        self.tree = Some(tree);
+        let late_us = self
+            .tree
+            .map_or(tree.late_us, |t| t.late_us.max(tree.late_us));
+        self.tree = Some(TreeSize { late_us, ..tree });
+    }
+
+    /// The keeper's measured wake lateness now (microseconds): the sampled
+    /// tree's lead takes it from here on (`deadline::kill_lead`).
+    pub fn late(&mut self, late_us: u32) {
+        self.tree.get_or_insert_default().late_us = late_us;
     }
 
     /// A new deadline from the agent. After the keeper acted on the old
@@ -215,15 +227,13 @@ mod tests {
         // 1,000 processes: the lead grows by their share.
         g.sized(TreeSize {
             procs: 1_000,
-            private_bytes: 0,
-            busy_milli: 0,
+            ..TreeSize::default()
         });
         let lead = crate::time::deadline::kill_lead(
             std::time::Duration::from_secs(40),
             TreeSize {
                 procs: 1_000,
-                private_bytes: 0,
-                busy_milli: 0,
+                ..TreeSize::default()
             },
         );
         assert_eq!(g.kill_at(), Some(t(10_000_000 - lead.as_micros() as u64)));
@@ -231,6 +241,22 @@ mod tests {
         g.arm(arm(10_000_000, 3_000_000, 50_000));
         g.sized(TreeSize::default());
         assert_eq!(g.kill_at(), Some(t(9_950_000)));
+    }
+
+    #[test]
+    fn a_keeper_that_wakes_late_kills_earlier_before_its_next_sample() {
+        let mut g = Guard::default();
+        g.arm(arm(10_000_000, 3_000_000, 20_000));
+        assert_eq!(g.kill_at(), Some(t(9_980_000)));
+        // 15 ms late: twice that on the 20 ms floor.
+        g.late(15_000);
+        assert_eq!(g.kill_at(), Some(t(9_950_000)));
+        // A sample taken before that observation does not undo it.
+        g.sized(TreeSize::default());
+        assert_eq!(g.kill_at(), Some(t(9_950_000)));
+        // A calmer keeper gets the agent's lead back, never less.
+        g.late(0);
+        assert_eq!(g.kill_at(), Some(t(9_980_000)));
     }
 
     proptest! {

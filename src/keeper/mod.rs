@@ -72,6 +72,7 @@ pub mod cgroup;
 pub mod event_loop;
 pub mod guard;
 pub mod handle;
+pub mod lateness;
 pub mod os;
 pub mod protocol;
 pub mod spawn;

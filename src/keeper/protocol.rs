@@ -341,12 +341,15 @@ pub enum Report {
     /// namespace when it has one), held by `containment`.
     /// `P pid containment`
     Started { pid: i32, containment: Containment },
-    /// The tree as the keeper last sampled it, and how busy the host was
-    /// (for the kill lead). `Z procs private_kib busy_milli`
+    /// The tree as the keeper last sampled it, how busy the host was and
+    /// how late the keeper's timed wakes were (for the kill lead).
+    /// `Z procs private_kib busy_milli late_us` (a line without `late_us`
+    /// reads as 0).
     Size {
         procs: u32,
         private_kib: u64,
         busy_milli: u32,
+        late_us: u32,
     },
     /// The job could not be started (or the keeper could not guard it).
     /// `E kind message`
@@ -377,11 +380,17 @@ pub enum Report {
 }
 
 /// The tree size a [`Report::Size`] carries.
-pub fn tree_size(procs: u32, private_kib: u64, busy_milli: u32) -> crate::time::deadline::TreeSize {
+pub fn tree_size(
+    procs: u32,
+    private_kib: u64,
+    busy_milli: u32,
+    late_us: u32,
+) -> crate::time::deadline::TreeSize {
     crate::time::deadline::TreeSize {
         procs,
         private_bytes: private_kib.saturating_mul(1024),
         busy_milli,
+        late_us,
     }
 }
 
@@ -398,7 +407,8 @@ impl fmt::Display for Report {
                 procs,
                 private_kib,
                 busy_milli,
-            } => write!(f, "Z {procs} {private_kib} {busy_milli}"),
+                late_us,
+            } => write!(f, "Z {procs} {private_kib} {busy_milli} {late_us}"),
             Report::SpawnFailed { kind, message } => {
                 write!(f, "E {} {}", kind.as_str(), one_line(message))
             }
@@ -454,10 +464,15 @@ impl FromStr for Report {
                 let mut f = rest.split(' ');
                 let mut num = || f.next().ok_or_else(bad);
                 let (procs, kib, busy) = (num()?, num()?, num()?);
+                let late = f.next().unwrap_or("0");
+                if f.next().is_some() {
+                    return Err(bad());
+                }
                 Ok(Report::Size {
                     procs: procs.parse().map_err(|_| bad())?,
                     private_kib: kib.parse().map_err(|_| bad())?,
                     busy_milli: busy.parse().map_err(|_| bad())?,
+                    late_us: late.parse().map_err(|_| bad())?,
                 })
             }
             ("E", Some(rest)) => {
@@ -563,6 +578,7 @@ mod tests {
                 procs: 2_000,
                 private_kib: 4 << 20,
                 busy_milli: 15_000,
+                late_us: 12_345,
             },
             Report::SpawnFailed {
                 kind: SpawnFailure::NotFound,

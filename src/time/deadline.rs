@@ -22,7 +22,12 @@
 //!   their margin, stretched on a host busier than that
 //!   ([`BUSY_CALIBRATED_MILLI`]: dying processes wait for a CPU too),
 //!   at most a quarter of the ttl
-//!   ([`max_kill_lead`]). A quarter keeps the contract's "two lost
+//!   ([`max_kill_lead`]). To the floor goes twice the keeper's own
+//!   measured lateness ([`TreeSize::late_us`], [`LATE_FACTOR`]): how long
+//!   past their due time its recent timed wakes got a CPU
+//!   (`keeper/lateness.rs`). The kill itself goes out that late on a busy
+//!   host, so a small tree on a loaded machine gets the lead its scheduler
+//!   needs, measured where it runs rather than guessed from the load. A quarter keeps the contract's "two lost
 //!   heartbeats do not stop the command" with default flags (the third
 //!   try, at 1.67 heartbeats, is answered before 2.25), and a tree too big
 //!   for it on this host is killed as early as the lease allows.
@@ -52,15 +57,23 @@ pub const LEAD_PER_PROCESS: Duration = Duration::from_micros(400);
 /// margin.
 pub const LEAD_PER_GIB: Duration = Duration::from_millis(200);
 
+/// How many times the keeper's measured wake lateness goes into the
+/// lead's floor: once for the kill's own wake, once more as margin for a
+/// wake later than any seen lately.
+pub const LATE_FACTOR: u32 = 2;
+
 /// The tree as last sampled: how many processes, how much private
-/// resident memory (resident less shared, in bytes), and how busy the host
+/// resident memory (resident less shared, in bytes), how busy the host
 /// was (`busy_milli`: the 1-minute load average per online CPU, times
-/// 1,000; 0 when unknown).
+/// 1,000; 0 when unknown), and how late the keeper's recent timed wakes
+/// were (`late_us`, microseconds: the decayed worst, see
+/// `keeper/lateness.rs`; 0 when none was measured).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeSize {
     pub procs: u32,
     pub private_bytes: u64,
     pub busy_milli: u32,
+    pub late_us: u32,
 }
 
 /// The load per CPU the per-process and per-GiB costs were measured at
@@ -96,13 +109,15 @@ pub fn max_kill_lead(ttl: Duration) -> Duration {
 }
 
 /// How long before the deadline of a lease of `ttl` SIGKILL goes out for a
-/// tree of `tree`'s size: [`KILL_LEAD`] (at most ttl/20), plus
+/// tree of `tree`'s size: [`KILL_LEAD`] (at most ttl/20) and
+/// [`LATE_FACTOR`] times the keeper's measured lateness, plus
 /// [`LEAD_PER_PROCESS`] a process and [`LEAD_PER_GIB`] a GiB of private
 /// resident memory, those two scaled up by how much busier the host is
 /// than [`BUSY_CALIBRATED_MILLI`], at most [`max_kill_lead`].
 pub fn kill_lead(ttl: Duration, tree: TreeSize) -> Duration {
     const GIB: u128 = 1 << 30;
-    let floor = KILL_LEAD.min(ttl / 20);
+    let late = Duration::from_micros(u64::from(tree.late_us)) * LATE_FACTOR;
+    let floor = KILL_LEAD.min(ttl / 20).saturating_add(late);
     let per_proc_ns = LEAD_PER_PROCESS.as_nanos() * u128::from(tree.procs);
     let per_mem_ns = LEAD_PER_GIB.as_nanos() * u128::from(tree.private_bytes) / GIB;
     let busy = u128::from(tree.busy_milli.max(BUSY_CALIBRATED_MILLI));
@@ -110,7 +125,7 @@ pub fn kill_lead(ttl: Duration, tree: TreeSize) -> Duration {
     let sized = floor.saturating_add(Duration::from_nanos(
         u64::try_from(variable_ns).unwrap_or(u64::MAX),
     ));
-    sized.min(max_kill_lead(ttl)).max(floor)
+    sized.min(max_kill_lead(ttl))
 }
 
 /// A deadline and how the tree is stopped before it.
@@ -209,6 +224,7 @@ mod tests {
             procs: n,
             private_bytes: 0,
             busy_milli: 0,
+            late_us: 0,
         };
         assert_eq!(kill_lead(ttl, procs(1)), KILL_LEAD + LEAD_PER_PROCESS);
         assert_eq!(
@@ -219,6 +235,7 @@ mod tests {
             procs: 0,
             private_bytes: 2 << 30,
             busy_milli: 0,
+            late_us: 0,
         };
         assert_eq!(kill_lead(ttl, gib), KILL_LEAD + LEAD_PER_GIB * 2);
         // Capped at ttl/4, never below the floor.
@@ -226,6 +243,7 @@ mod tests {
             procs: u32::MAX,
             private_bytes: u64::MAX,
             busy_milli: 0,
+            late_us: 0,
         };
         assert_eq!(kill_lead(ms(4_000), huge), ms(1_000));
         assert_eq!(kill_lead(ms(40), none()), ms(2));
@@ -250,6 +268,7 @@ mod tests {
             procs: 100,
             private_bytes: 1 << 30,
             busy_milli,
+            late_us: 0,
         };
         let calm = KILL_LEAD + LEAD_PER_PROCESS * 100 + LEAD_PER_GIB;
         assert_eq!(kill_lead(ttl, tree(0)), calm);
@@ -266,6 +285,38 @@ mod tests {
             ..TreeSize::default()
         };
         assert_eq!(kill_lead(ttl, empty), KILL_LEAD);
+    }
+
+    /// A keeper that woke late lately gets twice that on the floor, the
+    /// tree's part on top, and the cap still holds; a quiet one (0)
+    /// changes nothing.
+    #[test]
+    fn the_measured_lateness_raises_the_floor_twice_over() {
+        let ttl = ms(2_000);
+        let late = |us| TreeSize {
+            late_us: us,
+            ..TreeSize::default()
+        };
+        assert_eq!(kill_lead(ttl, late(0)), KILL_LEAD);
+        assert_eq!(kill_lead(ttl, late(12_000)), KILL_LEAD + ms(24));
+        let tree = TreeSize {
+            procs: 10,
+            ..late(5_000)
+        };
+        assert_eq!(
+            kill_lead(ttl, tree),
+            KILL_LEAD + ms(10) + LEAD_PER_PROCESS * 10
+        );
+        assert_eq!(kill_lead(ttl, late(u32::MAX)), ms(500));
+        // A short ttl's floor is capped at ttl/20 before the lateness.
+        assert_eq!(kill_lead(ms(200), late(1_000)), ms(12));
+        let d = Deadline {
+            at: at(10_000),
+            grace: ms(600),
+            kill_lead: KILL_LEAD,
+            ttl,
+        };
+        assert_eq!(d.lead_for(late(30_000)), KILL_LEAD + ms(60));
     }
 
     fn none() -> TreeSize {

@@ -243,7 +243,7 @@ proptest! {
                     (Event::KeeperReaped { tree_empty }, None)
                 }
                 Op::Sized(procs, mib) => {
-                    (Event::TreeSized(TreeSize { procs, private_bytes: mib << 20, busy_milli: 0 }), None)
+                    (Event::TreeSized(TreeSize { procs, private_bytes: mib << 20, ..TreeSize::default() }), None)
                 }
                 Op::Stopped => (Event::JobStopped, None),
             };

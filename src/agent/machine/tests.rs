@@ -642,6 +642,7 @@ fn the_kill_lead_follows_the_trees_size() {
         procs: 2_000,
         private_bytes: 0,
         busy_milli: 0,
+        late_us: 0,
     };
     assert!(m.step(Event::TreeSized(big), at(10)).is_empty());
     assert_eq!(
@@ -668,6 +669,7 @@ fn the_kill_lead_follows_the_trees_size() {
         procs: 100_000,
         private_bytes: 0,
         busy_milli: 0,
+        late_us: 0,
     };
     let a = m.step(Event::TreeSized(huge), at(3_500));
     assert_eq!(signals(&a), vec![SIGKILL]);
