@@ -40,6 +40,12 @@ pub struct RunConfig {
     pub trust: TrustFiles,
     /// `--user`: who the command runs as; `None`: the agent's own user.
     pub user: Option<RunAs>,
+    /// `--full-root`: a root command keeps every capability (guarantee 7
+    /// given up; see `sys/confine.rs`).
+    pub full_root: bool,
+    /// `--allow-new-privs`: a `--user` command may gain privileges through
+    /// set-uid and file-capability programs (no NoNewPrivs).
+    pub allow_new_privs: bool,
 }
 
 /// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
@@ -65,6 +71,8 @@ pub struct RawRun {
     pub command: Vec<OsString>,
     pub trust: TrustFiles,
     pub user: Option<String>,
+    pub full_root: bool,
+    pub allow_new_privs: bool,
 }
 
 /// Why the run path's flags do not make a valid run. Every message names
@@ -266,6 +274,8 @@ impl RawRun {
             command: self.command,
             trust: self.trust,
             user: None,
+            full_root: self.full_root,
+            allow_new_privs: self.allow_new_privs,
         };
         crate::agent::timing::check(&cfg.settings())?;
         // Last: the only check that reads the user databases.

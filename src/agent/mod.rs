@@ -59,7 +59,16 @@ use crate::time::clock::BootInstant;
 pub fn main(cfg: RunConfig) -> ExitCode {
     // Before anything else, while this process has one thread: at a
     // terminal, the pid the shell waits on becomes the front process.
-    let front = match crate::agent::front::split() {
+    // A job of another user gets no terminal of the caller's (it could push
+    // input into it, TIOCSTI, which the caller's shell would then run): no
+    // front, so the keeper and the job take sessions of their own.
+    let other_user = cfg.user.as_ref().is_some_and(|u| u.switch.is_some());
+    let split = if other_user {
+        crate::agent::front::Role::Alone
+    } else {
+        crate::agent::front::split()
+    };
+    let front = match split {
         crate::agent::front::Role::Front(code) => return ExitCode::from(code),
         crate::agent::front::Role::Agent(link) => Some(link),
         crate::agent::front::Role::Alone => None,
@@ -134,6 +143,8 @@ fn run(
     let options = crate::keeper::JobOptions {
         user: cfg.user.as_ref().and_then(|u| u.switch.clone()),
         terminal,
+        full_root: cfg.full_root,
+        allow_new_privs: cfg.allow_new_privs,
     };
     let keeper = match crate::keeper::handle::prestart_keeper(
         &cfg.command,

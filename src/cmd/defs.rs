@@ -322,6 +322,18 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
                     a.user = Some(text(v)?);
                     Ok(())
                 }),
+                Flag::switch(
+                    "allow-new-privs",
+                    "With --user: let the command gain privileges through set-uid programs and\nfile capabilities (sudo, su, ping on some systems); without it the command\nruns with NoNewPrivs and such programs run without their extra privileges",
+                )
+                .doc("With --user, the command runs with the kernel's NoNewPrivs flag set: a set-uid or set-gid program (sudo, su, passwd, mount) or one with file capabilities runs with the command's own ids and no extra privilege, so such helpers fail. This flag leaves NoNewPrivs unset, for a command that needs them; it then holds only what those programs themselves allow.")
+                .sets(|a| a.allow_new_privs = true),
+                Flag::switch(
+                    "full-root",
+                    "A command run as root keeps every capability. Without it a root command\nkeeps root over its own work but not CAP_SYS_ADMIN, CAP_SYS_PTRACE,\nCAP_SYS_RESOURCE, CAP_SYS_NICE and the others that reach its guardians;\nwith it the command can trace, limit and unmount its way past them: the\nguarantee that the guardians are out of the command's reach is given up",
+                )
+                .doc("Without this flag a command that runs as root (a root agent without --user, or --user root) loses, from its bounding, effective, permitted, inheritable and ambient sets, the capabilities that reach outside its namespaces and so its guardians: CAP_SYS_ADMIN (mounts, such as unmounting its /proc), CAP_SYS_PTRACE, CAP_SYS_RESOURCE, CAP_SYS_NICE, CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_BOOT, CAP_DAC_READ_SEARCH, CAP_BPF, CAP_PERFMON, CAP_CHECKPOINT_RESTORE, CAP_MAC_ADMIN and CAP_MAC_OVERRIDE; its /proc shows only the processes it may trace. With --full-root it keeps them all, and gives up the guarantee that the agent and the keeper are out of its reach: it can trace, limit or unmount its way past them.")
+                .sets(|a| a.full_root = true),
             ],
         },
         RawRun::TRUST,

@@ -133,20 +133,25 @@ pub fn prestart_keeper(
     crate::keeper::cgroup::remove_stale(std::process::id());
     let (ctl_ours, ctl_theirs) = pair()?;
     let (rep_theirs, rep_ours) = pair()?;
-    let agent = std::process::id().to_string();
-    let mut argv: Vec<&std::ffi::OsStr> = vec![
-        "leaseagent-keeper".as_ref(),
-        KEEPER_ARG.as_ref(),
-        agent.as_ref(),
-    ];
+    let mut argv: Vec<&std::ffi::OsStr> = vec!["leaseagent-keeper".as_ref(), KEEPER_ARG.as_ref()];
     let option_args = options.to_args();
     argv.extend(option_args.iter().map(std::ffi::OsStr::new));
     argv.push("--".as_ref());
     argv.extend(command.iter().map(|c| c.as_os_str()));
-    let env: Vec<(OsString, OsString)> = std::env::vars_os()
-        .filter(|(k, _)| !env_remove.iter().any(|r| k == r.as_str()))
+    // The agent's pid reaches the keeper in its environment, never on its
+    // command line, which the job may read (`sys::keeper_spawn`).
+    let agent_env = crate::sys::keeper_spawn::AGENT_PID_ENV;
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != agent_env && !env_remove.iter().any(|r| k == r.as_str()))
         .collect();
-    let prep = Prepared::new(&argv, &env, ctl_theirs.as_fd(), rep_theirs.as_fd())?;
+    env.push((agent_env.into(), std::process::id().to_string().into()));
+    let prep = Prepared::new(
+        &argv,
+        &env,
+        ctl_theirs.as_fd(),
+        rep_theirs.as_fd(),
+        !options.full_root,
+    )?;
     let root = rustix::process::geteuid().is_root();
     let mut first_failure: Option<(Namespaces, SpawnError)> = None;
     let mut started = None;

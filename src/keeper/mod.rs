@@ -110,6 +110,10 @@ pub struct JobOptions {
     /// agent's session and the job's group becomes the terminal's
     /// foreground (see `sys/terminal.rs` and `agent/front.rs`).
     pub terminal: bool,
+    /// `--full-root`: a root job keeps every capability (`sys::confine`).
+    pub full_root: bool,
+    /// `--allow-new-privs`: a `--user` job runs without NoNewPrivs.
+    pub allow_new_privs: bool,
 }
 
 impl JobOptions {
@@ -122,6 +126,12 @@ impl JobOptions {
         }
         if self.terminal {
             args.push("--terminal".to_string());
+        }
+        if self.full_root {
+            args.push("--full-root".to_string());
+        }
+        if self.allow_new_privs {
+            args.push("--allow-new-privs".to_string());
         }
         args
     }
@@ -144,24 +154,32 @@ impl JobOptions {
                     options.terminal = true;
                     rest = tail;
                 }
+                "--full-root" => {
+                    options.full_root = true;
+                    rest = tail;
+                }
+                "--allow-new-privs" => {
+                    options.allow_new_privs = true;
+                    rest = tail;
+                }
                 _ => return None,
             }
         }
     }
 }
 
-/// Runs the keeper: `__keeper AGENT_PID [--user UID:GID:GROUPS]
-/// [--terminal] -- COMMAND [ARG...]`, its ctl socket at fd 3 and its
-/// report socket at fd 4 (never on the command line: `sys::keeper_spawn`
-/// put them there).
+/// Runs the keeper: `__keeper [--user UID:GID:GROUPS] [--terminal]
+/// [--full-root] [--allow-new-privs] -- COMMAND [ARG...]`, its ctl socket
+/// at fd 3 and its report socket at fd 4, the agent's pid in
+/// `sys::keeper_spawn::AGENT_PID_ENV` (none of them on the command line,
+/// which the job may read: `sys::keeper_spawn` put them there).
 pub fn main(args: Vec<OsString>) -> ExitCode {
     // Before anything else, and long before the job exists: exec made us
     // dumpable again, and the job (same uid) must not be able to trace us,
     // open our descriptors through /proc or write our oom_score_adj.
     let dumpable = crate::sys::keeper_spawn::not_dumpable();
     crate::sys::malloc::one_arena();
-    let agent = args.first().and_then(|a| a.to_str()?.parse::<u32>().ok());
-    let Some(agent) = agent else {
+    let Some(agent) = crate::sys::keeper_spawn::take_agent_pid() else {
         os::stderr_line("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
@@ -173,7 +191,7 @@ pub fn main(args: Vec<OsString>) -> ExitCode {
         os::stderr_line("leaseagent: keeper: control descriptors missing");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
-    let Some((options, command)) = JobOptions::parse(args.get(1..).unwrap_or_default()) else {
+    let Some((options, command)) = JobOptions::parse(&args) else {
         os::stderr_line("leaseagent: __keeper is internal to leaseagent");
         return ExitCode::from(crate::exit::AGENT_FAILED);
     };
@@ -308,6 +326,7 @@ fn prepare_and_spawn(
 ) -> Result<Option<Started>, Report> {
     handle_relayed_signals()?;
     let sigchld = watch_sigchld()?;
+    differ_from_a_root_job(out, options);
     // With the agent's terminal, the job must share its session (a
     // controlling terminal belongs to one session).
     if !options.terminal {
@@ -344,7 +363,11 @@ fn prepare_and_spawn(
     // would be the child's own, under the new value.
     let sets_path = env.iter().any(|(k, _)| k == "PATH");
     // Made now: it notes which signals this process ignores.
-    let steps = crate::sys::spawn::ChildSteps::new(options.user.as_ref(), options.terminal);
+    let steps = crate::sys::spawn::ChildSteps::new(
+        options.user.as_ref(),
+        options.terminal,
+        job_limits(options),
+    );
     let job = spawn::Job {
         program,
         resolved: found.as_deref().filter(|_| !sets_path),
@@ -361,6 +384,33 @@ fn prepare_and_spawn(
         carry,
         containment,
     }))
+}
+
+/// What the job starts without (`sys::confine`): a job of another user
+/// starts with stdio alone and NoNewPrivs (unless `--allow-new-privs`); a
+/// job of a keeper that holds capabilities to drop loses the ones that
+/// reach its guardians (unless `--full-root`).
+fn job_limits(options: &JobOptions) -> crate::sys::spawn::Limits {
+    let other_user = options.user.is_some();
+    crate::sys::spawn::Limits {
+        confine: !options.full_root && crate::sys::confine::may_drop(),
+        no_new_privs: other_user && !options.allow_new_privs,
+        stdio_only: other_user,
+    }
+}
+
+/// A root keeper's saved gid made to differ from its job's ids, so a root
+/// job may not `prlimit` it (`sys::confine::differ_saved_gid`). Only when
+/// the job is confined and this keeper is root; a failure is a warning.
+fn differ_from_a_root_job(out: &mut Reporter, options: &JobOptions) {
+    if options.full_root || !rustix::process::geteuid().is_root() {
+        return;
+    }
+    if let Err(e) = crate::sys::confine::differ_saved_gid() {
+        out.send(&Report::Warning(format!(
+            "keeper: cannot set its saved gid ({e}): a root command may change the keeper's limits"
+        )));
+    }
 }
 
 /// The job's environment from the agent's "go" frame, and any bytes read
@@ -446,4 +496,50 @@ fn become_subreaper() -> Result<(), Report> {
             "keeper: cannot become a child subreaper ({e}); the job's tree could not be stopped"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_options_round_trip_through_the_keepers_arguments() {
+        let all = JobOptions {
+            user: Some(crate::sys::user::Identity::new(65534, 65534, vec![7])),
+            terminal: true,
+            full_root: true,
+            allow_new_privs: true,
+        };
+        for options in [JobOptions::default(), all] {
+            let mut args: Vec<OsString> = options.to_args().into_iter().map(Into::into).collect();
+            args.extend(["--".into(), "job".into(), "--full-root".into()]);
+            let (parsed, command) = JobOptions::parse(&args).unwrap();
+            assert_eq!(parsed, options);
+            // What follows `--` is the command's, whatever it looks like.
+            assert_eq!(command, [OsString::from("job"), "--full-root".into()]);
+        }
+        // The agent's pid is no argument any more: a number is refused.
+        assert_eq!(JobOptions::parse(&["4242".into(), "--".into()]), None);
+    }
+
+    #[test]
+    fn a_job_of_another_user_starts_with_stdio_and_no_new_privs_unless_allowed() {
+        let user = Some(crate::sys::user::Identity::new(65534, 65534, vec![]));
+        let limits = |allow_new_privs| {
+            job_limits(&JobOptions {
+                user: user.clone(),
+                allow_new_privs,
+                ..JobOptions::default()
+            })
+        };
+        assert!(limits(false).no_new_privs && limits(false).stdio_only);
+        assert!(!limits(true).no_new_privs && limits(true).stdio_only);
+        let own = job_limits(&JobOptions::default());
+        assert!(!own.no_new_privs && !own.stdio_only);
+        let full = job_limits(&JobOptions {
+            full_root: true,
+            ..JobOptions::default()
+        });
+        assert!(!full.confine);
+    }
 }

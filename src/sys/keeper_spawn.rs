@@ -26,7 +26,9 @@
 //!    non-zero uid);
 //! 3. mounts: every mount a slave (`MS_REC | MS_SLAVE` on `/`: the host's
 //!    new mounts still appear, none of the job's reach the host), and a
-//!    fresh `proc` on `/proc`, so `ps` inside shows the job's tree only;
+//!    fresh `proc` on `/proc`, so `ps` inside shows the job's tree only
+//!    (for a root keeper whose job is confined, `hidepid=ptraceable`: not
+//!    even the keeper, see `sys::confine`);
 //! 4. the two channel sockets moved to descriptors 3 and 4 (their numbers
 //!    are on no command line), the signal mask emptied;
 //! 5. `execveat` of the agent's own binary, opened beforehand.
@@ -69,6 +71,9 @@ pub struct Prepared {
     report: OwnedFd,
     uid_map: Vec<u8>,
     gid_map: Vec<u8>,
+    /// Mount the namespace's `/proc` with `hidepid=ptraceable` (a root
+    /// keeper whose job is confined: `sys::confine`).
+    hide_pids: bool,
 }
 
 /// Where the keeper's start failed.
@@ -157,6 +162,7 @@ impl Prepared {
         env: &[(std::ffi::OsString, std::ffi::OsString)],
         ctl: BorrowedFd<'_>,
         report: BorrowedFd<'_>,
+        hide_pids: bool,
     ) -> std::io::Result<Prepared> {
         use std::os::unix::ffi::OsStrExt;
         let exe = rustix::fs::open(
@@ -194,6 +200,7 @@ impl Prepared {
             report: high(report)?,
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            hide_pids,
         })
     }
 }
@@ -334,14 +341,26 @@ fn child(prep: &Prepared, ns: Namespaces, err: libc::c_int) -> ! {
             {
                 fail(err, Stage::Propagation);
             }
-            if libc::mount(
-                c"proc".as_ptr(),
-                c"/proc".as_ptr(),
-                c"proc".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            ) != 0
-            {
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+            let proc_at = |data: *const libc::c_void| {
+                libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    flags,
+                    data,
+                )
+            };
+            // A root keeper (PID namespace, no user namespace) whose job is
+            // confined: the job's /proc lists only what it may trace, so
+            // not the non-dumpable keeper (its root-owned oom_score_adj, its
+            // command line and environment). Before Linux 5.8 the option is
+            // unknown (EINVAL): the plain mount; the dropped CAP_SYS_PTRACE
+            // still keeps the keeper's mem, fds and environment closed.
+            let hidden = ns == Namespaces::Pid
+                && prep.hide_pids
+                && proc_at(c"hidepid=ptraceable".as_ptr().cast()) == 0;
+            if !hidden && proc_at(std::ptr::null()) != 0 {
                 fail(err, Stage::MountProc);
             }
         }
@@ -420,4 +439,24 @@ pub fn kill_every_other(sig: rustix::process::Signal) -> rustix::io::Result<()> 
     // SAFETY: kill(2) takes no pointer; -1 and a valid signal number.
     let rc = unsafe { libc::kill(-1, sig.as_raw()) };
     if rc == 0 { Ok(()) } else { Err(last_errno()) }
+}
+
+/// The variable the keeper finds its agent's pid in (the agent's PID
+/// namespace's number, which names the job's cgroup). Not an argument: a
+/// command line is world-readable, and the pid would name the agent to a
+/// job that escaped its `/proc`. The keeper takes it out of its own
+/// environment first thing ([`take_agent_pid`]), so the job never gets it,
+/// and its `/proc/1/environ` is readable only by a tracer (non-dumpable).
+pub const AGENT_PID_ENV: &str = "LEASEAGENT_KEEPER_AGENT_PID";
+
+/// The agent's pid from [`AGENT_PID_ENV`], which is removed from this
+/// process's environment. For the keeper's `main` only, before it starts
+/// anything: the keeper never starts a thread.
+pub fn take_agent_pid() -> Option<u32> {
+    let pid = std::env::var(AGENT_PID_ENV).ok()?.parse().ok();
+    // SAFETY: called first thing in the keeper's `main` (a fresh exec of
+    // this binary that starts no thread, ever): no other thread reads or
+    // writes the environment meanwhile.
+    unsafe { std::env::remove_var(AGENT_PID_ENV) };
+    pid
 }

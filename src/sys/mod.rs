@@ -6,7 +6,9 @@
 //! both through `clone3`'s argument block (`clone3`), the terminal's
 //! foreground handed over and back (`terminal`),
 //! the SQLite VFS that opens through a checked directory (`sqlite_at`), and
-//! the user lookups and the uid switch of `--user` (`user`). Also: walking
+//! the user lookups and the uid switch of `--user` (`user`), and what a
+//! job starts without: capabilities, new privileges, descriptors
+//! (`confine`). Also: walking
 //! configured paths as the kernel's `protected_symlinks` rule would
 //! (`walk`), where state and runtime files
 //! live, the systemd notification socket, the agent's defences against
@@ -15,6 +17,8 @@
 
 #[allow(unsafe_code)]
 pub mod clone3;
+#[allow(unsafe_code)]
+pub mod confine;
 #[allow(unsafe_code)]
 pub mod detach;
 #[allow(unsafe_code)]

@@ -71,14 +71,28 @@ pub struct ChildSteps {
     /// Make the child's process group the foreground of the terminal on
     /// stdin (it shares the agent's session and controlling terminal).
     foreground: bool,
+    /// What the job starts without (`sys::confine`).
+    limits: Limits,
+}
+
+/// What [`ChildSteps`] take away from the job (`sys::confine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Drop the capabilities that reach the guardians (not `--full-root`).
+    pub confine: bool,
+    /// `PR_SET_NO_NEW_PRIVS` (`--user` without `--allow-new-privs`).
+    pub no_new_privs: bool,
+    /// Every descriptor above stderr closed at the exec (`--user`).
+    pub stdio_only: bool,
 }
 
 impl ChildSteps {
-    pub fn new(user: Option<&Identity>, foreground: bool) -> ChildSteps {
+    pub fn new(user: Option<&Identity>, foreground: bool, limits: Limits) -> ChildSteps {
         ChildSteps {
             switch: user.map(Switch::new),
             ignored: ignored_signals(),
             foreground,
+            limits,
         }
     }
 
@@ -96,10 +110,21 @@ impl ChildSteps {
         for &sig in &self.ignored {
             set_default(sig);
         }
-        match &self.switch {
-            Some(s) => s.apply(),
-            None => Ok(()),
+        // Before the switch: dropping from the bounding set needs the
+        // CAP_SETPCAP a switch to another user clears.
+        if self.limits.confine {
+            super::confine::drop_capabilities().map_err(|e| (SwitchStep::Confine, e))?;
         }
+        if let Some(s) = &self.switch {
+            s.apply()?;
+        }
+        if self.limits.no_new_privs {
+            super::confine::no_new_privs().map_err(|e| (SwitchStep::NoNewPrivs, e))?;
+        }
+        if self.limits.stdio_only {
+            super::confine::close_others_on_exec();
+        }
+        Ok(())
     }
 
     /// The same steps for a child of std's `Command` (which made the

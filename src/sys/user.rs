@@ -197,6 +197,11 @@ pub enum SwitchStep {
     Check,
     /// A capability is left after a switch to a user other than root.
     Capabilities,
+    /// The capabilities that reach the guardians could not be dropped
+    /// (`sys::confine`).
+    Confine,
+    /// NoNewPrivs could not be set.
+    NoNewPrivs,
 }
 
 impl SwitchStep {
@@ -207,6 +212,8 @@ impl SwitchStep {
             SwitchStep::Uid => "setresuid",
             SwitchStep::Check => "the ids read back after the switch differ",
             SwitchStep::Capabilities => "capabilities are left after the switch",
+            SwitchStep::Confine => "dropping the capabilities that reach the guardians",
+            SwitchStep::NoNewPrivs => "PR_SET_NO_NEW_PRIVS",
         }
     }
 
@@ -217,6 +224,8 @@ impl SwitchStep {
             SwitchStep::Uid => 3,
             SwitchStep::Check => 4,
             SwitchStep::Capabilities => 5,
+            SwitchStep::Confine => 6,
+            SwitchStep::NoNewPrivs => 7,
         }
     }
 
@@ -227,6 +236,8 @@ impl SwitchStep {
             3 => SwitchStep::Uid,
             4 => SwitchStep::Check,
             5 => SwitchStep::Capabilities,
+            6 => SwitchStep::Confine,
+            7 => SwitchStep::NoNewPrivs,
             _ => return None,
         })
     }
@@ -308,39 +319,13 @@ impl Switch {
             return Err((SwitchStep::Check, 0));
         }
         if self.uid != 0 {
-            let mut header = CapHeader {
-                version: LINUX_CAPABILITY_VERSION_3,
-                pid: 0,
-            };
-            let mut data = [CapData::default(); 2];
-            // SAFETY: `header` and the two `data` entries are the layout
-            // capget(2) takes for version 3.
-            let rc = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
-            let left = data
-                .iter()
-                .any(|d| d.effective != 0 || d.permitted != 0 || d.inheritable != 0);
-            if rc != 0 || left {
+            let left = super::confine::sets().is_none_or(|sets| sets.iter().any(|s| *s != 0));
+            if left {
                 return Err((SwitchStep::Capabilities, 0));
             }
         }
         Ok(())
     }
-}
-
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
 }
 
 #[cfg(test)]
@@ -426,6 +411,8 @@ other:x:12:alicex\n";
             SwitchStep::Uid,
             SwitchStep::Check,
             SwitchStep::Capabilities,
+            SwitchStep::Confine,
+            SwitchStep::NoNewPrivs,
         ] {
             assert_eq!(SwitchStep::from_code(s.code()), Some(s));
         }

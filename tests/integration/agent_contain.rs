@@ -37,9 +37,12 @@ enum Mode {
 }
 
 /// The shell that finds the guardians from inside the job: the keeper is
-/// the job's parent, the agent's pid is the keeper's argument (`__keeper
-/// AGENT`), which the job may read but, in a namespace, not reach.
-const FIND: &str = "K=$PPID; A=$(tr '\\0' ' ' < /proc/$K/cmdline | cut -d' ' -f3); \
+/// the job's parent, the agent the keeper's parent where the job can see
+/// it (without a namespace); in a namespace the keeper's parent is 0 (or
+/// the keeper is not listed at all) and the agent cannot be named: both
+/// attacks then go to the keeper. (The agent's pid is on no command line.)
+const FIND: &str = "K=$PPID; A=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$K/status 2>/dev/null); \
+                    [ \"${A:-0}\" -gt 0 ] 2>/dev/null || A=$K; \
                     echo \"$K $A\" > \"$DIR/guardians\"";
 
 /// The attacks, as shell run by the job's leader.
@@ -400,7 +403,8 @@ fn fallback_nofile_zero_on_both_guardians_stops_the_tree() {
 // ------------------------------------------------------ what the job sees
 
 /// The job is told its containment, sees only its own tree in `ps`, and
-/// the keeper is its PID 1; `--no-pid-namespace` gives it the host's.
+/// the keeper is its PID 1 (not listed for a root job: `sys::confine`);
+/// `--no-pid-namespace` gives it the host's.
 #[test]
 fn the_job_sees_its_containment_and_only_its_own_tree() {
     let fake = FakeAuthority::start();
@@ -411,7 +415,7 @@ fn the_job_sees_its_containment_and_only_its_own_tree() {
             "sh",
             "-c",
             &format!(
-                "echo \"$LEASE_CONTAINMENT\" > {d}/c; ps -e -o pid= > {d}/ps; \
+                "echo \"$LEASE_CONTAINMENT\" > {d}/c; echo $PPID > {d}/ppid; ps -e -o pid= > {d}/ps; \
                  for i in $(seq 200); do grep -q containment \"$LEASEAGENT_STATE_FILE\" && break; sleep 0.05; done; \
                  cp \"$LEASEAGENT_STATE_FILE\" {d}/state",
                 d = dir.0.path().display()
@@ -430,9 +434,13 @@ fn the_job_sees_its_containment_and_only_its_own_tree() {
         if want_ns {
             assert_eq!(c.trim(), "pidns", "{err}");
             assert!(containment_line(&err, "pidns"), "{err}");
-            assert!(ps.lines().any(|l| l.trim() == "1"), "{ps}");
-            // The keeper, the shell, ps.
-            assert!(procs <= 4, "the job sees more than its tree: {ps}");
+            // The keeper is the job's parent, PID 1; a root job (this
+            // one) does not even see it listed (`hidepid=ptraceable`).
+            let ppid = std::fs::read_to_string(dir.path("ppid")).unwrap();
+            assert_eq!(ppid.trim(), "1", "{err}");
+            assert!(!ps.lines().any(|l| l.trim() == "1"), "{ps}");
+            // The shell, ps.
+            assert!(procs <= 3, "the job sees more than its tree: {ps}");
         } else {
             assert!(matches!(c.trim(), "cgroup" | "tree"), "{c}: {err}");
             assert!(procs > 4, "the job sees the host's processes: {ps}");

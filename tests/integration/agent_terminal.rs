@@ -287,6 +287,64 @@ fn a_job_run_from_an_interactive_shell_prompts_through_dev_tty() {
     }
 }
 
+/// A job of another user (`--user nobody`), run from a root shell at its
+/// terminal, pushes a line into the terminal's input queue (`TIOCSTI`, the
+/// kernel here allows it to a process whose controlling terminal it is)
+/// and exits: after the agent returns, the root shell must not run it. The
+/// job has no controlling terminal of the caller's, so the push is refused.
+#[test]
+fn a_job_of_another_user_cannot_push_a_line_into_the_callers_shell() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs a job as nobody: run it as root"
+    );
+    let python = "/usr/bin/python3";
+    assert!(
+        std::path::Path::new(python).exists(),
+        "{python} (python3) must be installed: the job pushes input with fcntl.ioctl"
+    );
+    let fake = FakeAuthority::start();
+    let dir = Dir::new();
+    std::fs::set_permissions(dir.0.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (n, flags) in ["", "--no-pid-namespace"].into_iter().enumerate() {
+        let planted = dir.path(&format!("planted-{n}"));
+        let script = dir.path(&format!("sti-{n}.py"));
+        std::fs::write(
+            &script,
+            format!(
+                "import fcntl, termios\n\
+                 try:\n    \
+                     for c in b'id > {}\\n':\n        \
+                         fcntl.ioctl(0, termios.TIOCSTI, bytes([c]))\n    \
+                     print('sti-pushed')\n\
+                 except OSError as e:\n    \
+                     print('sti-refused', e.errno)\n",
+                planted.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut pty = Pty::bash();
+        pty.send(&format!(
+            "{} --user nobody -- {python} {}; echo \"rc-$?-sti\"\n",
+            agent_line(&fake.url(), &format!("sti-{n}"), flags),
+            script.display()
+        ));
+        pty.expect("sti-refused");
+        pty.expect("rc-0-sti");
+        // Whatever the job queued would be read by the shell before this.
+        pty.send("echo \"after-$((6*7))\"\n");
+        pty.expect("after-42");
+        assert!(
+            !planted.exists(),
+            "{flags:?}: the root shell ran the job's line: {}\nthe terminal shows:\n{}",
+            std::fs::read_to_string(&planted).unwrap_or_default(),
+            pty.screen
+        );
+    }
+}
+
 /// The host pid of the test job's shell (its command line names
 /// `marker`, which no other test's job does), found once it runs.
 fn job_shell(marker: &str) -> i32 {

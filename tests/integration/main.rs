@@ -7,6 +7,7 @@
 mod support;
 
 mod agent_basic;
+mod agent_confine;
 mod agent_contain;
 mod agent_deadline;
 mod agent_distrust;

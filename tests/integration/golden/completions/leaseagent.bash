@@ -35,7 +35,7 @@ _leaseagent() {
     case $sub in
         run)
             if [[ $cur == -* ]]; then
-                mapfile -t COMPREPLY < <(compgen -W "--authority --task --ttl --heartbeat --grace --holder --on-expiry --expiry-grace --wait --clock-drift --renew-priority --remap-exit --no-pid-namespace --user --ca-file --client-cert --client-key --auth-token-file --etcd-user --etcd-password-file -h --help -V --version" -- "$cur")
+                mapfile -t COMPREPLY < <(compgen -W "--authority --task --ttl --heartbeat --grace --holder --on-expiry --expiry-grace --wait --clock-drift --renew-priority --remap-exit --no-pid-namespace --user --allow-new-privs --full-root --ca-file --client-cert --client-key --auth-token-file --etcd-user --etcd-password-file -h --help -V --version" -- "$cur")
             elif ((COMP_CWORD == 1)); then
                 mapfile -t COMPREPLY < <(compgen -W "serve publish check leases revoke clear history completions man token" -- "$cur")
             fi ;;

@@ -220,6 +220,8 @@ _leaseagent() {
         '--remap-exit[The command'\''s own exit codes 124 and 125 become 1, so 124/125 always mean the agent'\''s (lease lost / agent failed)]' \
         '--no-pid-namespace[Run the command in the agent'\''s own PID namespace, for a command that must see the host'\''s processes; its tree is then held by a cgroup or the process tree alone (LEASE_CONTAINMENT=cgroup|tree), and a command that signals its own supervisors can outlive them]' \
         '--user=[Run the command as this user (and group), with its supplementary groups and HOME, USER, LOGNAME as runuser sets them (root only); the agent and its keeper keep their own]:NAME[:GROUP]: ' \
+        '--allow-new-privs[With --user: let the command gain privileges through set-uid programs and file capabilities (sudo, su, ping on some systems); without it the command runs with NoNewPrivs and such programs run without their extra privileges]' \
+        '--full-root[A command run as root keeps every capability. Without it a root command keeps root over its own work but not CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_SYS_RESOURCE, CAP_SYS_NICE and the others that reach its guardians; with it the command can trace, limit and unmount its way past them: the guarantee that the guardians are out of the command'\''s reach is given up]' \
         '--ca-file=[PEM CAs that sign the authority'\''s certificate]:FILE:_files' \
         '--client-cert=[PEM client certificate for mutual TLS (with --client-key)]:FILE:_files' \
         '--client-key=[PEM key of --client-cert]:FILE:_files' \
