@@ -68,6 +68,9 @@ pub fn main(cfg: RunConfig) -> ExitCode {
     // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
     // Before the scribe's fork, which inherits it.
     let dumpable = crate::sys::keeper_spawn::not_dumpable();
+    // Before the scribe's fork: it logs at the same level.
+    crate::agent::logging::configure(cfg.log);
+    crate::agent::logging::set_task(&cfg.task);
     // Still one thread: the scribe, which makes every filesystem write of
     // the run, forks now (`scribe.rs`), with the malloc arena cap.
     crate::sys::malloc::one_arena();
@@ -321,6 +324,7 @@ fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn LeaseClient) {
             crate::time::duration::format(grace)
         );
     }
+    crate::agent::logging::set_grant(grant.token, &grant.lease_id);
     log::info!(
         "acquired task {} token {} (lease {}, ttl {}, heartbeat {}, grace {}) from {}",
         grant.task,
