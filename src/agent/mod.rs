@@ -30,6 +30,7 @@ pub mod logging;
 pub mod machine;
 pub mod release;
 pub mod report;
+pub mod resolve;
 pub mod scribe;
 pub mod signals;
 pub mod state_file;
@@ -108,6 +109,14 @@ fn run(
     front: Option<crate::agent::front::FrontLink>,
     scribe: std::io::Result<Scribe>,
 ) -> u8 {
+    // Before the lease is asked for: a command that cannot run spends no
+    // token and leaves no attempt in the history (`resolve.rs`).
+    if let Some(program) = cfg.command.first()
+        && let Err(e) = crate::agent::resolve::check(program, std::env::var_os("PATH").as_deref())
+    {
+        log::error!("{e}");
+        return e.exit_code();
+    }
     let mut scribe = match scribe {
         Ok(s) => Some(s),
         Err(e) => {

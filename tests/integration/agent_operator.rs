@@ -130,7 +130,9 @@ fn a_rust_log_meant_for_another_program_never_hides_an_error() {
         let (status, mail) = mailed(c, &dir, "mail");
         assert_eq!(status.code(), Some(127), "RUST_LOG={rust_log}: {mail}");
         assert!(
-            mail.contains("leaseagent: error: cannot run the command"),
+            mail.contains(
+                "leaseagent: error: cannot run the command: `nosuchcommand-xyz` is not found in PATH (/usr/bin:/bin)"
+            ),
             "RUST_LOG={rust_log} hid the error: {mail:?}"
         );
     }
@@ -142,6 +144,16 @@ fn a_rust_log_meant_for_another_program_never_hides_an_error() {
     );
     assert_eq!(status.code(), Some(127), "{mail}");
     assert!(mail.contains("error: cannot run the command"), "{mail}");
+    // None of the six took a token: the command was looked up first.
+    let tok = dir.path("token");
+    let script = format!("echo $LEASE_TOKEN > {}", tok.display());
+    let (status, mail) = mailed(
+        cron(&dir, &["-q", "--task", "t", "--", "sh", "-c", &script]),
+        &dir,
+        "mail-ok",
+    );
+    assert!(status.success(), "{mail}");
+    assert_eq!(std::fs::read_to_string(tok).unwrap(), "1\n");
 }
 
 #[test]
