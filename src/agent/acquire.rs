@@ -182,19 +182,27 @@ impl Waiting {
                 ),
                 exit::AGENT_FAILED,
             ),
-            _ => (refusal.to_string(), exit::HELD),
+            _ => (refusal.to_string(), cfg.held_exit),
+        };
+        // Held elsewhere is an outcome, not a failure (the contract): info,
+        // so `-q` under cron mails nothing; an authority that never
+        // answered is an error.
+        let level = match &refusal {
+            AcquireError::Transient(_) => log::Level::Error,
+            _ => log::Level::Info,
         };
         let Some(until) = self.until else {
-            log::error!(
+            log::info!(
                 "task {} is {note}; not acquired (use --wait to wait for it)",
                 cfg.task
             );
-            return Next::Exit(exit::HELD);
+            return Next::Exit(cfg.held_exit);
         };
         let now = BootInstant::now();
         if until.is_some_and(|u| now >= u) {
             self.abandon(auth);
-            log::error!(
+            log::log!(
+                level,
                 "task {} is still {note} after waiting {}; giving up",
                 cfg.task,
                 crate::time::duration::format(now.saturating_since(self.started))

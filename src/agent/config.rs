@@ -46,6 +46,10 @@ pub struct RunConfig {
     /// `--allow-new-privs`: a `--user` command may gain privileges through
     /// set-uid and file-capability programs (no NoNewPrivs).
     pub allow_new_privs: bool,
+    /// `-q`, `-v`, `--log-level`, `--log-format`.
+    pub log: crate::agent::logging::Settings,
+    /// `--held-exit`: the exit status when the task is held elsewhere.
+    pub held_exit: u8,
 }
 
 /// The most `--clock-drift` accepts: 10 % (a clock further off is broken,
@@ -73,6 +77,14 @@ pub struct RawRun {
     pub user: Option<String>,
     pub full_root: bool,
     pub allow_new_privs: bool,
+    /// `-q`: errors only.
+    pub quiet: bool,
+    /// `-v`, once per step above `info`.
+    pub verbose: u8,
+    /// `--log-level` (or `LEASEAGENT_LOG`), checked by its reader.
+    pub log_level: Option<log::LevelFilter>,
+    pub log_format: crate::agent::logging::Format,
+    pub held_exit: Option<u8>,
 }
 
 /// Why the run path's flags do not make a valid run. Every message names
@@ -105,6 +117,8 @@ pub enum ConfigError {
     ClockDrift(u32),
     #[error(transparent)]
     User(#[from] UserError),
+    #[error("-q/--quiet and -v/--verbose contradict each other; give one of them")]
+    QuietAndVerbose,
 }
 
 /// Why `--user` cannot be honoured. Every message names the flag.
@@ -276,11 +290,33 @@ impl RawRun {
             user: None,
             full_root: self.full_root,
             allow_new_privs: self.allow_new_privs,
+            log: crate::agent::logging::Settings {
+                level: log_level(self.quiet, self.verbose, self.log_level)?,
+                format: self.log_format,
+            },
+            held_exit: self.held_exit.unwrap_or(crate::exit::HELD),
         };
         crate::agent::timing::check(&cfg.settings())?;
         // Last: the only check that reads the user databases.
         cfg.user = self.user.as_deref().map(RunAs::resolve).transpose()?;
         Ok(cfg)
+    }
+}
+
+/// The agent's own log level: `-q` (errors only), `-v` (`debug`, `-vv`
+/// `trace`), else `--log-level`/`LEASEAGENT_LOG`; `None` leaves it to
+/// `RUST_LOG`, else `info`.
+fn log_level(
+    quiet: bool,
+    verbose: u8,
+    level: Option<log::LevelFilter>,
+) -> Result<Option<log::LevelFilter>, ConfigError> {
+    match (quiet, verbose) {
+        (true, 0) => Ok(Some(log::LevelFilter::Error)),
+        (true, _) => Err(ConfigError::QuietAndVerbose),
+        (false, 0) => Ok(level),
+        (false, 1) => Ok(Some(log::LevelFilter::Debug)),
+        (false, _) => Ok(Some(log::LevelFilter::Trace)),
     }
 }
 

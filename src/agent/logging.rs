@@ -20,16 +20,258 @@
 //! At exit the agent calls [`flush`], which waits a bounded time for the
 //! queue to drain: a stalled stderr costs at most that much at exit, never
 //! the job's deadline.
+//!
+//! ## Where lines go, and at which level
+//!
+//! - The level ([`Settings`]): `-q`/`-v`/`--log-level`/`LEASEAGENT_LOG`,
+//!   else `RUST_LOG`'s, else `info`; leaseagent's own errors are never
+//!   filtered out, whatever `RUST_LOG` says (`sys::logcap::builder`). The
+//!   normal lifecycle of a run is `info`, a task held elsewhere too (it is
+//!   an outcome, not a failure), so `-q` (errors only) makes a cron job
+//!   mail nothing on a normal night.
+//! - Under systemd (`JOURNAL_STREAM` names the very file stderr is, so a
+//!   job's `2>file` or a pipe is never mistaken for it), each line is one
+//!   datagram of journald's native protocol to [`JOURNAL_SOCKET`]: its
+//!   `PRIORITY=` the line's level (error 3, warn 4, info 6, debug 7), and
+//!   `LEASE_TASK=`, `LEASE_TOKEN=`, `LEASE_ID=`, `LEASE_OUTCOME=` as fields
+//!   once known, so `journalctl -p warning` and `journalctl LEASE_TASK=x`
+//!   work. The path is fixed: nothing a job sets can point the agent's log
+//!   at another socket.
+//! - Else on stderr, `leaseagent: LEVEL: text`, with an RFC 3339 time in
+//!   front when stderr is not a terminal (cron's mail, a log file); or one
+//!   JSON object a line with `--log-format json`.
 
-use std::io::Write;
-use std::sync::OnceLock;
+use std::io::{IsTerminal, Write};
+use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 /// Lines that may wait for a stalled stderr before new ones are dropped.
 pub const QUEUE_LINES: usize = 256;
+
+/// journald's socket for the native protocol (`systemd-journald.socket`).
+pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// How the agent's lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// Text on stderr, or the journal's native protocol under systemd.
+    #[default]
+    Text,
+    /// One JSON object a line on stderr, under systemd too.
+    Json,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "text" => Some(Format::Text),
+            "json" => Some(Format::Json),
+            _ => None,
+        }
+    }
+}
+
+/// The levels `--log-level` and `LEASEAGENT_LOG` accept, as the error
+/// names them.
+pub const LEVELS: &str = "error, warn, info, debug or trace";
+
+/// A `--log-level` (or `LEASEAGENT_LOG`) value that is not a level.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a log level: --log-level and LEASEAGENT_LOG take {LEVELS}")]
+pub struct UnknownLevel(pub String);
+
+/// `error`, `warn`, `info`, `debug` or `trace` (any case). Not `off`, nor
+/// env_logger's looser words: a level typed wrong must not hide errors.
+pub fn parse_level(s: &str) -> Result<log::LevelFilter, UnknownLevel> {
+    match s.to_ascii_lowercase().as_str() {
+        "error" => Ok(log::LevelFilter::Error),
+        "warn" => Ok(log::LevelFilter::Warn),
+        "info" => Ok(log::LevelFilter::Info),
+        "debug" => Ok(log::LevelFilter::Debug),
+        "trace" => Ok(log::LevelFilter::Trace),
+        _ => Err(UnknownLevel(s.to_string())),
+    }
+}
+
+/// What the command line says of logging, fixed before the scribe forks
+/// ([`configure`]), so the scribe logs at the same level.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `None`: `RUST_LOG`'s level for leaseagent, else `info`.
+    pub level: Option<log::LevelFilter>,
+    pub format: Format,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+/// Fixes the settings for this process (and the processes it forks).
+pub fn configure(s: Settings) {
+    let _ = SETTINGS.set(s);
+}
+
+fn settings() -> Settings {
+    SETTINGS.get().copied().unwrap_or_default()
+}
+
+/// The lease a line is about, as the journal's and JSON's fields.
+#[derive(Clone, Debug, Default)]
+struct Context {
+    task: Option<String>,
+    token: Option<u64>,
+    lease_id: Option<String>,
+}
+
+static CONTEXT: Mutex<Context> = Mutex::new(Context {
+    task: None,
+    token: None,
+    lease_id: None,
+});
+
+/// Every later line is about `task`.
+pub fn set_task(task: &str) {
+    if let Ok(mut c) = CONTEXT.lock() {
+        c.task = Some(task.to_string());
+    }
+}
+
+/// Every later line is about this grant.
+pub fn set_grant(token: u64, lease_id: &str) {
+    if let Ok(mut c) = CONTEXT.lock() {
+        c.token = Some(token);
+        c.lease_id = Some(lease_id.to_string());
+    }
+}
+
+thread_local! {
+    /// The outcome the line being logged by this thread states.
+    static OUTCOME: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
+/// Logs `text` at `level` with `LEASE_OUTCOME=outcome` among its fields.
+pub fn log_outcome(level: log::Level, outcome: &'static str, text: &str) {
+    OUTCOME.with(|o| o.set(Some(outcome)));
+    log::log!(level, "{text}");
+    OUTCOME.with(|o| o.set(None));
+}
+
+/// Where this process's lines go.
+#[derive(Clone, Copy)]
+enum Sink {
+    /// stderr as text; with a time in front when stderr is not a terminal.
+    Text {
+        stamp: bool,
+    },
+    Json,
+    /// journald's native protocol (the writer sends each line as one
+    /// datagram).
+    Journal,
+}
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+fn sink() -> &'static Sink {
+    SINK.get().unwrap_or(&Sink::Text { stamp: false })
+}
+
+/// One record as the sink writes it.
+fn entry(level: log::Level, text: &str) -> Vec<u8> {
+    let ctx = CONTEXT.lock().map(|c| c.clone()).unwrap_or_default();
+    let outcome = OUTCOME.with(|o| o.get());
+    let name = level.as_str().to_lowercase();
+    match sink() {
+        Sink::Text { stamp } => {
+            let time = if *stamp {
+                format!(
+                    "{} ",
+                    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                )
+            } else {
+                String::new()
+            };
+            format!("{time}leaseagent: {name}: {text}\n").into_bytes()
+        }
+        Sink::Json => {
+            let mut o = serde_json::Map::new();
+            let t = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+            o.insert("time".into(), t.to_string().into());
+            o.insert("level".into(), name.into());
+            o.insert("message".into(), text.into());
+            if let Some(v) = ctx.task {
+                o.insert("task".into(), v.into());
+            }
+            if let Some(v) = ctx.token {
+                o.insert("token".into(), v.into());
+            }
+            if let Some(v) = ctx.lease_id {
+                o.insert("lease_id".into(), v.into());
+            }
+            if let Some(v) = outcome {
+                o.insert("outcome".into(), v.into());
+            }
+            let mut line = serde_json::Value::Object(o).to_string().into_bytes();
+            line.push(b'\n');
+            line
+        }
+        Sink::Journal => {
+            let priority = match level {
+                log::Level::Error => "3",
+                log::Level::Warn => "4",
+                log::Level::Info => "6",
+                log::Level::Debug | log::Level::Trace => "7",
+            };
+            let mut buf = Vec::new();
+            journal_field(&mut buf, "PRIORITY", priority);
+            journal_field(&mut buf, "SYSLOG_IDENTIFIER", "leaseagent");
+            journal_field(&mut buf, "MESSAGE", text);
+            if let Some(v) = &ctx.task {
+                journal_field(&mut buf, "LEASE_TASK", v);
+            }
+            if let Some(v) = ctx.token {
+                journal_field(&mut buf, "LEASE_TOKEN", &v.to_string());
+            }
+            if let Some(v) = &ctx.lease_id {
+                journal_field(&mut buf, "LEASE_ID", v);
+            }
+            if let Some(v) = outcome {
+                journal_field(&mut buf, "LEASE_OUTCOME", v);
+            }
+            buf
+        }
+    }
+}
+
+/// One field of the native protocol: `NAME=value\n`, or for a value with
+/// a newline `NAME\n`, its length as 64-bit little-endian, the value, `\n`.
+fn journal_field(buf: &mut Vec<u8>, name: &str, value: &str) {
+    buf.extend_from_slice(name.as_bytes());
+    if value.contains('\n') {
+        buf.push(b'\n');
+        buf.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    } else {
+        buf.push(b'=');
+    }
+    buf.extend_from_slice(value.as_bytes());
+    buf.push(b'\n');
+}
+
+/// journald's socket, when stderr is the stream systemd connected to the
+/// journal (`JOURNAL_STREAM=DEV:INODE` of stderr itself: a job's own
+/// redirect of the agent's stderr is not the journal).
+fn journal() -> Option<UnixDatagram> {
+    let v = std::env::var("JOURNAL_STREAM").ok()?;
+    let (dev, ino) = v.split_once(':')?;
+    let st = rustix::fs::fstat(std::io::stderr()).ok()?;
+    if st.st_dev.to_string() != dev || st.st_ino.to_string() != ino {
+        return None;
+    }
+    let sock = UnixDatagram::unbound().ok()?;
+    sock.connect(JOURNAL_SOCKET).ok()?;
+    Some(sock)
+}
 
 enum Msg {
     Line(Vec<u8>),
@@ -73,12 +315,38 @@ impl Write for QueueWriter {
     }
 }
 
-/// Sets up logging: `RUST_LOG` sets the level, `info` by default; lines look
-/// like `leaseagent: warn: ...`. Starts the writer thread; if the thread
-/// cannot be started, logging goes straight to stderr (it still works, only
+/// The journal as the writer's output: one `write`, one datagram.
+struct JournalWriter(UnixDatagram);
+
+impl Write for JournalWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.send(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sets up logging (the level and format of [`configure`]d settings, the
+/// journal under systemd). Starts the writer thread; if the thread cannot
+/// be started, logging goes straight to stderr (it still works, only
 /// without the protection).
 pub fn init() {
-    let mut builder = builder();
+    let s = settings();
+    let journal = match s.format {
+        Format::Json => None,
+        Format::Text => journal(),
+    };
+    let text = Sink::Text {
+        stamp: !std::io::stderr().is_terminal(),
+    };
+    let sink = match (s.format, &journal) {
+        (Format::Json, _) => Sink::Json,
+        (Format::Text, Some(_)) => Sink::Journal,
+        (Format::Text, None) => text,
+    };
+    let mut builder = builder(s);
     let (tx, rx) = crossbeam_channel::bounded::<Msg>(QUEUE_LINES);
     let started = std::thread::Builder::new()
         .name("log-writer".into())
@@ -88,7 +356,10 @@ pub fn init() {
             // would raise SIGTTOU, which the agent catches and relays to
             // the job. Blocked in this thread, the write just goes through.
             crate::sys::terminal::block_ttou_in_this_thread();
-            writer(&rx, &mut std::io::stderr(), dropped)
+            match journal {
+                Some(sock) => writer(&rx, &mut JournalWriter(sock), dropped),
+                None => writer(&rx, &mut std::io::stderr(), dropped),
+            }
         });
     if started.is_ok() {
         let _ = SHARED.set(Shared {
@@ -96,23 +367,23 @@ pub fn init() {
             dropped: AtomicU64::new(0),
         });
         builder.target(env_logger::Target::Pipe(Box::new(QueueWriter)));
+        let _ = SINK.set(sink);
+    } else {
+        // No writer thread, so no journal socket: stderr gets text, not
+        // the native protocol's binary records.
+        let _ = SINK.set(match sink {
+            Sink::Journal => text,
+            other => other,
+        });
     }
     crate::sys::logcap::install(builder.build());
 }
 
-/// The level (`RUST_LOG`, `info` by default) and the line format of every
-/// process of the agent's.
-fn builder() -> env_logger::Builder {
-    let env = env_logger::Env::default().filter_or("RUST_LOG", "info");
-    let mut builder = env_logger::Builder::from_env(env);
-    builder.format(|buf, record| {
-        writeln!(
-            buf,
-            "leaseagent: {}: {}",
-            record.level().as_str().to_lowercase(),
-            record.args()
-        )
-    });
+/// The level ([`Settings`], `RUST_LOG`, `info` by default) and the line
+/// format of every process of the agent's.
+fn builder(s: Settings) -> env_logger::Builder {
+    let mut builder = crate::sys::logcap::builder(s.level, log::LevelFilter::Info);
+    builder.format(|buf, record| buf.write_all(&entry(record.level(), &record.args().to_string())));
     builder
 }
 
@@ -144,7 +415,8 @@ impl Write for Collect {
 /// sent to the agent with that thread's next answer ([`take_collected`]),
 /// which writes it as its own ([`relay`]).
 pub fn init_collecting() {
-    let mut builder = builder();
+    let _ = SINK.set(Sink::Text { stamp: false });
+    let mut builder = builder(settings());
     builder.target(env_logger::Target::Pipe(Box::new(Collect)));
     crate::sys::logcap::install(builder.build());
 }
@@ -157,9 +429,16 @@ pub fn take_collected() -> Vec<String> {
 /// A line another process of the agent's (its scribe) formatted: written
 /// as the agent's own lines are, through the queue.
 pub fn relay(line: &str) {
-    match SHARED.get() {
-        Some(s) => s.offer(line.as_bytes()),
-        None => eprint!("{line}"),
+    let text = line.trim_end_matches('\n');
+    let parsed = text.strip_prefix("leaseagent: ").and_then(|rest| {
+        let (level, msg) = rest.split_once(": ")?;
+        Some((level.parse::<log::Level>().ok()?, msg))
+    });
+    match (parsed, SHARED.get()) {
+        // Its level and fields as the agent's own lines, in the agent's sink.
+        (Some((level, msg)), _) => log::log!(target: "leaseagent::agent::scribe", level, "{msg}"),
+        (None, Some(s)) => s.offer(line.as_bytes()),
+        (None, None) => eprint!("{line}"),
     }
 }
 
@@ -203,11 +482,14 @@ fn writer(rx: &Receiver<Msg>, out: &mut dyn Write, dropped: fn() -> u64) {
 fn report_dropped(out: &mut dyn Write, reported: &mut u64, dropped: u64) {
     if dropped > *reported {
         let n = dropped - *reported;
-        let line = format!(
-            "leaseagent: warn: {n} log line{} dropped: stderr was not being read\n",
-            if n == 1 { "" } else { "s" }
+        let line = entry(
+            log::Level::Warn,
+            &format!(
+                "{n} log line{} dropped: stderr was not being read",
+                if n == 1 { "" } else { "s" }
+            ),
         );
-        if out.write_all(line.as_bytes()).is_ok() {
+        if out.write_all(&line).is_ok() {
             *reported = dropped;
         }
     }

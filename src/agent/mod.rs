@@ -30,6 +30,7 @@ pub mod logging;
 pub mod machine;
 pub mod release;
 pub mod report;
+pub mod resolve;
 pub mod scribe;
 pub mod signals;
 pub mod state_file;
@@ -77,6 +78,9 @@ pub fn main(cfg: RunConfig) -> ExitCode {
     // /proc/PID/fd, mem or oom_score_adj for another process of our uid.
     // Before the scribe's fork, which inherits it.
     let dumpable = crate::sys::keeper_spawn::not_dumpable();
+    // Before the scribe's fork: it logs at the same level.
+    crate::agent::logging::configure(cfg.log);
+    crate::agent::logging::set_task(&cfg.task);
     // Still one thread: the scribe, which makes every filesystem write of
     // the run, forks now (`scribe.rs`), with the malloc arena cap.
     crate::sys::malloc::one_arena();
@@ -114,6 +118,14 @@ fn run(
     front: Option<crate::agent::front::FrontLink>,
     scribe: std::io::Result<Scribe>,
 ) -> u8 {
+    // Before the lease is asked for: a command that cannot run spends no
+    // token and leaves no attempt in the history (`resolve.rs`).
+    if let Some(program) = cfg.command.first()
+        && let Err(e) = crate::agent::resolve::check(program, std::env::var_os("PATH").as_deref())
+    {
+        log::error!("{e}");
+        return e.exit_code();
+    }
     let mut scribe = match scribe {
         Ok(s) => Some(s),
         Err(e) => {
@@ -332,6 +344,7 @@ fn log_grant(cfg: &RunConfig, grant: &Grant, auth: &dyn LeaseClient) {
             crate::time::duration::format(grace)
         );
     }
+    crate::agent::logging::set_grant(grant.token, &grant.lease_id);
     log::info!(
         "acquired task {} token {} (lease {}, ttl {}, heartbeat {}, grace {}) from {}",
         grant.task,

@@ -349,7 +349,12 @@ impl Reporter {
     /// Logs `n`.
     pub fn report(&self, n: &Notice) {
         let (level, text) = self.line(n);
-        log::log!(level, "{text}");
+        match n {
+            Notice::Finished { outcome, .. } | Notice::Released { outcome } => {
+                crate::agent::logging::log_outcome(level, outcome.as_str(), &text)
+            }
+            _ => log::log!(level, "{text}"),
+        }
     }
 }
 

@@ -337,6 +337,59 @@ the lease could be granted to anyone else, fenced by LEASE_TOKEN.",
             ],
         },
         RawRun::TRUST,
+        Group {
+            heading: Some("Logging and exit status (cron, systemd)"),
+            flags: &[
+                Flag::switch(
+                    "quiet",
+                    "Log errors only: a run that succeeds, or finds the task held\nelsewhere, prints nothing (for cron)",
+                )
+                .short('q')
+                .sets(|a| a.quiet = true),
+                Flag::switch(
+                    "verbose",
+                    "Log more: -v debug, -vv trace",
+                )
+                .short('v')
+                .repeatable()
+                .sets(|a| a.verbose = a.verbose.saturating_add(1)),
+                Flag::value(
+                    "log-level",
+                    "L",
+                    "The agent's log level: error, warn, info, debug, trace (never below\nerror; RUST_LOG still sets the other crates')",
+                )
+                .env("LEASEAGENT_LOG")
+                .default_note("info")
+                .complete(Complete::Words(&["error", "warn", "info", "debug", "trace"]))
+                .reads(|a, v| {
+                    a.log_level = Some(crate::agent::logging::parse_level(&text(v)?)?);
+                    Ok(())
+                }),
+                Flag::value(
+                    "log-format",
+                    "F",
+                    "text (the journal's native protocol under systemd), or json: one\nobject a line on stderr, for log shippers",
+                )
+                .default_note("text")
+                .complete(Complete::Words(&["text", "json"]))
+                .reads(|a, v| {
+                    let s = text(v)?;
+                    a.log_format = crate::agent::logging::Format::parse(&s)
+                        .ok_or_else(|| format!("`{s}` is not a log format; use text or json"))?;
+                    Ok(())
+                }),
+                Flag::value(
+                    "held-exit",
+                    "CODE",
+                    "Exit status when the task is held elsewhere (0 for cron, as flock -E 0:\nheld is a normal night)",
+                )
+                .default_note("75")
+                .reads(|a, v| {
+                    a.held_exit = Some(number(v)?);
+                    Ok(())
+                }),
+            ],
+        },
     ],
     positionals: &[],
     syntax: Syntax::Run(|a, command| a.command = command),

@@ -409,6 +409,7 @@ pub fn check_readers<A: Default + std::fmt::Debug>(def: &CommandDef<A>) {
             "NAME[:GROUP]" => ["sample-a", "sample-b:sample-g"],
             "P" => ["grace", "hold"],
             "DSCP,PRIO" => ["off", "ef,5"],
+            "CODE" => ["0", "1"],
             other => panic!("no sample values for {other}: add two to `samples`"),
         }
     }

@@ -71,6 +71,12 @@ fn not_found_is_127_and_not_executable_is_126() {
     c.args(["--", "/nonexistent/command-xyz"]);
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(127), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("`/nonexistent/command-xyz` does not exist"),
+        "{}",
+        out.stderr
+    );
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("noexec.sh");
     std::fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
@@ -78,8 +84,16 @@ fn not_found_is_127_and_not_executable_is_126() {
     c.arg("--").arg(&f);
     let out = run_agent(c, T);
     assert_eq!(out.status.code(), Some(126), "{}", out.stderr);
-    // Both released the lease so the task is free again.
-    assert_eq!(fake.requests_to("/v1/release").len(), 2);
+    assert!(
+        out.stderr
+            .contains(&format!("`{}` is not executable", f.display())),
+        "{}",
+        out.stderr
+    );
+    // Both were found out before the lease was asked for: no token spent,
+    // no attempt recorded.
+    assert!(fake.requests_to("/v1/acquire").is_empty());
+    assert!(fake.requests_to("/v1/release").is_empty());
 }
 
 /// The keeper looks the command up along `PATH` before the grant; what
@@ -130,6 +144,12 @@ fn a_command_is_looked_up_along_path_as_execvp_does() {
     assert_eq!(out.stdout, "named-sh\n");
     let out = run(&["no-such-command-anywhere"]);
     assert_eq!(out.status.code(), Some(127), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("`no-such-command-anywhere` is not found in PATH"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

@@ -122,7 +122,7 @@ fn forbidden_during_renewal_is_transient_and_logged_as_an_error() {
     assert!(
         f.stderr
             .lines()
-            .any(|l| l.starts_with("leaseagent: error:") && l.contains("forbidden")),
+            .any(|l| l.contains("leaseagent: error:") && l.contains("forbidden")),
         "{}",
         f.stderr
     );

@@ -14,6 +14,7 @@ mod agent_distrust;
 mod agent_failures;
 mod agent_files;
 mod agent_guardians;
+mod agent_operator;
 mod agent_pressure;
 mod agent_terminal;
 mod agent_tree;

@@ -228,6 +228,13 @@ _leaseagent() {
         '--auth-token-file=[Bearer token for leaseagent serve: the file'\''s first line]:FILE:_files' \
         '--etcd-user=[etcd user (etcd'\''s own authentication; with --etcd-password-file)]:NAME: ' \
         '--etcd-password-file=[That etcd user'\''s password: the file'\''s first line]:FILE:_files' \
+        '-q[Log errors only: a run that succeeds, or finds the task held elsewhere, prints nothing (for cron)]' \
+        '--quiet[Log errors only: a run that succeeds, or finds the task held elsewhere, prints nothing (for cron)]' \
+        '-v[Log more: -v debug, -vv trace]' \
+        '--verbose[Log more: -v debug, -vv trace]' \
+        '--log-level=[The agent'\''s log level: error, warn, info, debug, trace (never below error; RUST_LOG still sets the other crates'\'')]:L:(error warn info debug trace)' \
+        '--log-format=[text (the journal'\''s native protocol under systemd), or json: one object a line on stderr, for log shippers]:F:(text json)' \
+        '--held-exit=[Exit status when the task is held elsewhere (0 for cron, as flock -E 0: held is a normal night)]:CODE: ' \
         '-h[Print help]' \
         '--help[Print help]' \
         '-V[Print version]' \
